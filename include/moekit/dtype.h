@@ -1,0 +1,51 @@
+// Element types and the bf16 <-> f32 conversions every backend and test shares.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace moekit {
+
+enum class DType : uint8_t { kF32, kBF16, kI32 };
+
+constexpr size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+  }
+  return "?";
+}
+
+// bf16 is stored as its 16 bits: the top half of an IEEE f32.
+using bf16_bits = uint16_t;
+
+constexpr float bf16_to_float(bf16_bits b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+// Round to nearest, ties to even (what oneDNN, CUDA and JAX do); NaN stays a quiet NaN.
+constexpr bf16_bits float_to_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_bits>((u >> 16) | 0x0040u);
+  const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<bf16_bits>((u + rounding_bias) >> 16);
+}
+
+}  // namespace moekit

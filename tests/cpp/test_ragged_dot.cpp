@@ -1,0 +1,471 @@
+// ragged_dot against an oracle written here from SPEC.md section 1 (per-row group lookup, double
+// accumulation), for every implementation: the oneDNN one and the scalar reference.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "moekit/ragged_dot.h"
+
+namespace moekit {
+namespace {
+
+// A host tensor of f32 or bf16 holding bf16-exact values, so that products are exact in f32 and
+// the only rounding the tests see is accumulation order and the output dtype.
+struct HostTensor {
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // elements; innermost 1
+  std::vector<std::byte> bytes;
+
+  HostTensor(DType t, std::vector<int64_t> dims, int64_t row_pad = 0) : dtype(t), shape(dims) {
+    strides.assign(dims.size(), 1);
+    for (int d = static_cast<int>(dims.size()) - 2; d >= 0; --d) {
+      strides[d] =
+          dims[d + 1] * strides[d + 1] + (d == static_cast<int>(dims.size()) - 2 ? row_pad : 0);
+    }
+    const int64_t span = dims.empty() ? 1 : dims[0] * strides[0];
+    bytes.resize(std::max<int64_t>(span, 1) * dtype_size(t));
+  }
+  int64_t offset(std::initializer_list<int64_t> idx) const {
+    int64_t o = 0, d = 0;
+    for (int64_t i : idx) o += i * strides[d++];
+    return o;
+  }
+  double get(std::initializer_list<int64_t> idx) const {
+    const int64_t o = offset(idx);
+    if (dtype == DType::kF32) return reinterpret_cast<const float*>(bytes.data())[o];
+    return bf16_to_float(reinterpret_cast<const bf16_bits*>(bytes.data())[o]);
+  }
+  void set_flat(int64_t o, float v) {
+    if (dtype == DType::kF32) {
+      reinterpret_cast<float*>(bytes.data())[o] = v;
+    } else {
+      reinterpret_cast<bf16_bits*>(bytes.data())[o] = float_to_bf16(v);
+    }
+  }
+  // Every element of the buffer, padding included.
+  void fill_random(std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (int64_t i = 0; i < static_cast<int64_t>(bytes.size() / dtype_size(dtype)); ++i) {
+      set_flat(i, bf16_to_float(float_to_bf16(u(rng))));
+    }
+  }
+  void fill(float v) {
+    for (int64_t i = 0; i < static_cast<int64_t>(bytes.size() / dtype_size(dtype)); ++i) {
+      set_flat(i, v);
+    }
+  }
+  template <typename View>
+  View view() {
+    View v;
+    v.data = bytes.data();
+    v.dtype = dtype;
+    v.rank = static_cast<int>(shape.size());
+    for (int d = 0; d < v.rank; ++d) v.shape[d] = shape[d], v.stride[d] = strides[d];
+    return v;
+  }
+  TensorView mut() { return view<TensorView>(); }
+  ConstTensorView in() { return view<TensorView>(); }
+};
+
+struct Case {
+  int64_t m, K, n;
+  std::vector<int32_t> sizes;
+  int32_t offset;
+  int64_t e_loc;
+  DType in = DType::kF32, out = DType::kF32;
+  bool transposed = false;
+  bool accumulate = false;
+  int64_t row_pad = 0;  // extra elements at the end of every row of every 2-D operand
+  std::string name;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// Local group index of row r per SPEC section 1, or -1 for a row that no local group holds.
+std::vector<int64_t> local_group_of_rows(const Case& c) {
+  std::vector<int64_t> g(c.m, -1);
+  int64_t start = 0;
+  for (int64_t j = 0; j < static_cast<int64_t>(c.sizes.size()); ++j) {
+    for (int64_t r = start; r < start + c.sizes[j]; ++r) {
+      if (j >= c.offset && j < c.offset + c.e_loc) g[r] = j - c.offset;
+    }
+    start += c.sizes[j];
+  }
+  return g;
+}
+
+// Tolerance for one output element whose exact value is `ref` and whose terms sum to `abs_sum`
+// in magnitude: f32 accumulation error, plus one bf16 rounding when the output is bf16.
+double tolerance(const Case& c, int64_t terms, double ref, double abs_sum) {
+  double tol = (terms + 4) * 1.2e-7 * abs_sum + 1e-30;
+  if (c.out == DType::kBF16) tol += std::ldexp(std::abs(ref), -8);
+  return tol;
+}
+
+class RaggedDotTest : public ::testing::TestWithParam<std::tuple<Case, RaggedDotImpl>> {
+ protected:
+  void SetUp() override {
+    c = std::get<0>(GetParam());
+    opt.group_offset = c.offset;
+    opt.rhs_transposed = c.transposed;
+    opt.accumulate = c.accumulate;
+    opt.impl = std::get<1>(GetParam());
+    rows = local_group_of_rows(c);
+  }
+  std::vector<int64_t> rhs_dims() const {
+    return c.transposed ? std::vector<int64_t>{c.e_loc, c.n, c.K}
+                        : std::vector<int64_t>{c.e_loc, c.K, c.n};
+  }
+  double rhs_at(const HostTensor& w, int64_t j, int64_t k, int64_t col) const {
+    return c.transposed ? w.get({j, col, k}) : w.get({j, k, col});
+  }
+  // Poison what must never be read: rows that no local group holds.
+  void poison_nonlocal_rows(HostTensor& t) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t r = 0; r < c.m; ++r) {
+      if (rows[r] >= 0) continue;
+      for (int64_t i = 0; i < t.shape[1]; ++i) t.set_flat(t.offset({r, i}), nan);
+    }
+  }
+
+  Case c;
+  RaggedDotOptions opt;
+  std::vector<int64_t> rows;
+  std::mt19937 rng{1234};
+};
+
+// Checks `got` against `expect(r, col)` = (value, abs-sum, terms) on local rows, and on the
+// other rows: exact 0, or (accumulate) the untouched previous contents `before`.
+template <typename Expect>
+void check_rows(const Case& c, const std::vector<int64_t>& rows, const HostTensor& got,
+                const HostTensor& before, Expect&& expect) {
+  int failures = 0;
+  for (int64_t r = 0; r < c.m && failures < 5; ++r) {
+    for (int64_t col = 0; col < got.shape[1] && failures < 5; ++col) {
+      const double g = got.get({r, col});
+      if (rows[r] < 0) {
+        const double want = c.accumulate ? before.get({r, col}) : 0.0;
+        if (!(g == want)) {
+          ADD_FAILURE() << "non-local row " << r << " col " << col << ": got " << g << ", want "
+                        << want;
+          ++failures;
+        }
+        continue;
+      }
+      auto [ref, abs_sum, terms] = expect(r, col);
+      if (c.accumulate) ref += before.get({r, col}), abs_sum += std::abs(before.get({r, col}));
+      const double tol = tolerance(c, terms, ref, abs_sum);
+      if (!(std::abs(g - ref) <= tol)) {
+        ADD_FAILURE() << "row " << r << " (local group " << rows[r] << ") col " << col << ": got "
+                      << g << ", want " << ref << " +- " << tol;
+        ++failures;
+      }
+    }
+  }
+}
+
+TEST_P(RaggedDotTest, Forward) {
+  HostTensor lhs(c.in, {c.m, c.K}, c.row_pad), rhs(c.in, rhs_dims()),
+      out(c.out, {c.m, c.n}, c.row_pad);
+  lhs.fill_random(rng);
+  rhs.fill_random(rng);
+  out.fill_random(rng);
+  poison_nonlocal_rows(lhs);
+  const HostTensor before = out;
+  ASSERT_TRUE(ragged_dot(lhs.in(), rhs.in(), c.sizes, out.mut(), opt).ok());
+  check_rows(c, rows, out, before, [&](int64_t r, int64_t col) {
+    double s = 0, a = 0;
+    for (int64_t k = 0; k < c.K; ++k) {
+      const double t = lhs.get({r, k}) * rhs_at(rhs, rows[r], k, col);
+      s += t, a += std::abs(t);
+    }
+    return std::tuple(s, a, c.K);
+  });
+}
+
+TEST_P(RaggedDotTest, InputGradient) {
+  HostTensor d_out(c.in, {c.m, c.n}, c.row_pad), rhs(c.in, rhs_dims()),
+      d_lhs(c.out, {c.m, c.K}, c.row_pad);
+  d_out.fill_random(rng);
+  rhs.fill_random(rng);
+  d_lhs.fill_random(rng);
+  poison_nonlocal_rows(d_out);
+  const HostTensor before = d_lhs;
+  ASSERT_TRUE(ragged_dot_dlhs(d_out.in(), rhs.in(), c.sizes, d_lhs.mut(), opt).ok());
+  check_rows(c, rows, d_lhs, before, [&](int64_t r, int64_t k) {
+    double s = 0, a = 0;
+    for (int64_t col = 0; col < c.n; ++col) {
+      const double t = d_out.get({r, col}) * rhs_at(rhs, rows[r], k, col);
+      s += t, a += std::abs(t);
+    }
+    return std::tuple(s, a, c.n);
+  });
+}
+
+TEST_P(RaggedDotTest, WeightGradient) {
+  HostTensor lhs(c.in, {c.m, c.K}, c.row_pad), d_out(c.in, {c.m, c.n}, c.row_pad),
+      d_rhs(c.out, rhs_dims());
+  lhs.fill_random(rng);
+  d_out.fill_random(rng);
+  d_rhs.fill_random(rng);
+  poison_nonlocal_rows(lhs);
+  poison_nonlocal_rows(d_out);
+  const HostTensor before = d_rhs;
+  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), c.sizes, d_rhs.mut(), opt).ok());
+  int failures = 0;
+  for (int64_t j = 0; j < c.e_loc; ++j) {
+    for (int64_t k = 0; k < c.K; ++k) {
+      for (int64_t col = 0; col < c.n && failures < 5; ++col) {
+        double s = 0, a = 0;
+        int64_t terms = 0;
+        for (int64_t r = 0; r < c.m; ++r) {
+          if (rows[r] != j) continue;
+          const double t = lhs.get({r, k}) * d_out.get({r, col});
+          s += t, a += std::abs(t), ++terms;
+        }
+        const double old = c.transposed ? before.get({j, col, k}) : before.get({j, k, col});
+        if (c.accumulate) s += old, a += std::abs(old);
+        const double got = c.transposed ? d_rhs.get({j, col, k}) : d_rhs.get({j, k, col});
+        // An empty group is exactly 0 (or untouched): no tolerance.
+        const double tol = terms == 0 ? 0.0 : tolerance(c, terms, s, a);
+        if (!(std::abs(got - s) <= tol)) {
+          ADD_FAILURE() << "d_rhs[" << j << "][" << k << "][" << col << "] (" << terms
+                        << " rows): got " << got << ", want " << s << " +- " << tol;
+          ++failures;
+        }
+      }
+    }
+  }
+}
+
+// <ragged_dot(lhs, rhs), d_out> = <lhs, d_lhs> = <rhs, d_rhs>: the three passes are adjoint.
+TEST_P(RaggedDotTest, PassesAreAdjoint) {
+  opt.accumulate = false;  // the identity holds for the fresh products; outputs are f32 here
+  HostTensor lhs(c.in, {c.m, c.K}), rhs(c.in, rhs_dims()), d_out(c.in, {c.m, c.n});
+  HostTensor y(DType::kF32, {c.m, c.n}), d_lhs(DType::kF32, {c.m, c.K}),
+      d_rhs(DType::kF32, rhs_dims());
+  lhs.fill_random(rng);
+  rhs.fill_random(rng);
+  d_out.fill_random(rng);
+  ASSERT_TRUE(ragged_dot(lhs.in(), rhs.in(), c.sizes, y.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot_dlhs(d_out.in(), rhs.in(), c.sizes, d_lhs.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), c.sizes, d_rhs.mut(), opt).ok());
+  double a = 0, b = 0, d = 0, scale = 1e-30;
+  for (int64_t r = 0; r < c.m; ++r) {
+    for (int64_t col = 0; col < c.n; ++col) a += y.get({r, col}) * d_out.get({r, col});
+    for (int64_t k = 0; k < c.K; ++k) b += lhs.get({r, k}) * d_lhs.get({r, k});
+  }
+  for (int64_t j = 0; j < c.e_loc; ++j) {
+    for (int64_t k = 0; k < c.K; ++k) {
+      for (int64_t col = 0; col < c.n; ++col) {
+        d += rhs_at(rhs, j, k, col) *
+             (c.transposed ? d_rhs.get({j, col, k}) : d_rhs.get({j, k, col}));
+      }
+    }
+  }
+  scale += std::abs(a) + std::sqrt(static_cast<double>(c.m * c.K * c.n));
+  EXPECT_NEAR(a, b, 1e-4 * scale);
+  EXPECT_NEAR(a, d, 1e-4 * scale);
+}
+
+std::vector<int32_t> random_sizes(std::mt19937& rng, int64_t groups, int64_t total) {
+  std::vector<int32_t> s(groups, 0);
+  std::uniform_int_distribution<int64_t> pick(0, groups - 1);
+  for (int64_t i = 0; i < total; ++i) ++s[pick(rng)];
+  return s;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  std::mt19937 rng(7);
+  auto add = [&](Case c, std::string name) {
+    for (DType in : {DType::kF32, DType::kBF16}) {
+      for (DType o : {DType::kF32, in}) {
+        Case x = c;
+        x.in = in, x.out = o;
+        x.name = fmt::format("{}_{}_{}", name, dtype_name(in), dtype_name(o));
+        out.push_back(x);
+        if (in == DType::kF32) break;  // f32 in: f32 out only
+      }
+    }
+  };
+  // Odd sizes, every row in some group, one shard holding every group.
+  for (int64_t m : {0, 1, 7, 111, 500}) {
+    for (auto [K, n] : {std::pair<int64_t, int64_t>{13, 5}, {70, 33}}) {
+      const int64_t G = 5;
+      add({m, K, n, random_sizes(rng, G, m), 0, G}, fmt::format("m{}_K{}_n{}_all", m, K, n));
+    }
+  }
+  // Sizes summing to less than m; several shards of a 12-group split (first, middle, last).
+  for (int32_t shard : {0, 1, 3}) {
+    const int64_t G = 12, e_loc = 3, m = 111;
+    add({m, 37, 19, random_sizes(rng, G, 90), static_cast<int32_t>(shard * e_loc), e_loc},
+        fmt::format("shard{}of4_partial", shard));
+  }
+  // Empty groups, also at both edges of the local range.
+  add({60, 17, 9, {5, 0, 7, 20, 0, 0, 13, 0, 15, 0}, 1, 8}, "empty_groups_edges");
+  add({40, 17, 9, {10, 0, 20, 0, 10}, 1, 3}, "empty_first_and_last_local");
+  add({30, 8, 6, {10, 0, 0, 0, 20}, 1, 3}, "all_local_groups_empty");
+  // Every row in one group: the first, a middle and the last.
+  for (int g : {0, 3, 7}) {
+    std::vector<int32_t> s(8, 0);
+    s[g] = 111;
+    add({111, 31, 23, s, 0, 8}, fmt::format("all_rows_in_group{}", g));
+  }
+  add({111, 31, 23, {0, 0, 111, 0}, 2, 1}, "all_rows_in_the_one_local_group");
+  // Enough non-empty groups that the oneDNN path spreads groups over threads.
+  add({500, 64, 48, random_sizes(rng, 32, 480), 8, 16}, "many_groups_shard");
+  // Larger contraction, K and n not multiples of 16.
+  add({300, 257, 129, random_sizes(rng, 6, 300), 0, 6}, "K257_n129");
+  // Transposed rhs, accumulate, row padding: on a few of the shapes above.
+  std::vector<Case> variants;
+  for (const Case& c : out) {
+    if (c.name.rfind("shard1", 0) == 0 || c.name.rfind("empty_groups_edges", 0) == 0 ||
+        c.name.rfind("m111_K70", 0) == 0 || c.name.rfind("many_groups", 0) == 0) {
+      Case t = c;
+      t.transposed = true, t.name += "_T";
+      variants.push_back(t);
+      Case a = c;
+      a.accumulate = true, a.name += "_acc";
+      variants.push_back(a);
+      Case p = c;
+      p.row_pad = 3, p.transposed = true, p.name += "_rowpad_T";
+      variants.push_back(p);
+    }
+  }
+  out.insert(out.end(), variants.begin(), variants.end());
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RaggedDotTest,
+                         ::testing::Combine(::testing::ValuesIn(cases()),
+                                            ::testing::Values(RaggedDotImpl::kAuto,
+                                                              RaggedDotImpl::kReference)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name +
+                                  (std::get<1>(info.param) == RaggedDotImpl::kReference ? "_ref"
+                                                                                        : "_auto");
+                         });
+
+// With group_offset = 0 and E_loc = G every row of every group is computed (the plain
+// jax.lax.ragged_dot), and a zero-row input is fine with null data.
+TEST(RaggedDot, EmptyInputWithNullData) {
+  std::vector<int32_t> sizes{0, 0};
+  std::vector<float> rhs(2 * 3 * 4, 1.f);
+  ConstTensorView lhs(nullptr, DType::kF32, {0, 3});
+  TensorView out(nullptr, DType::kF32, {0, 4});
+  EXPECT_TRUE(
+      ragged_dot(lhs, ConstTensorView(rhs.data(), DType::kF32, {2, 3, 4}), sizes, out).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input: a named error, and nothing written.
+
+struct BadInput : ::testing::Test {
+  std::vector<float> lhs = std::vector<float>(10 * 4, 1.f),
+                     rhs = std::vector<float>(3 * 4 * 5, 1.f);
+  std::vector<float> out = std::vector<float>(10 * 5, 42.f),
+                     d_rhs = std::vector<float>(3 * 4 * 5, 42.f);
+  std::vector<int32_t> sizes{3, 3, 4};
+  ConstTensorView L() const { return {lhs.data(), DType::kF32, {10, 4}}; }
+  ConstTensorView R() const { return {rhs.data(), DType::kF32, {3, 4, 5}}; }
+  TensorView O() { return {out.data(), DType::kF32, {10, 5}}; }
+
+  void expect_error(const Status& s, const std::string& argument) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+    EXPECT_EQ(s.argument(), argument) << s.message();
+    EXPECT_NE(s.message().find(argument), std::string::npos) << s.message();
+    for (float v : out) ASSERT_EQ(v, 42.f) << "output written despite error: " << s.message();
+    for (float v : d_rhs) ASSERT_EQ(v, 42.f) << "d_rhs written despite error: " << s.message();
+  }
+};
+
+TEST_F(BadInput, NegativeGroupSize) {
+  sizes = {3, -1, 4};
+  const Status s = ragged_dot(L(), R(), sizes, O());
+  expect_error(s, "group_sizes[1]");
+  EXPECT_EQ(s.value(), "-1");
+}
+
+TEST_F(BadInput, SizesSumPastM) {
+  sizes = {3, 3, 5};
+  const Status s = ragged_dot(L(), R(), sizes, O());
+  expect_error(s, "sum(group_sizes)");
+  EXPECT_EQ(s.value(), "11");
+}
+
+TEST_F(BadInput, OffsetOutOfRange) {
+  sizes = {2, 2, 2, 2};  // G = 4, E_loc = 3: offsets 0 and 1 are valid
+  RaggedDotOptions o;
+  o.group_offset = 2;
+  expect_error(ragged_dot(L(), R(), sizes, O(), o), "group_offset");
+  o.group_offset = -1;
+  expect_error(ragged_dot(L(), R(), sizes, O(), o), "group_offset");
+  expect_error(ragged_dot_drhs(L(), ConstTensorView(out.data(), DType::kF32, {10, 5}), sizes,
+                               TensorView(d_rhs.data(), DType::kF32, {3, 4, 5}), o),
+               "group_offset");
+}
+
+TEST_F(BadInput, FewerGroupsThanLocalExperts) {
+  sizes = {5, 5};
+  expect_error(ragged_dot(L(), R(), sizes, O()), "group_sizes.size()");
+}
+
+TEST_F(BadInput, ShapeMismatch) {
+  expect_error(ragged_dot(L(), ConstTensorView(rhs.data(), DType::kF32, {3, 5, 4}), sizes, O()),
+               "rhs.shape");
+  expect_error(ragged_dot(L(), R(), sizes, TensorView(out.data(), DType::kF32, {10, 4})),
+               "out.shape");
+  expect_error(ragged_dot(L(), R(), sizes, TensorView(out.data(), DType::kF32, {9, 5})),
+               "out.shape");
+  expect_error(ragged_dot(L(), ConstTensorView(rhs.data(), DType::kF32, {12, 5}), sizes, O()),
+               "rhs.rank");
+  expect_error(ragged_dot_dlhs(ConstTensorView(out.data(), DType::kF32, {10, 4}), R(), sizes,
+                               TensorView(lhs.data(), DType::kF32, {10, 4})),
+               "rhs.shape");
+  expect_error(ragged_dot_drhs(L(), ConstTensorView(out.data(), DType::kF32, {10, 5}), sizes,
+                               TensorView(d_rhs.data(), DType::kF32, {3, 5, 4})),
+               "d_rhs.shape");
+  expect_error(ragged_dot_drhs(L(), ConstTensorView(out.data(), DType::kF32, {9, 5}), sizes,
+                               TensorView(d_rhs.data(), DType::kF32, {3, 4, 5})),
+               "d_out.shape");
+}
+
+TEST_F(BadInput, DtypeMismatch) {
+  expect_error(ragged_dot(L(), ConstTensorView(rhs.data(), DType::kBF16, {3, 4, 5}), sizes, O()),
+               "rhs.dtype");
+  expect_error(ragged_dot(L(), R(), sizes, TensorView(out.data(), DType::kBF16, {10, 5})),
+               "out.dtype");
+  expect_error(ragged_dot(ConstTensorView(lhs.data(), DType::kI32, {10, 4}), R(), sizes, O()),
+               "lhs.dtype");
+  expect_error(ragged_dot_drhs(L(), ConstTensorView(out.data(), DType::kBF16, {10, 5}), sizes,
+                               TensorView(d_rhs.data(), DType::kF32, {3, 4, 5})),
+               "d_out.dtype");
+}
+
+TEST_F(BadInput, NullPointers) {
+  expect_error(ragged_dot(ConstTensorView(nullptr, DType::kF32, {10, 4}), R(), sizes, O()),
+               "lhs.data");
+  expect_error(ragged_dot(L(), ConstTensorView(nullptr, DType::kF32, {3, 4, 5}), sizes, O()),
+               "rhs.data");
+  expect_error(ragged_dot(L(), R(), sizes, TensorView(nullptr, DType::kF32, {10, 5})), "out.data");
+  expect_error(
+      ragged_dot(L(), R(), std::span<const int32_t>(static_cast<const int32_t*>(nullptr), 3), O()),
+      "group_sizes.data");
+}
+
+TEST_F(BadInput, Strides) {
+  expect_error(ragged_dot(L().with_stride(1, 2), R(), sizes, O()), "lhs.stride[1]");
+  expect_error(ragged_dot(L(), R(), sizes, O().with_stride(0, 4)), "out.stride[0]");
+  expect_error(ragged_dot(L(), R().with_stride(0, 10), sizes, O()), "rhs.stride[0]");
+}
+
+}  // namespace
+}  // namespace moekit

@@ -1,0 +1,122 @@
+#include "bench_common.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+namespace moekit::tools {
+
+Buffer::Buffer(size_t bytes) : bytes_(bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  p_.reset(std::aligned_alloc(64, rounded));
+  if (!p_) throw std::bad_alloc();
+}
+
+void Buffer::Free::operator()(void* p) const { std::free(p); }
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+void fill_uniform(void* p, DType t, int64_t n, uint64_t seed) {
+  const uint64_t base = splitmix64(seed);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t r = splitmix64(base + static_cast<uint64_t>(i));
+    const float u = static_cast<float>(r >> 40) * (2.0f / 16777216.0f) - 1.0f;  // [-1, 1)
+    const bf16_bits b = float_to_bf16(u);
+    if (t == DType::kBF16) {
+      static_cast<bf16_bits*>(p)[i] = b;
+    } else {
+      static_cast<float*>(p)[i] = bf16_to_float(b);
+    }
+  }
+}
+
+std::vector<int32_t> imbalanced_group_sizes(int64_t rows, int64_t groups, double imbalance,
+                                            uint64_t seed) {
+  std::vector<int32_t> sizes(groups, 0);
+  if (groups == 0) return sizes;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<double> w(groups);
+  double total = 0;
+  for (auto& x : w) total += (x = 1.0 + imbalance * u(rng));
+  int64_t assigned = 0;
+  for (int64_t e = 0; e < groups; ++e) {
+    sizes[e] = static_cast<int32_t>(std::floor(rows * w[e] / total));
+    assigned += sizes[e];
+  }
+  for (int64_t e = 0; assigned < rows; e = (e + 1) % groups, ++assigned) ++sizes[e];
+  return sizes;
+}
+
+Progress::Progress(int total) : total_(total), tty_(isatty(STDERR_FILENO)) {}
+
+void Progress::step(const std::string& label) {
+  ++done_;
+  const int w = static_cast<int>(std::to_string(total_).size());
+  const std::string line = fmt::format("[{:>{}}/{}] {}", done_, w, total_, label);
+  if (tty_) {
+    fmt::print(stderr, "\r\033[K{}", line);
+  } else {
+    fmt::print(stderr, "{}\n", line);
+  }
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (tty_) fmt::print(stderr, "\r\033[K");
+  std::fflush(stderr);
+}
+
+std::string ascii_bars(const std::vector<std::string>& labels, const std::vector<double>& values,
+                       const std::string& unit, int width) {
+  size_t label_w = 0;
+  double vmax = 0;
+  for (const auto& l : labels) label_w = std::max(label_w, l.size());
+  for (double v : values) vmax = std::max(vmax, v);
+  std::string out;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const int n = vmax > 0 ? static_cast<int>(std::lround(values[i] / vmax * width)) : 0;
+    out += fmt::format("  {:>{}} | {:<{}} {:.3g} {}\n", labels[i], label_w, std::string(n, '#'),
+                       width, values[i], unit);
+  }
+  return out;
+}
+
+std::string machine_description() {
+  std::string model = "unknown CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return fmt::format("{} ({} cores, {} OpenMP threads)", model, std::thread::hardware_concurrency(),
+                     omp_get_max_threads());
+}
+
+std::string today_iso() {
+  const std::time_t t = std::time(nullptr);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace moekit::tools

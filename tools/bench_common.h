@@ -1,0 +1,83 @@
+// Helpers shared by the `moekit bench` harnesses: buffers, seeded data, group sizes, timing,
+// progress on stderr, and ASCII charts.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moekit/dtype.h"
+
+namespace moekit::tools {
+
+// A 64-byte aligned heap buffer.
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(size_t bytes);
+  void* data() { return p_.get(); }
+  const void* data() const { return p_.get(); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> p_;
+  size_t bytes_ = 0;
+};
+
+// n values uniform in [-1, 1), rounded to bf16 so that f32 and bf16 runs see the same numbers.
+// Deterministic for a seed whatever the thread count.
+void fill_uniform(void* p, DType t, int64_t n, uint64_t seed);
+
+// Splits `rows` over `groups`: group e gets weight 1 + imbalance * u_e, u_e ~ U(-1, 1) from
+// `seed`, sizes proportional to the weights, rounded down, the remainder one row each to the
+// groups in order. Sums to exactly `rows`.
+std::vector<int32_t> imbalanced_group_sizes(int64_t rows, int64_t groups, double imbalance,
+                                            uint64_t seed);
+
+struct Timing {
+  double median_ms = 0, min_ms = 0;
+};
+
+// Runs fn `warmup` times, then `reps` timed times; median and minimum wall time.
+template <typename Fn>
+Timing time_runs(int warmup, int reps, Fn&& fn) {
+  using clock = std::chrono::steady_clock;
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    const auto t0 = clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front()};
+}
+
+// "[ 3/12] label" on stderr, rewritten in place on a terminal, one line each otherwise.
+class Progress {
+ public:
+  explicit Progress(int total);
+  void step(const std::string& label);
+  void finish();
+
+ private:
+  int total_, done_ = 0;
+  bool tty_;
+};
+
+// Horizontal bars, one per row: "label | ######      value unit".
+std::string ascii_bars(const std::vector<std::string>& labels, const std::vector<double>& values,
+                       const std::string& unit, int width = 50);
+
+// "AMD EPYC (2 cores, 2 OpenMP threads)" from /proc/cpuinfo and the runtime.
+std::string machine_description();
+std::string today_iso();
+
+}  // namespace moekit::tools

@@ -1,0 +1,297 @@
+// moekit bench ragged_dot: times the forward, input gradient and weight gradient of ragged_dot
+// on a preset's real shapes (m = tokens * k routed rows, K = H, n = F, E groups), each beside a
+// dense oneDNN matmul of the same FLOPs and operand layouts run in the same process, and with
+// --ep-shards S one shard's call (E/S local groups) beside the full call.
+#include "bench_ragged_dot.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "bench_common.h"
+#include "moekit/ragged_dot.h"
+#include "presets.h"
+
+namespace moekit::tools {
+namespace {
+
+struct Options {
+  std::string preset = "qwen3-30b-a3b";
+  std::vector<int64_t> tokens{4096};
+  std::string dtype = "bf16";
+  std::string out_dtype;  // empty: the input dtype
+  int shards = 1;
+  int shard = -1;  // which shard's call to time; -1: the middle one
+  bool json = false;
+  int warmup = 2, reps = 5;
+  double imbalance = 0.25;
+  uint64_t seed = 42;
+  double mem_limit_gib = 12;
+};
+
+DType parse_dtype(const std::string& s) {
+  if (s == "bf16") return DType::kBF16;
+  if (s == "f32") return DType::kF32;
+  throw CLI::ValidationError("--dtype", "expected bf16 or f32, got '" + s + "'");
+}
+
+// A dense oneDNN matmul C[M, N] = A[M, Kc] @ B[Kc, N] with fixed dimensions and the given
+// strides: the reference every ragged_dot pass is measured against.
+class DenseMatmul {
+ public:
+  DenseMatmul(DType in, DType out, int64_t M, int64_t Kc, int64_t N, dnnl::memory::dims a_strides,
+              dnnl::memory::dims b_strides)
+      : a_({M, Kc}, dt(in), a_strides),
+        b_({Kc, N}, dt(in), b_strides),
+        c_({M, N}, dt(out), {N, 1}) {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_, b_, c_), engine_);
+    impl_ = pd.impl_info_str();
+    prim_ = dnnl::matmul(pd);
+  }
+  void run(const void* a, const void* b, void* c) {
+    dnnl::memory ma(a_, engine_, const_cast<void*>(a)), mb(b_, engine_, const_cast<void*>(b)),
+        mc(c_, engine_, c);
+    prim_.execute(stream_, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    stream_.wait();
+  }
+  const std::string& impl() const { return impl_; }
+
+ private:
+  static dnnl::memory::data_type dt(DType t) {
+    return t == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+  }
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream_{engine_};
+  dnnl::memory::desc a_, b_, c_;
+  dnnl::matmul prim_;
+  std::string impl_;
+};
+
+void check(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.message());
+}
+
+struct Row {
+  std::string pass;
+  int64_t tokens, m, E, e_loc, offset, local_rows;
+  int shards;
+  Timing t, dense;
+  double flops, dense_flops, full_ms;  // full_ms: the full call's time, for shard rows
+  std::string dense_impl;
+};
+
+int run(const Options& o) {
+  const Preset* p = find_preset(o.preset);
+  if (!p)
+    throw CLI::ValidationError("--preset",
+                               "unknown preset '" + o.preset + "'; known: " + preset_names());
+  const DType in = parse_dtype(o.dtype);
+  const DType out = o.out_dtype.empty() ? in : parse_dtype(o.out_dtype);
+  if (o.shards < 1 || p->E % o.shards != 0) {
+    throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
+  }
+  const int shard = o.shard < 0 ? o.shards / 2 : o.shard;
+  if (shard >= o.shards) throw CLI::ValidationError("--shard", "must be < --ep-shards");
+
+  const std::string header = fmt::format(
+      "moekit bench ragged_dot  preset={} (H={} F={} E={} k={})  dtype={} out={}  {}  {}", p->name,
+      p->H, p->F, p->E, p->k, dtype_name(in), dtype_name(out), machine_description(), today_iso());
+  std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
+  fmt::print(text, "{}\n", header);
+  fmt::print(text,
+             "groups: expert e gets rows in proportion to 1 + {}*u_e, u_e ~ U(-1,1), seed {}\n",
+             o.imbalance, o.seed);
+
+  const int passes = 3, per_pass = o.shards > 1 ? 3 : 2;
+  Progress progress(static_cast<int>(o.tokens.size()) * passes * per_pass);
+  std::vector<Row> rows;
+  const size_t in_es = dtype_size(in), out_es = dtype_size(out);
+
+  for (int64_t T : o.tokens) {
+    // Fit the weights (and their gradient) in memory: otherwise a stated subset of experts, with
+    // the same rows per expert.
+    const int64_t K = p->H, n = p->F;
+    int64_t E = p->E, m = T * p->k;
+    auto bytes = [&](int64_t e, int64_t mm) {
+      return static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
+                                 out_es * (mm * n + mm * K + e * K * n));
+    };
+    const double limit = o.mem_limit_gib * (1ull << 30);
+    if (bytes(E, m) > limit) {
+      int64_t e = E;
+      while (e > o.shards && bytes(e, m * e / E) > limit) e -= o.shards;
+      fmt::print(text,
+                 "note: {} experts need {:.1f} GiB (> --mem-limit-gib {}); running {} of them "
+                 "with the same rows per expert ({} rows instead of {})\n",
+                 E, bytes(E, m) / (1ull << 30), o.mem_limit_gib, e, m * e / E, m);
+      m = m * e / E;
+      E = e;
+    }
+    const auto sizes = imbalanced_group_sizes(m, E, o.imbalance, o.seed);
+
+    Buffer lhs(m * K * in_es), rhs(E * K * n * in_es), d_out(m * n * in_es);
+    Buffer y(m * n * out_es), d_lhs(m * K * out_es), d_rhs(E * K * n * out_es);
+    fill_uniform(lhs.data(), in, m * K, o.seed + 1);
+    fill_uniform(rhs.data(), in, E * K * n, o.seed + 2);
+    fill_uniform(d_out.data(), in, m * n, o.seed + 3);
+
+    const ConstTensorView lhs_v(lhs.data(), in, {m, K}), d_out_v(d_out.data(), in, {m, n});
+    const TensorView y_v(y.data(), out, {m, n}), d_lhs_v(d_lhs.data(), out, {m, K});
+
+    for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
+      // One call of this pass with e_loc local groups starting at `offset`.
+      auto call = [&](int64_t e_loc, int32_t offset) {
+        RaggedDotOptions opt;
+        opt.group_offset = offset;
+        const ConstTensorView w(rhs.data(), in, {e_loc, K, n});
+        if (pass == "fwd") return ragged_dot(lhs_v, w, sizes, y_v, opt);
+        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, sizes, d_lhs_v, opt);
+        return ragged_dot_drhs(lhs_v, d_out_v, sizes, TensorView(d_rhs.data(), out, {e_loc, K, n}),
+                               opt);
+      };
+      // The dense matmul with the same operand layouts over all m rows.
+      std::unique_ptr<DenseMatmul> dense;
+      const void *da, *db;
+      void* dc;
+      if (pass == "fwd") {
+        dense = std::make_unique<DenseMatmul>(in, out, m, K, n, dnnl::memory::dims{K, 1},
+                                              dnnl::memory::dims{n, 1});
+        da = lhs.data(), db = rhs.data(), dc = y.data();
+      } else if (pass == "dlhs") {
+        dense = std::make_unique<DenseMatmul>(in, out, m, n, K, dnnl::memory::dims{n, 1},
+                                              dnnl::memory::dims{1, n});
+        da = d_out.data(), db = rhs.data(), dc = d_lhs.data();
+      } else {
+        dense = std::make_unique<DenseMatmul>(in, out, K, m, n, dnnl::memory::dims{1, K},
+                                              dnnl::memory::dims{n, 1});
+        da = lhs.data(), db = d_out.data(), dc = d_rhs.data();
+      }
+      const std::string where = fmt::format("{} T={} {}", p->name, T, pass);
+
+      Row full{pass, T, m, E, E, 0, m, 1, {}, {}, 0, 0, 0, dense->impl()};
+      progress.step(where + " ragged_dot");
+      check(call(E, 0));
+      full.t = time_runs(o.warmup, o.reps, [&] { check(call(E, 0)); });
+      progress.step(where + " dense " + dense->impl());
+      full.dense = time_runs(o.warmup, o.reps, [&] { dense->run(da, db, dc); });
+      full.flops = full.dense_flops = 2.0 * m * K * n;
+      full.full_ms = full.t.median_ms;
+      rows.push_back(full);
+
+      if (o.shards > 1) {
+        const int64_t e_loc = E / o.shards;
+        const auto offset = static_cast<int32_t>(shard * e_loc);
+        Row r = full;
+        r.shards = o.shards, r.e_loc = e_loc, r.offset = offset;
+        r.local_rows = ragged_dot_flops(sizes, offset, e_loc, 1, 1) / 2;
+        progress.step(fmt::format("{} shard {}/{}", where, shard, o.shards));
+        r.t = time_runs(o.warmup, o.reps, [&] { check(call(e_loc, offset)); });
+        r.flops = 2.0 * r.local_rows * K * n;
+        rows.push_back(r);
+      }
+    }
+  }
+  progress.finish();
+
+  // The table.
+  fmt::print(text, "\n{:>6} {:>5} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}\n", "tokens",
+             "pass", "shard", "rows", "ms", "TFLOP/s", "dense ms", "dense TF", "vs dense",
+             "of full");
+  for (const Row& r : rows) {
+    const double tf = r.flops / (r.t.median_ms * 1e9);
+    const double dense_tf = r.dense_flops / (r.dense.median_ms * 1e9);
+    const std::string shard_s =
+        r.shards == 1 ? "all" : fmt::format("{}/{}", r.offset / r.e_loc, r.shards);
+    fmt::print(text,
+               "{:>6} {:>5} {:>7} {:>8} {:>9.2f} {:>8.3f} {:>9.2f} {:>8.3f} {:>8.1f}% {:>8}\n",
+               r.tokens, r.pass, shard_s, r.local_rows, r.t.median_ms, tf, r.dense.median_ms,
+               dense_tf, 100.0 * tf / dense_tf,
+               r.shards == 1 ? std::string("")
+                             : fmt::format("{:.1f}%", 100.0 * r.t.median_ms / r.full_ms));
+  }
+  fmt::print(text,
+             "\nms: median of {} runs after {} warm-up; TFLOP/s = 2*rows*K*n / time; dense: one "
+             "oneDNN matmul of all m rows ({}); shard k/S: E/S local groups from group_offset "
+             "k*E/S, 'of full' its time over the full call's.\n",
+             o.reps, o.warmup, rows.empty() ? "" : rows.front().dense_impl);
+
+  if (o.tokens.size() > 1) {  // how time scales with tokens
+    for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
+      std::vector<std::string> labels;
+      std::vector<double> per_token;
+      for (const Row& r : rows) {
+        if (r.pass != pass || r.shards != 1) continue;
+        labels.push_back(fmt::format("T={} {:.1f} ms", r.tokens, r.t.median_ms));
+        per_token.push_back(1e3 * r.t.median_ms / r.tokens);
+      }
+      fmt::print(text, "\n{}: time per token (flat bars = linear in tokens)\n{}", pass,
+                 ascii_bars(labels, per_token, "us/token"));
+    }
+  }
+
+  if (o.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const Row& r : rows) {
+      nlohmann::json j{{"op", "ragged_dot"},
+                       {"pass", r.pass},
+                       {"dtype", std::string(dtype_name(in))},
+                       {"out_dtype", std::string(dtype_name(out))},
+                       {"preset", p->name},
+                       {"tokens", r.tokens},
+                       {"shards", r.shards},
+                       {"group_offset", r.offset},
+                       {"E", r.E},
+                       {"E_loc", r.e_loc},
+                       {"m", r.m},
+                       {"local_rows", r.local_rows},
+                       {"K", p->H},
+                       {"n", p->F},
+                       {"ms", r.t.median_ms},
+                       {"min_ms", r.t.min_ms},
+                       {"tflops", r.flops / (r.t.median_ms * 1e9)},
+                       {"dense_ms", r.dense.median_ms},
+                       {"dense_tflops", r.dense_flops / (r.dense.median_ms * 1e9)},
+                       {"dense_impl", r.dense_impl}};
+      j["ratio_to_dense"] = j["tflops"].get<double>() / j["dense_tflops"].get<double>();
+      if (r.shards > 1) j["ratio_to_full"] = r.t.median_ms / r.full_ms;
+      arr.push_back(j);
+    }
+    fmt::print("{}\n", arr.dump(1));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_ragged_dot(CLI::App& bench) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand(
+      "ragged_dot", "Time ragged_dot (forward, input and weight gradient) against dense oneDNN");
+  cmd->add_option("--preset", opts->preset, "Model preset: " + preset_names())
+      ->capture_default_str();
+  cmd->add_option("--tokens", opts->tokens, "Token count(s); a list (e.g. 256,1024) draws a chart")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype, "Input dtype: bf16 | f32")->capture_default_str();
+  cmd->add_option("--out-dtype", opts->out_dtype, "Output dtype: bf16 | f32 (default: --dtype)");
+  cmd->add_option("--ep-shards", opts->shards, "Also time one of S expert-parallel shards")
+      ->capture_default_str();
+  cmd->add_option("--shard", opts->shard, "Which shard to time (default: S/2)");
+  cmd->add_flag("--json", opts->json, "Print a JSON array of the timed cases on stdout");
+  cmd->add_option("--warmup", opts->warmup, "Untimed runs per case")->capture_default_str();
+  cmd->add_option("--reps", opts->reps, "Timed runs per case (median reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Seed for data and group sizes")->capture_default_str();
+  cmd->add_option("--mem-limit-gib", opts->mem_limit_gib,
+                  "Run a subset of experts when buffers would exceed this")
+      ->capture_default_str();
+  cmd->callback([opts] { run(*opts); });
+}
+
+}  // namespace moekit::tools
