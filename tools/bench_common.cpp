@@ -65,6 +65,28 @@ std::vector<int32_t> imbalanced_group_sizes(int64_t rows, int64_t groups, double
   return sizes;
 }
 
+std::vector<Timing> time_interleaved(int warmup, int reps,
+                                     const std::vector<std::function<void()>>& fns) {
+  using clock = std::chrono::steady_clock;
+  for (int i = 0; i < warmup; ++i) {
+    for (const auto& f : fns) f();
+  }
+  std::vector<std::vector<double>> ms(fns.size());
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    for (size_t j = 0; j < fns.size(); ++j) {
+      const auto t0 = clock::now();
+      fns[j]();
+      ms[j].push_back(std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+    }
+  }
+  std::vector<Timing> out;
+  for (auto& v : ms) {
+    std::sort(v.begin(), v.end());
+    out.push_back({v[v.size() / 2], v.front()});
+  }
+  return out;
+}
+
 Progress::Progress(int total) : total_(total), tty_(isatty(STDERR_FILENO)) {}
 
 void Progress::step(const std::string& label) {

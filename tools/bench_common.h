@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,12 @@ Timing time_runs(int warmup, int reps, Fn&& fn) {
   std::sort(ms.begin(), ms.end());
   return {ms[ms.size() / 2], ms.front()};
 }
+
+// Times several functions run by run, alternating f0, f1, ..., f0, f1, ... after `warmup`
+// rounds, so that all of them see the same machine state (these machines are noisy). Returns
+// the median and minimum of each, in order.
+std::vector<Timing> time_interleaved(int warmup, int reps,
+                                     const std::vector<std::function<void()>>& fns);
 
 // "[ 3/12] label" on stderr, rewritten in place on a terminal, one line each otherwise.
 class Progress {

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -103,8 +104,7 @@ int run(const Options& o) {
              "groups: expert e gets rows in proportion to 1 + {}*u_e, u_e ~ U(-1,1), seed {}\n",
              o.imbalance, o.seed);
 
-  const int passes = 3, per_pass = o.shards > 1 ? 3 : 2;
-  Progress progress(static_cast<int>(o.tokens.size()) * passes * per_pass);
+  Progress progress(static_cast<int>(o.tokens.size()) * 3);
   std::vector<Row> rows;
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
 
@@ -170,25 +170,29 @@ int run(const Options& o) {
       const std::string where = fmt::format("{} T={} {}", p->name, T, pass);
 
       Row full{pass, T, m, E, E, 0, m, 1, {}, {}, 0, 0, 0, dense->impl()};
-      progress.step(where + " ragged_dot");
-      check(call(E, 0));
-      full.t = time_runs(o.warmup, o.reps, [&] { check(call(E, 0)); });
-      progress.step(where + " dense " + dense->impl());
-      full.dense = time_runs(o.warmup, o.reps, [&] { dense->run(da, db, dc); });
       full.flops = full.dense_flops = 2.0 * m * K * n;
-      full.full_ms = full.t.median_ms;
+      std::vector<std::function<void()>> fns{[&] { check(call(E, 0)); },
+                                             [&] { dense->run(da, db, dc); }};
+      Row shard_row = full;
+      if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
+        shard_row.shards = o.shards;
+        shard_row.e_loc = E / o.shards;
+        shard_row.offset = static_cast<int32_t>(shard * shard_row.e_loc);
+        shard_row.local_rows =
+            ragged_dot_flops(sizes, static_cast<int32_t>(shard_row.offset), shard_row.e_loc, 1, 1) /
+            2;
+        shard_row.flops = 2.0 * shard_row.local_rows * K * n;
+        fns.push_back(
+            [&] { check(call(shard_row.e_loc, static_cast<int32_t>(shard_row.offset))); });
+      }
+      progress.step(fmt::format("{}: ragged_dot, dense ({}){}, interleaved", where, dense->impl(),
+                                o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : ""));
+      const std::vector<Timing> t = time_interleaved(o.warmup, o.reps, fns);
+      full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
       rows.push_back(full);
-
       if (o.shards > 1) {
-        const int64_t e_loc = E / o.shards;
-        const auto offset = static_cast<int32_t>(shard * e_loc);
-        Row r = full;
-        r.shards = o.shards, r.e_loc = e_loc, r.offset = offset;
-        r.local_rows = ragged_dot_flops(sizes, offset, e_loc, 1, 1) / 2;
-        progress.step(fmt::format("{} shard {}/{}", where, shard, o.shards));
-        r.t = time_runs(o.warmup, o.reps, [&] { check(call(e_loc, offset)); });
-        r.flops = 2.0 * r.local_rows * K * n;
-        rows.push_back(r);
+        shard_row.t = t[2], shard_row.dense = t[1], shard_row.full_ms = t[0].median_ms;
+        rows.push_back(shard_row);
       }
     }
   }
@@ -211,7 +215,8 @@ int run(const Options& o) {
                              : fmt::format("{:.1f}%", 100.0 * r.t.median_ms / r.full_ms));
   }
   fmt::print(text,
-             "\nms: median of {} runs after {} warm-up; TFLOP/s = 2*rows*K*n / time; dense: one "
+             "\nms: median of {} runs after {} warm-up, ragged_dot, dense and shard runs "
+             "alternating; TFLOP/s = 2*rows*K*n / time; dense: one "
              "oneDNN matmul of all m rows ({}); shard k/S: E/S local groups from group_offset "
              "k*E/S, 'of full' its time over the full call's.\n",
              o.reps, o.warmup, rows.empty() ? "" : rows.front().dense_impl);

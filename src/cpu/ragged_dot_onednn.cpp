@@ -6,7 +6,8 @@
 //
 // Measured on the 2-core dev machine (qwen3-30b-a3b shapes, 128 groups of 256 rows, bf16):
 // runtime-M primitive (oneDNN picks gemm:jit) 134 ms, one fixed-shape primitive per group size
-// (brgemm) 154 ms, dense brgemm of the same FLOPs 130 ms. See bench/results/.
+// (brgemm) 154 ms, dense brgemm of the same FLOPs 130 ms. Recorded runs:
+// bench/results/ragged_dot-cpu-2026-11-21/.
 #include <fmt/format.h>
 #include <omp.h>
 
