@@ -50,14 +50,24 @@ struct Gemm {
   memory::desc c_desc() const { return {{M, N}, to_dnnl(out_type), {sc0, 1}}; }
 };
 
+// A primitive and the size of the scratch memory it needs. The scratchpad is user-managed: with
+// oneDNN's default (library-managed) scratchpad, two threads running the same primitive at once
+// shared its f32 accumulation buffer and corrupted bf16 outputs (caught by the tests with 2
+// threads).
+struct Primitive {
+  dnnl::matmul prim;
+  memory::desc scratchpad;
+};
+
 class PrimitiveCache {
  public:
   // The primitive for `shape` (whose runtime dimensions are kRuntime), created on first use.
-  const dnnl::matmul& get(const Gemm& shape) {
+  const Primitive& get(const Gemm& shape) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = cache_.find(shape.key());
     if (it != cache_.end()) return it->second;
     dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (shape.accumulate) {
       dnnl::post_ops ops;
       ops.append_sum(1.f);
@@ -65,12 +75,13 @@ class PrimitiveCache {
     }
     dnnl::matmul::primitive_desc pd(
         dnnl::matmul::desc(shape.a_desc(), shape.b_desc(), shape.c_desc()), attr, cpu_engine());
-    return cache_.emplace(shape.key(), dnnl::matmul(pd)).first->second;
+    return cache_.emplace(shape.key(), Primitive{dnnl::matmul(pd), pd.scratchpad_desc()})
+        .first->second;
   }
 
  private:
   std::mutex mu_;
-  std::map<decltype(std::declval<Gemm>().key()), dnnl::matmul> cache_;
+  std::map<decltype(std::declval<Gemm>().key()), Primitive> cache_;
 };
 
 PrimitiveCache& primitive_cache() {
@@ -78,12 +89,24 @@ PrimitiveCache& primitive_cache() {
   return cache;
 }
 
-void execute(const dnnl::matmul& prim, const Gemm& actual, const void* a, const void* b, void* c) {
+// This thread's scratch memory, grown to at least `bytes` (kept for the thread's lifetime, so
+// repeated calls allocate nothing).
+void* thread_scratch(size_t bytes) {
+  thread_local std::vector<std::byte> buffer;
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+
+void execute(const Primitive& p, const Gemm& actual, const void* a, const void* b, void* c) {
   thread_local dnnl::stream stream(cpu_engine());
   memory ma(actual.a_desc(), cpu_engine(), const_cast<void*>(a));
   memory mb(actual.b_desc(), cpu_engine(), const_cast<void*>(b));
   memory mc(actual.c_desc(), cpu_engine(), c);
-  prim.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+  memory scratch(p.scratchpad, cpu_engine(), thread_scratch(p.scratchpad.get_size()));
+  p.prim.execute(stream, {{DNNL_ARG_SRC, ma},
+                          {DNNL_ARG_WEIGHTS, mb},
+                          {DNNL_ARG_DST, mc},
+                          {DNNL_ARG_SCRATCHPAD, scratch}});
   stream.wait();
 }
 
@@ -137,13 +160,20 @@ Status for_each_local_group(const char* op, const GroupRows& gr, Fn&& fn) {
   return {};
 }
 
-const dnnl::matmul* get_primitive(const char* op, const Gemm& shape, Status* status) {
+// Runs the cached primitive for `shape` once per non-empty local group; `bind(j, row, rows)`
+// gives the group's actual shape and its operands {a, b, c}.
+template <typename Bind>
+Status run_per_group(const char* op, const Gemm& shape, const GroupRows& gr, Bind&& bind) {
+  const Primitive* prim = nullptr;
   try {
-    return &primitive_cache().get(shape);
+    prim = &primitive_cache().get(shape);
   } catch (const dnnl::error& e) {
-    *status = onednn_error(op, e);
-    return nullptr;
+    return onednn_error(op, e);
   }
+  return for_each_local_group(op, gr, [&](int64_t j, int64_t row, int64_t rows) {
+    const auto [actual, a, b, c] = bind(j, row, rows);
+    execute(*prim, actual, a, b, c);
+  });
 }
 
 }  // namespace
@@ -161,16 +191,13 @@ Status row_grouped_gemm_onednn(const RowGroupedGemm& g) {
   }
   Gemm shape{g.in_type, g.out_type, kRuntime, g.kc,  g.n,         g.lda,
              1,         g.b_s0,     g.b_s1,   g.ldc, g.accumulate};
-  Status status;
-  const dnnl::matmul* prim = get_primitive("ragged_dot", shape, &status);
-  if (!prim) return status;
   const size_t in_es = dtype_size(g.in_type), out_es = dtype_size(g.out_type);
-  return for_each_local_group("ragged_dot", gr, [&](int64_t j, int64_t row, int64_t rows) {
+  return run_per_group("ragged_dot", shape, gr, [&](int64_t j, int64_t row, int64_t rows) {
     Gemm actual = shape;
     actual.M = rows;  // [rows, kc] @ [kc, n] -> [rows, n]
-    execute(*prim, actual, static_cast<const char*>(g.a) + row * g.lda * in_es,
-            static_cast<const char*>(g.b) + j * g.b_batch * in_es,
-            static_cast<char*>(g.c) + row * g.ldc * out_es);
+    return std::tuple(actual, static_cast<const char*>(g.a) + row * g.lda * in_es,
+                      static_cast<const char*>(g.b) + j * g.b_batch * in_es,
+                      static_cast<char*>(g.c) + row * g.ldc * out_es);
   });
 }
 
@@ -187,15 +214,12 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g) {
   }
   // A = X^T: [p, Kc] with strides (1, ldx); B = Y: [Kc, q] with strides (ldy, 1).
   Gemm shape{g.in_type, g.out_type, g.p, kRuntime, g.q, 1, g.ldx, g.ldy, 1, g.ldc, g.accumulate};
-  Status status;
-  const dnnl::matmul* prim = get_primitive("ragged_dot_drhs", shape, &status);
-  if (!prim) return status;
-  return for_each_local_group("ragged_dot_drhs", gr, [&](int64_t j, int64_t row, int64_t rows) {
+  return run_per_group("ragged_dot_drhs", shape, gr, [&](int64_t j, int64_t row, int64_t rows) {
     Gemm actual = shape;
     actual.Kc = rows;  // [p, rows] @ [rows, q] -> [p, q]
-    execute(*prim, actual, static_cast<const char*>(g.x) + row * g.ldx * in_es,
-            static_cast<const char*>(g.y) + row * g.ldy * in_es,
-            static_cast<char*>(g.c) + j * g.c_batch * out_es);
+    return std::tuple(actual, static_cast<const char*>(g.x) + row * g.ldx * in_es,
+                      static_cast<const char*>(g.y) + row * g.ldy * in_es,
+                      static_cast<char*>(g.c) + j * g.c_batch * out_es);
   });
 }
 
