@@ -46,21 +46,6 @@ struct Timing {
   double median_ms = 0, min_ms = 0;
 };
 
-// Runs fn `warmup` times, then `reps` timed times; median and minimum wall time.
-template <typename Fn>
-Timing time_runs(int warmup, int reps, Fn&& fn) {
-  using clock = std::chrono::steady_clock;
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> ms;
-  for (int i = 0; i < std::max(reps, 1); ++i) {
-    const auto t0 = clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front()};
-}
-
 // Times several functions run by run, alternating f0, f1, ..., f0, f1, ... after `warmup`
 // rounds, so that all of them see the same machine state (these machines are noisy). Returns
 // the median and minimum of each, in order.
