@@ -2,8 +2,6 @@
 // progress on stderr, and ASCII charts.
 #pragma once
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>

@@ -130,8 +130,11 @@ Status for_each_local_group(const char* op, const GroupRows& gr, Fn&& fn) {
   struct Item {
     int64_t j, row, rows;
   };
-  std::vector<Item> items;
-  items.reserve(gr.num_local);
+  // Reused across calls: no allocation once it has grown to the largest E_loc seen. The worker
+  // threads below must see this (the calling thread's) vector, hence the plain reference.
+  thread_local std::vector<Item> reused;
+  std::vector<Item>& items = reused;
+  items.clear();
   int64_t row = gr.local_begin;
   for (int64_t j = 0; j < gr.num_local; ++j) {
     const int64_t rows = gr.sizes[gr.offset + j];

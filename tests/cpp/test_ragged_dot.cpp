@@ -319,6 +319,9 @@ std::vector<Case> cases() {
     add({111, 31, 23, s, 0, 8}, fmt::format("all_rows_in_group{}", g));
   }
   add({111, 31, 23, {0, 0, 111, 0}, 2, 1}, "all_rows_in_the_one_local_group");
+  // Empty contraction (K = 0: every local row is exactly 0) and empty output width (n = 0).
+  add({20, 0, 7, {5, 10, 5}, 1, 2}, "K0");
+  add({20, 9, 0, {5, 10, 5}, 1, 2}, "n0");
   // Enough non-empty groups that the oneDNN path spreads groups over threads.
   add({500, 64, 48, random_sizes(rng, 32, 480), 8, 16}, "many_groups_shard");
   // Larger contraction, K and n not multiples of 16.
@@ -362,6 +365,35 @@ TEST(RaggedDot, EmptyInputWithNullData) {
   TensorView out(nullptr, DType::kF32, {0, 4});
   EXPECT_TRUE(
       ragged_dot(lhs, ConstTensorView(rhs.data(), DType::kF32, {2, 3, 4}), sizes, out).ok());
+}
+
+// Many groups with bf16 outputs take the path where groups run on different threads at once (and
+// the f32 accumulation goes through scratch memory). Repeated calls must give identical bytes: a
+// race between threads shows up as a difference. (This caught a shared oneDNN scratchpad.)
+TEST(RaggedDotThreads, RepeatedCallsGiveIdenticalBytes) {
+  const int64_t m = 700, K = 48, n = 40, G = 64;
+  std::mt19937 rng(99);
+  HostTensor lhs(DType::kBF16, {m, K}), rhs(DType::kBF16, {G, K, n}), d_out(DType::kBF16, {m, n});
+  lhs.fill_random(rng);
+  rhs.fill_random(rng);
+  d_out.fill_random(rng);
+  const std::vector<int32_t> sizes = random_sizes(rng, G, m);
+  auto run_all = [&] {
+    HostTensor y(DType::kBF16, {m, n}), d_lhs(DType::kBF16, {m, K}), d_rhs(DType::kBF16, {G, K, n});
+    EXPECT_TRUE(ragged_dot(lhs.in(), rhs.in(), sizes, y.mut()).ok());
+    EXPECT_TRUE(ragged_dot_dlhs(d_out.in(), rhs.in(), sizes, d_lhs.mut()).ok());
+    EXPECT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), sizes, d_rhs.mut()).ok());
+    return std::tuple(y.bytes, d_lhs.bytes, d_rhs.bytes);
+  };
+  const auto first = run_all();
+  for (int i = 0; i < 30; ++i) {
+    const auto again = run_all();
+    ASSERT_TRUE(std::get<0>(again) == std::get<0>(first)) << "forward differs on repeat " << i;
+    ASSERT_TRUE(std::get<1>(again) == std::get<1>(first))
+        << "input gradient differs on repeat " << i;
+    ASSERT_TRUE(std::get<2>(again) == std::get<2>(first))
+        << "weight gradient differs on repeat " << i;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
