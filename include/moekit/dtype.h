@@ -8,7 +8,8 @@
 
 namespace moekit {
 
-enum class DType : uint8_t { kF32, kBF16, kI32 };
+// kBool is one byte holding 0 or 1 (the routing map).
+enum class DType : uint8_t { kF32, kBF16, kI32, kBool };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -17,6 +18,8 @@ constexpr size_t dtype_size(DType t) {
       return 4;
     case DType::kBF16:
       return 2;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
@@ -29,6 +32,8 @@ constexpr std::string_view dtype_name(DType t) {
       return "bf16";
     case DType::kI32:
       return "i32";
+    case DType::kBool:
+      return "bool";
   }
   return "?";
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "cpu/convert.h"
 #include "moekit/dtype.h"
 #include "moekit/status.h"
 
@@ -68,17 +69,5 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g);
 
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.
 void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end);
-
-inline float load_as_float(const void* base, DType t, int64_t i) {
-  return t == DType::kF32 ? static_cast<const float*>(base)[i]
-                          : bf16_to_float(static_cast<const bf16_bits*>(base)[i]);
-}
-inline void store_float(void* base, DType t, int64_t i, float v) {
-  if (t == DType::kF32) {
-    static_cast<float*>(base)[i] = v;
-  } else {
-    static_cast<bf16_bits*>(base)[i] = float_to_bf16(v);
-  }
-}
 
 }  // namespace moekit::detail

@@ -9,69 +9,11 @@
 #include <random>
 #include <vector>
 
+#include "host_tensor.h"
 #include "moekit/ragged_dot.h"
 
 namespace moekit {
 namespace {
-
-// A host tensor of f32 or bf16 holding bf16-exact values, so that products are exact in f32 and
-// the only rounding the tests see is accumulation order and the output dtype.
-struct HostTensor {
-  DType dtype;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides;  // elements; innermost 1
-  std::vector<std::byte> bytes;
-
-  HostTensor(DType t, std::vector<int64_t> dims, int64_t row_pad = 0) : dtype(t), shape(dims) {
-    strides.assign(dims.size(), 1);
-    for (int d = static_cast<int>(dims.size()) - 2; d >= 0; --d) {
-      strides[d] =
-          dims[d + 1] * strides[d + 1] + (d == static_cast<int>(dims.size()) - 2 ? row_pad : 0);
-    }
-    const int64_t span = dims.empty() ? 1 : dims[0] * strides[0];
-    bytes.resize(std::max<int64_t>(span, 1) * dtype_size(t));
-  }
-  int64_t offset(std::initializer_list<int64_t> idx) const {
-    int64_t o = 0, d = 0;
-    for (int64_t i : idx) o += i * strides[d++];
-    return o;
-  }
-  double get(std::initializer_list<int64_t> idx) const {
-    const int64_t o = offset(idx);
-    if (dtype == DType::kF32) return reinterpret_cast<const float*>(bytes.data())[o];
-    return bf16_to_float(reinterpret_cast<const bf16_bits*>(bytes.data())[o]);
-  }
-  void set_flat(int64_t o, float v) {
-    if (dtype == DType::kF32) {
-      reinterpret_cast<float*>(bytes.data())[o] = v;
-    } else {
-      reinterpret_cast<bf16_bits*>(bytes.data())[o] = float_to_bf16(v);
-    }
-  }
-  // Every element of the buffer, padding included.
-  void fill_random(std::mt19937& rng) {
-    std::uniform_real_distribution<float> u(-1.f, 1.f);
-    for (int64_t i = 0; i < static_cast<int64_t>(bytes.size() / dtype_size(dtype)); ++i) {
-      set_flat(i, bf16_to_float(float_to_bf16(u(rng))));
-    }
-  }
-  void fill(float v) {
-    for (int64_t i = 0; i < static_cast<int64_t>(bytes.size() / dtype_size(dtype)); ++i) {
-      set_flat(i, v);
-    }
-  }
-  template <typename View>
-  View view() {
-    View v;
-    v.data = bytes.data();
-    v.dtype = dtype;
-    v.rank = static_cast<int>(shape.size());
-    for (int d = 0; d < v.rank; ++d) v.shape[d] = shape[d], v.stride[d] = strides[d];
-    return v;
-  }
-  TensorView mut() { return view<TensorView>(); }
-  ConstTensorView in() { return view<TensorView>(); }
-};
 
 struct Case {
   int64_t m, K, n;

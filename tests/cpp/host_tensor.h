@@ -1,0 +1,95 @@
+// Test helper: an owning host tensor that hands out moekit views.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <random>
+#include <vector>
+
+#include "moekit/dtype.h"
+#include "moekit/view.h"
+
+namespace moekit {
+
+// A host tensor of any moekit dtype with optional row padding. fill_random draws bf16-exact
+// values, so that products are exact in f32 and the only rounding the tests see is accumulation
+// order and the output dtype.
+struct HostTensor {
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // elements; innermost 1
+  std::vector<std::byte> bytes;
+
+  HostTensor(DType t, std::vector<int64_t> dims, int64_t row_pad = 0) : dtype(t), shape(dims) {
+    strides.assign(dims.size(), 1);
+    for (int d = static_cast<int>(dims.size()) - 2; d >= 0; --d) {
+      strides[d] =
+          dims[d + 1] * strides[d + 1] + (d == static_cast<int>(dims.size()) - 2 ? row_pad : 0);
+    }
+    const int64_t span = dims.empty() ? 1 : dims[0] * strides[0];
+    bytes.resize(std::max<int64_t>(span, 1) * dtype_size(t));
+  }
+  int64_t offset(std::initializer_list<int64_t> idx) const {
+    int64_t o = 0, d = 0;
+    for (int64_t i : idx) o += i * strides[d++];
+    return o;
+  }
+  double get(std::initializer_list<int64_t> idx) const { return get_flat(offset(idx)); }
+  void set(std::initializer_list<int64_t> idx, double v) { set_flat(offset(idx), v); }
+  double get_flat(int64_t o) const {
+    switch (dtype) {
+      case DType::kF32:
+        return reinterpret_cast<const float*>(bytes.data())[o];
+      case DType::kBF16:
+        return bf16_to_float(reinterpret_cast<const bf16_bits*>(bytes.data())[o]);
+      case DType::kI32:
+        return reinterpret_cast<const int32_t*>(bytes.data())[o];
+      case DType::kBool:
+        return static_cast<double>(reinterpret_cast<const uint8_t*>(bytes.data())[o]);
+    }
+    return 0;
+  }
+  void set_flat(int64_t o, double v) {
+    switch (dtype) {
+      case DType::kF32:
+        reinterpret_cast<float*>(bytes.data())[o] = static_cast<float>(v);
+        break;
+      case DType::kBF16:
+        reinterpret_cast<bf16_bits*>(bytes.data())[o] = float_to_bf16(static_cast<float>(v));
+        break;
+      case DType::kI32:
+        reinterpret_cast<int32_t*>(bytes.data())[o] = static_cast<int32_t>(v);
+        break;
+      case DType::kBool:
+        reinterpret_cast<uint8_t*>(bytes.data())[o] = static_cast<uint8_t>(v);
+        break;
+    }
+  }
+  // Every element of the buffer, padding included.
+  void fill_random(std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (int64_t i = 0; i < static_cast<int64_t>(bytes.size() / dtype_size(dtype)); ++i) {
+      set_flat(i, bf16_to_float(float_to_bf16(u(rng))));
+    }
+  }
+  void fill(float v) {
+    for (int64_t i = 0; i < static_cast<int64_t>(bytes.size() / dtype_size(dtype)); ++i) {
+      set_flat(i, v);
+    }
+  }
+  template <typename View>
+  View view() {
+    View v;
+    v.data = bytes.data();
+    v.dtype = dtype;
+    v.rank = static_cast<int>(shape.size());
+    for (int d = 0; d < v.rank; ++d) v.shape[d] = shape[d], v.stride[d] = strides[d];
+    return v;
+  }
+  TensorView mut() { return view<TensorView>(); }
+  ConstTensorView in() { return view<TensorView>(); }
+};
+
+}  // namespace moekit
