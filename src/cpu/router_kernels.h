@@ -1,0 +1,97 @@
+// Internal: the router problems after validation (src/router.cpp), and the two CPU
+// implementations of each: a scalar reference (router_ref.cpp) and a vectorised, threaded one
+// (router_vectorized.cpp). Absent optional tensors have data == nullptr here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "moekit/router.h"
+
+namespace moekit::detail {
+
+// The 1e-20 that keeps a normalisation by a sum of sigmoid scores finite (SPEC section 2).
+inline constexpr float kNormEps = 1e-20f;
+
+struct RouteProblem {
+  ConstTensorView logits;  // [T, E]
+  RouteOptions options;    // validated; expert_bias empty or [E]
+  RouteOutputs out;        // absent outputs: data == nullptr
+};
+
+struct RouteBackwardProblem {
+  ConstTensorView logits;          // [T, E]
+  ConstTensorView topk_indices;    // [T, k] i32, every index in [0, E)
+  ConstTensorView d_probs;         // [T, E] or absent
+  ConstTensorView d_topk_weights;  // [T, k] or absent
+  RouteOptions options;
+  TensorView d_logits;  // [T, E]
+};
+
+struct AuxScoresProblem {
+  ConstTensorView logits;  // [T, E]
+  int32_t k;
+  RouterScore score;
+  TensorView scores;       // [T, E] f32 or absent
+  TensorView routing_map;  // [T, E] bool or absent
+};
+
+struct AuxScoresBackwardProblem {
+  ConstTensorView logits;    // [T, E]
+  ConstTensorView d_scores;  // [T, E]
+  RouterScore score;
+  TensorView d_logits;  // [T, E]
+};
+
+Status route_ref(const RouteProblem& p);
+Status route_backward_ref(const RouteBackwardProblem& p);
+Status aux_scores_ref(const AuxScoresProblem& p);
+Status aux_scores_backward_ref(const AuxScoresBackwardProblem& p);
+
+Status route_vectorized(const RouteProblem& p);
+Status route_backward_vectorized(const RouteBackwardProblem& p);
+Status aux_scores_vectorized(const AuxScoresProblem& p);
+Status aux_scores_backward_vectorized(const AuxScoresBackwardProblem& p);
+
+// Loss kernels (router_losses.cpp), one implementation each: threaded row loops on the vector
+// math below. Arguments are validated; tokens_per_expert is [B, E] i32 (B = 1 for the batch
+// form), sequence b holding rows [b * T / B, (b + 1) * T / B).
+//   sum_b sum_{t in b} <scores[t], tokens_per_expert[b]>
+double balance_loss_sum(const ConstTensorView& scores, const ConstTensorView& tokens_per_expert);
+//   d_scores[t] = scale * tokens_per_expert[b(t)]
+void balance_loss_backward(const ConstTensorView& tokens_per_expert, float scale,
+                           const TensorView& d_scores);
+//   sum_t logsumexp(logits[t])^2
+double z_loss_sum(const ConstTensorView& logits);
+//   d_logits[t] = scale * logsumexp(logits[t]) * softmax(logits[t])
+void z_loss_backward_rows(const ConstTensorView& logits, float scale, const TensorView& d_logits);
+
+// Vector math over one row of n floats (router_simd.cpp, Highway, dispatched to the widest
+// instruction set the CPU has). `out` may alias `x`.
+float row_max(const float* x, int64_t n);
+float row_sum(const float* x, int64_t n);
+float row_dot(const float* a, const float* b, int64_t n);
+// out = exp(x - shift); returns sum(out).
+float row_exp_shifted(const float* x, float shift, float* out, int64_t n);
+// out = sigmoid(x); returns sum(out).
+float row_sigmoid(const float* x, float* out, int64_t n);
+// out = sqrt(softplus(x)); returns sum(out).
+float row_sqrt_softplus(const float* x, float* out, int64_t n);
+// Candidates for the top k of x[0, n), 1 <= k <= n: the positions, in increasing order, of every
+// element >= a lower bound of the k-th largest value (the k-th largest maximum of disjoint
+// slices). out has room for n; returns how many. Fewer than k only when x holds NaN.
+int32_t row_top_candidates(const float* x, int64_t n, int32_t k, int32_t* out);
+// The top k of x[0, n) into out[0, k), best first, ties to the lower position. Scratch:
+// candidates room for n, values room for n + 64, out room for k + 1. Returns false, having
+// chosen nothing, when x holds NaN; the caller then takes a scalar path.
+bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float* values,
+               int32_t* out);
+// Sum of the `count` largest values of x[0, n), 1 <= count <= n; work has room for n + 64.
+// Cost grows with count: for the few-per-group sums of group-limited routing.
+float row_top_sum(const float* x, int64_t n, int32_t count, float* work);
+// dst[0, bytes) = src[0, bytes), with non-temporal stores when dst is vector-aligned and bytes a
+// whole number of vectors. A thread calls stream_fence() before others read what it streamed.
+void stream_bytes(void* dst, const void* src, size_t bytes);
+void stream_fence();
+
+}  // namespace moekit::detail

@@ -1,0 +1,113 @@
+// The load-balancing and z-loss kernels: row loops split over the OpenMP threads, per-row
+// reductions in vector code, the per-row results summed in double.
+#include <cmath>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "cpu/router_kernels.h"
+
+namespace moekit::detail {
+namespace {
+
+constexpr int64_t kMinElementsForThreads = 1 << 15;
+
+const char* row_bytes(const ConstTensorView& v, int64_t t) {
+  return static_cast<const char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype);
+}
+char* row_bytes(const TensorView& v, int64_t t) {
+  return static_cast<char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype);
+}
+
+// tokens_per_expert [B, E] (or [E]) as f32 rows, times `scale`.
+std::vector<float> counts_as_float(const ConstTensorView& tpe, float scale) {
+  const int64_t B = tpe.rank == 2 ? tpe.shape[0] : 1, E = tpe.shape[tpe.rank - 1];
+  std::vector<float> out(B * E);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto* row = reinterpret_cast<const int32_t*>(row_bytes(tpe, b));
+    for (int64_t e = 0; e < E; ++e) out[b * E + e] = static_cast<float>(row[e]) * scale;
+  }
+  return out;
+}
+
+// Row t of a [T, E] f32 | bf16 tensor as f32: the row itself when f32, else converted into buf.
+const float* row_f32(const ConstTensorView& v, int64_t t, std::vector<float>& buf) {
+  if (v.dtype == DType::kF32) return reinterpret_cast<const float*>(row_bytes(v, t));
+  buf.resize(v.shape[1]);
+  load_row_as_float(row_bytes(v, t), v.dtype, v.shape[1], buf.data());
+  return buf.data();
+}
+
+// logsumexp of a row; exps (f32 [E]) receives exp(x - max), *shift the max and *sum their sum.
+float logsumexp(const float* x, int64_t E, float* exps, float* shift, float* sum) {
+  *shift = row_max(x, E);
+  *sum = row_exp_shifted(x, *shift, exps, E);
+  return *shift + std::log(*sum);
+}
+
+}  // namespace
+
+double balance_loss_sum(const ConstTensorView& scores, const ConstTensorView& tpe) {
+  const int64_t T = scores.shape[0], E = scores.shape[1];
+  const int64_t B = tpe.rank == 2 ? tpe.shape[0] : 1;
+  if (T == 0) return 0.0;
+  const std::vector<float> counts = counts_as_float(tpe, 1.0f);
+  const int64_t rows_per_seq = T / B;
+  double total = 0.0;
+#pragma omp parallel reduction(+ : total) if (T * E >= kMinElementsForThreads)
+  {
+    std::vector<float> buf;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      total += row_dot(row_f32(scores, t, buf), counts.data() + (t / rows_per_seq) * E, E);
+    }
+  }
+  return total;
+}
+
+void balance_loss_backward(const ConstTensorView& tpe, float scale, const TensorView& d_scores) {
+  const int64_t T = d_scores.shape[0], E = d_scores.shape[1];
+  const int64_t B = tpe.rank == 2 ? tpe.shape[0] : 1;
+  if (T == 0) return;
+  const std::vector<float> rows = counts_as_float(tpe, scale);
+  const int64_t rows_per_seq = T / B;
+#pragma omp parallel for schedule(static) if (T * E >= kMinElementsForThreads)
+  for (int64_t t = 0; t < T; ++t) {
+    store_row_from_float(rows.data() + (t / rows_per_seq) * E, E, row_bytes(d_scores, t),
+                         d_scores.dtype);
+  }
+}
+
+double z_loss_sum(const ConstTensorView& logits) {
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  double total = 0.0;
+#pragma omp parallel reduction(+ : total) if (T * E >= kMinElementsForThreads)
+  {
+    std::vector<float> buf, exps(E);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      float shift, sum;
+      const double lse = logsumexp(row_f32(logits, t, buf), E, exps.data(), &shift, &sum);
+      total += lse * lse;
+    }
+  }
+  return total;
+}
+
+void z_loss_backward_rows(const ConstTensorView& logits, float scale, const TensorView& d_logits) {
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+#pragma omp parallel if (T * E >= kMinElementsForThreads)
+  {
+    std::vector<float> buf, exps(E);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      float shift, sum;
+      const float lse = logsumexp(row_f32(logits, t, buf), E, exps.data(), &shift, &sum);
+      // scale * lse * softmax = (scale * lse / sum) * exp(x - max)
+      const float a = scale * lse / sum;
+      for (int64_t e = 0; e < E; ++e) exps[e] *= a;
+      store_row_from_float(exps.data(), E, row_bytes(d_logits, t), d_logits.dtype);
+    }
+  }
+}
+
+}  // namespace moekit::detail

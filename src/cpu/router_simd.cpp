@@ -1,0 +1,295 @@
+// Vector math over one row, for the router kernels: exp, sigmoid and sqrt(softplus) maps with
+// their sums, and max / sum / dot reductions. Written once with Highway and compiled for every
+// x86 target it knows (SSE4, AVX2, AVX-512, ...); the widest the CPU supports is picked at run
+// time. The tail of a row runs through a zero-padded vector, so that every element sees the
+// same arithmetic and nothing is read or written past the row.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/router_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Must come after foreach_target.h.
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/router_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+
+// Runs `op` on every vector of x[0, n), writing y to out (when not null) and returning the sum of
+// the y. The tail is copied into a buffer padded with `pad`; its padding lanes are left out of
+// the sum and of the output.
+template <class Op>
+HWY_INLINE float MapSum(const float* x, float* out, size_t n, float pad, Op op) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  V acc = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const V y = op(d, hn::LoadU(d, x + i));
+    if (out) hn::StoreU(y, d, out + i);
+    acc = hn::Add(acc, y);
+  }
+  if (i < n) {
+    HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+    const size_t r = n - i;
+    for (size_t j = 0; j < N; ++j) buf[j] = j < r ? x[i + j] : pad;
+    const V y = hn::IfThenElseZero(hn::FirstN(d, r), op(d, hn::Load(d, buf)));
+    acc = hn::Add(acc, y);
+    if (out) {
+      hn::Store(y, d, buf);
+      std::memcpy(out + i, buf, r * sizeof(float));
+    }
+  }
+  return hn::GetLane(hn::SumOfLanes(d, acc));
+}
+
+// e^(-|x|), in (0, 1]; -inf and huge |x| clamp to the range Highway's Exp is exact on.
+HWY_INLINE V ExpNegAbs(D d, V x) {
+  return hn::Exp(d, hn::Max(hn::Neg(hn::Abs(x)), hn::Set(d, -FLT_MAX)));
+}
+
+float RowSum(const float* x, int64_t n) {
+  return MapSum(x, nullptr, static_cast<size_t>(n), 0.0f, [](D, V v) { return v; });
+}
+
+float RowExpShifted(const float* x, float shift, float* out, int64_t n) {
+  return MapSum(x, out, static_cast<size_t>(n), 0.0f, [shift](D d, V v) {
+    return hn::Exp(d, hn::Max(hn::Sub(v, hn::Set(d, shift)), hn::Set(d, -FLT_MAX)));
+  });
+}
+
+// sigmoid(x) = 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below: no overflow either way.
+float RowSigmoid(const float* x, float* out, int64_t n) {
+  return MapSum(x, out, static_cast<size_t>(n), 0.0f, [](D d, V v) {
+    const V e = ExpNegAbs(d, v);
+    const V r = hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
+    return hn::IfThenElse(hn::Ge(v, hn::Zero(d)), r, hn::Mul(e, r));
+  });
+}
+
+// softplus(x) = max(x, 0) + log1p(e^-|x|), exact for large |x| of either sign.
+float RowSqrtSoftplus(const float* x, float* out, int64_t n) {
+  return MapSum(x, out, static_cast<size_t>(n), 0.0f, [](D d, V v) {
+    const V sp = hn::Add(hn::Max(v, hn::Zero(d)), hn::Log1p(d, ExpNegAbs(d, v)));
+    return hn::Sqrt(sp);
+  });
+}
+
+float RowMax(const float* x, int64_t n) {
+  const D d;
+  const size_t N = hn::Lanes(d), len = static_cast<size_t>(n);
+  V m = hn::Set(d, -HUGE_VALF);
+  size_t i = 0;
+  for (; i + N <= len; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
+  float result = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; i < len; ++i) result = x[i] > result ? x[i] : result;
+  return result;
+}
+
+float RowDot(const float* a, const float* b, int64_t n) {
+  const D d;
+  const size_t N = hn::Lanes(d), len = static_cast<size_t>(n);
+  V acc = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= len; i += N) acc = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc);
+  float result = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < len; ++i) result += a[i] * b[i];
+  return result;
+}
+
+// Positions i in [0, n) with x[i] >= tau, in increasing order, into out (room for n); returns
+// how many.
+size_t SelectAtLeast(const float* x, size_t n, float tau, int32_t* out) {
+  const D d;
+  const hn::RebindToSigned<D> di;
+  const size_t N = hn::Lanes(d);
+  const V vtau = hn::Set(d, tau);
+  size_t count = 0, i = 0;
+  for (; i + N <= n; i += N) {
+    const auto keep = hn::RebindMask(di, hn::Ge(hn::LoadU(d, x + i), vtau));
+    const auto pos = hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(i)));
+    // Compress in a register and store the whole vector: the lanes past the kept ones land at
+    // out[count + ...] <= out[i + N - 1], inside the buffer, and are overwritten later or unused.
+    // (The memory form of compress is microcoded and slow on some AMD cores.)
+    hn::StoreU(hn::Compress(pos, keep), di, out + count);
+    count += hn::CountTrue(di, keep);
+  }
+  for (; i < n; ++i) {
+    if (x[i] >= tau) out[count++] = static_cast<int32_t>(i);
+  }
+  return count;
+}
+
+// The k-th largest of the N lanes of v (k <= N), duplicates counted: the largest lane value with
+// at least k lanes >= it.
+HWY_INLINE float KthLargestLane(D d, V v, size_t k) {
+  const size_t N = hn::Lanes(d);
+  HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(v, d, lanes);
+  float best = -HUGE_VALF;
+  for (size_t i = 0; i < N; ++i) {
+    const bool enough = hn::CountTrue(d, hn::Ge(v, hn::Set(d, lanes[i]))) >= k;
+    best = enough && lanes[i] > best ? lanes[i] : best;
+  }
+  return best;
+}
+
+int32_t RowTopCandidates(const float* x, int64_t n, int32_t k, int32_t* out) {
+  // The maxima of k disjoint slices of x are k distinct elements, so the k-th largest of any
+  // such maxima is <= the k-th largest element: everything in the top k is >= it.
+  const D d;
+  const size_t N = hn::Lanes(d), len = static_cast<size_t>(n);
+  float tau = HUGE_VALF;
+  if (static_cast<size_t>(k) <= N && len >= N) {
+    // Slices = the lane columns of the row's vectors (the tail padded with -inf): one pass.
+    V m = hn::LoadU(d, x);
+    size_t i = N;
+    for (; i + N <= len; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
+    if (i < len) {
+      HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+      for (size_t j = 0; j < N; ++j) buf[j] = i + j < len ? x[i + j] : -HUGE_VALF;
+      m = hn::Max(m, hn::Load(d, buf));
+    }
+    tau = KthLargestLane(d, m, static_cast<size_t>(k));
+  } else {
+    // Slices = k contiguous runs.
+    for (int64_t c = 0; c < k; ++c) {
+      const int64_t begin = c * n / k, end = (c + 1) * n / k;
+      tau = std::min(tau, RowMax(x + begin, end - begin));
+    }
+  }
+  return static_cast<int32_t>(SelectAtLeast(x, len, tau, out));
+}
+
+// Sum of the `count` largest of x[0, n) (count <= n): the maximum, taken as often as it occurs
+// (up to what is still needed), then masked out, and again.
+float RowTopSum(const float* x, int64_t n, int32_t count, float* work) {
+  const D d;
+  const size_t N = hn::Lanes(d), len = static_cast<size_t>(n);
+  // work: x padded with -inf to whole vectors.
+  const size_t padded = (len + N - 1) / N * N;
+  std::memcpy(work, x, len * sizeof(float));
+  for (size_t i = len; i < padded; ++i) work[i] = -HUGE_VALF;
+  float sum = 0.0f;
+  int32_t left = count;
+  while (left > 0) {
+    V m = hn::Set(d, -HUGE_VALF);
+    for (size_t i = 0; i < padded; i += N) m = hn::Max(m, hn::LoadU(d, work + i));
+    const V top = hn::MaxOfLanes(d, m);
+    size_t equal = 0;
+    for (size_t i = 0; i < padded; i += N) {
+      const V w = hn::LoadU(d, work + i);
+      const auto eq = hn::Eq(w, top);
+      equal += hn::CountTrue(d, eq);
+      hn::StoreU(hn::IfThenElse(eq, hn::Set(d, -HUGE_VALF), w), d, work + i);
+    }
+    if (equal == 0) return hn::GetLane(top);  // NaN in the row: no value compares equal
+    // Added one at a time, largest first, as a sorted sum would: the same rounding.
+    const float v = hn::GetLane(top);
+    for (size_t i = 0; i < equal && left > 0; ++i, --left) sum += v;
+  }
+  return sum;
+}
+
+// The top k by ranking the candidates against each other, without branches on the data: a
+// candidate's rank is the number of candidates greater than it plus the number equal to it at a
+// lower position (so ties go to the lower index).
+bool RowTopK(const float* x, int64_t n, int32_t k, int32_t* candidates, float* values,
+             int32_t* out) {
+  const int32_t count = RowTopCandidates(x, n, k, candidates);
+  if (count < k) return false;
+  const D d;
+  const size_t N = hn::Lanes(d);
+  const size_t padded = (static_cast<size_t>(count) + N - 1) / N * N;
+  for (int32_t i = 0; i < count; ++i) values[i] = x[candidates[i]];
+  for (size_t i = count; i < padded; ++i) values[i] = -HUGE_VALF;
+  for (int32_t i = 0; i < count; ++i) {
+    const V v = hn::Set(d, values[i]);
+    size_t rank = 0;
+    for (size_t j = 0; j < padded; j += N) {
+      const V c = hn::LoadU(d, values + j);
+      rank += hn::CountTrue(d, hn::Gt(c, v));
+      if (j < static_cast<size_t>(i)) {
+        rank += hn::CountTrue(d, hn::And(hn::Eq(c, v), hn::FirstN(d, i - j)));
+      }
+    }
+    out[std::min<size_t>(rank, k)] = candidates[i];  // out[k] takes the ones left out
+  }
+  return true;
+}
+
+// Non-temporal copy when dst is vector-aligned and bytes a whole number of vectors, so that a
+// large output does not first read every line it overwrites; a plain copy otherwise.
+void StreamBytes(void* dst, const void* src, size_t bytes) {
+  const D d;
+  const size_t N = hn::Lanes(d), vector_bytes = N * sizeof(float);
+  if (reinterpret_cast<uintptr_t>(dst) % vector_bytes != 0 || bytes % vector_bytes != 0) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  auto* out = static_cast<float*>(dst);
+  const auto* in = static_cast<const float*>(src);
+  for (size_t i = 0; i < bytes / sizeof(float); i += N) hn::Stream(hn::LoadU(d, in + i), d, out + i);
+}
+
+}  // namespace moekit::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace moekit::detail {
+
+HWY_EXPORT(RowSum);
+HWY_EXPORT(RowExpShifted);
+HWY_EXPORT(RowSigmoid);
+HWY_EXPORT(RowSqrtSoftplus);
+HWY_EXPORT(RowMax);
+HWY_EXPORT(RowDot);
+HWY_EXPORT(RowTopCandidates);
+HWY_EXPORT(RowTopK);
+HWY_EXPORT(RowTopSum);
+HWY_EXPORT(StreamBytes);
+
+float row_sum(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(RowSum)(x, n); }
+float row_exp_shifted(const float* x, float shift, float* out, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(RowExpShifted)(x, shift, out, n);
+}
+float row_sigmoid(const float* x, float* out, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(RowSigmoid)(x, out, n);
+}
+float row_sqrt_softplus(const float* x, float* out, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(RowSqrtSoftplus)(x, out, n);
+}
+float row_max(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(RowMax)(x, n); }
+float row_dot(const float* a, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(RowDot)(a, b, n);
+}
+
+int32_t row_top_candidates(const float* x, int64_t n, int32_t k, int32_t* out) {
+  return HWY_DYNAMIC_DISPATCH(RowTopCandidates)(x, n, k, out);
+}
+
+bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float* values,
+               int32_t* out) {
+  return HWY_DYNAMIC_DISPATCH(RowTopK)(x, n, k, candidates, values, out);
+}
+
+float row_top_sum(const float* x, int64_t n, int32_t count, float* work) {
+  return HWY_DYNAMIC_DISPATCH(RowTopSum)(x, n, count, work);
+}
+
+void stream_bytes(void* dst, const void* src, size_t bytes) {
+  HWY_DYNAMIC_DISPATCH(StreamBytes)(dst, src, bytes);
+}
+void stream_fence() { hwy::FlushStream(); }
+
+}  // namespace moekit::detail
+#endif  // HWY_ONCE

@@ -1,0 +1,455 @@
+// The router on the CPU: tokens split over the OpenMP threads, each row's exp / sigmoid /
+// softplus and reductions in Highway vector code (router_simd.cpp), top-k by insertion into a
+// k-long sorted list (one compare per expert for most experts), and no allocation after a
+// thread's first call (its scratch rows are thread-local and only grow).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "cpu/router_kernels.h"
+
+namespace moekit::detail {
+namespace {
+
+// Row t of a [T, n] tensor, as bytes.
+template <typename View>
+auto row_ptr(const View& v, int64_t t) {
+  using Byte = std::conditional_t<std::is_same_v<View, TensorView>, char, const char>;
+  return static_cast<Byte*>(v.data) + t * v.stride[0] * static_cast<int64_t>(dtype_size(v.dtype));
+}
+
+// Parallel over rows when there is enough work to pay for waking the threads.
+constexpr int64_t kMinElementsPerThread = 1 << 14;
+
+// The best `cap` (value, index) pairs pushed so far, best first. A value replaces only a strictly
+// smaller one, so when candidates arrive in index order the lower index wins a tie. NaN never
+// displaces a value already held.
+class TopList {
+ public:
+  void reset(int32_t cap) {
+    cap_ = cap;
+    n_ = 0;
+    if (val_.size() < static_cast<size_t>(cap)) {
+      val_.resize(cap);
+      idx_.resize(cap);
+    }
+  }
+  // The smallest value held once the list is full; candidates must beat it.
+  bool full() const { return n_ == cap_; }
+  float threshold() const { return val_[cap_ - 1]; }
+  void push(float v, int32_t i) {
+    int32_t pos;
+    if (n_ < cap_) {
+      pos = n_++;
+    } else if (v > val_[cap_ - 1]) {
+      pos = cap_ - 1;
+    } else {
+      return;
+    }
+    for (; pos > 0 && v > val_[pos - 1]; --pos) {
+      val_[pos] = val_[pos - 1];
+      idx_[pos] = idx_[pos - 1];
+    }
+    val_[pos] = v;
+    idx_[pos] = i;
+  }
+  // Pushes key[begin, end), skipping quickly past values that cannot enter.
+  void push_range(const float* key, int32_t begin, int32_t end) {
+    int32_t e = begin;
+    for (; e < end && !full(); ++e) push(key[e], e);
+    for (; e < end; ++e) {
+      if (key[e] > val_[cap_ - 1]) push(key[e], e);
+    }
+  }
+  int32_t size() const { return n_; }
+  float value(int32_t i) const { return val_[i]; }
+  int32_t index(int32_t i) const { return idx_[i]; }
+
+ private:
+  std::vector<float> val_;
+  std::vector<int32_t> idx_;
+  int32_t cap_ = 0, n_ = 0;
+};
+
+// Per-thread scratch, grown to the largest E and k seen.
+struct Scratch {
+  std::vector<float> x, s, key, aux;  // [E]
+  std::vector<int32_t> candidates;    // [E]
+  std::vector<float> values;          // [E + 64]
+  std::vector<float> w;               // [k]
+  std::vector<int32_t> chosen, top;   // [k + 1]
+  std::vector<int32_t> kept_groups;   // [num_groups]
+  std::vector<float> row_out;         // [E] f32: an output row built here, then written once
+  std::vector<uint8_t> map_out;       // [E]
+  TopList list;                       // the scalar fallback, and the group choice
+
+  void reserve(int64_t E, int32_t k, int32_t groups) {
+    if (x.size() < static_cast<size_t>(E)) {
+      x.resize(E);
+      s.resize(E);
+      key.resize(E);
+      aux.resize(E);
+      candidates.resize(E);
+      values.resize(E + 64);
+      row_out.resize(E);
+      map_out.resize(E);
+    }
+    if (w.size() < static_cast<size_t>(k)) {
+      w.resize(k);
+      chosen.resize(k + 1);
+      top.resize(k + 1);
+    }
+    if (kept_groups.size() < static_cast<size_t>(groups)) kept_groups.resize(groups);
+  }
+};
+
+// The top k of key[0, n) into out[0, k) (indices relative to key), best first. The vector path
+// filters to the few candidates that can make the top k and ranks them against each other; rows
+// with NaN take the insertion list.
+void select_top(const float* key, int32_t n, int32_t k, Scratch& s, int32_t* out) {
+  if (n >= 2 * k && row_top_k(key, n, k, s.candidates.data(), s.values.data(), out)) return;
+  s.list.reset(k);
+  s.list.push_range(key, 0, n);
+  for (int32_t i = 0; i < k; ++i) out[i] = s.list.index(i);
+}
+
+Scratch& thread_scratch(int64_t E, int32_t k, int32_t groups) {
+  thread_local Scratch scratch;
+  scratch.reserve(E, k, groups);
+  return scratch;
+}
+
+// Outputs larger than this are written with non-temporal stores: they do not fit in the caches
+// anyway, and streaming them saves reading every line before overwriting it.
+constexpr int64_t kStreamBytes = 4 << 20;
+
+bool worth_streaming(const ConstTensorView& v) {
+  return v.data != nullptr && v.numel() * static_cast<int64_t>(dtype_size(v.dtype)) >= kStreamBytes;
+}
+
+// Writes a finished row: `bytes` from src to dst, streamed or plain.
+void write_row(void* dst, const void* src, size_t bytes, bool stream) {
+  if (stream) {
+    stream_bytes(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+// A sparse row: zeros with `count` values at `at`, in dtype t, written to dst in one pass.
+void write_sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* values,
+                      int32_t count, bool stream, Scratch& s) {
+  float* row = s.row_out.data();  // f32 [n], or bf16 [n] in its first half
+  const size_t bytes = n * dtype_size(t);
+  std::memset(row, 0, bytes);
+  for (int32_t i = 0; i < count; ++i) {
+    store_float(row, t, at[i], load_as_float(row, t, at[i]) + values[i]);
+  }
+  write_row(dst, row, bytes, stream);
+}
+
+// Asks for row t of v ahead of its use (rows are processed in order; the hardware prefetcher
+// does not see across the per-row work soon enough).
+void prefetch_row(const ConstTensorView& v, int64_t t) {
+  if (t >= v.shape[0]) return;
+  const char* row = static_cast<const char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype);
+  const int64_t bytes = v.shape[1] * static_cast<int64_t>(dtype_size(v.dtype));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+}
+
+// Loads row t of a [T, E] f32 | bf16 tensor as f32. Returns a pointer to it: the tensor's own row
+// when it is f32 already, else `buf`.
+const float* row_as_float(const ConstTensorView& v, int64_t t, float* buf) {
+  const char* row = row_ptr(v, t);
+  if (v.dtype == DType::kF32) return reinterpret_cast<const float*>(row);
+  load_row_as_float(row, v.dtype, v.shape[1], buf);
+  return buf;
+}
+
+// The activation of sigmoid-family scores into out; returns their sum.
+float activation_row(RouterScore score, const float* x, float* out, int64_t n) {
+  return score == RouterScore::kSigmoid ? row_sigmoid(x, out, n) : row_sqrt_softplus(x, out, n);
+}
+
+float sigmoid(float x) {
+  const float e = std::exp(-std::fabs(x));
+  return x >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e);
+}
+
+// d activation / dx from x and s = activation(x).
+float activation_grad(RouterScore score, float x, float s) {
+  if (score == RouterScore::kSigmoid) return s * (1.0f - s);
+  return s > 0.0f ? sigmoid(x) / (2.0f * s) : 0.0f;
+}
+
+// Chooses the k experts of one row from key[E]: s.chosen[0, k) in choice order (best first).
+void choose_experts(const RouteOptions& o, int64_t E, Scratch& s) {
+  int32_t* chosen = s.chosen.data();
+  if (o.num_groups == 0) {
+    select_top(s.key.data(), static_cast<int32_t>(E), o.k, s, chosen);
+    return;
+  }
+  // Group-limited: each group's score is the sum of its top k / group_topk keys; keep the best
+  // group_topk groups. Their keys, copied side by side in group order, keep index order, so ties
+  // still go to the lower expert.
+  const int32_t per_group = static_cast<int32_t>(E / o.num_groups);
+  const int32_t per_group_k = o.k / o.group_topk;
+  int32_t* top = s.top.data();
+  for (int32_t g = 0; g < o.num_groups; ++g) {
+    const float* key = s.key.data() + g * per_group;
+    float sum = 0.0f;
+    if (per_group_k <= 4) {
+      sum = row_top_sum(key, per_group, per_group_k, s.values.data());
+    } else {
+      select_top(key, per_group, per_group_k, s, top);
+      for (int32_t i = 0; i < per_group_k; ++i) sum += key[top[i]];
+    }
+    s.aux[g] = sum;  // group scores, [num_groups]
+  }
+  s.list.reset(o.group_topk);
+  s.list.push_range(s.aux.data(), 0, o.num_groups);
+  int32_t* kept = s.kept_groups.data();
+  for (int32_t i = 0; i < o.group_topk; ++i) kept[i] = s.list.index(i);
+  std::sort(kept, kept + o.group_topk);
+  float* packed = s.aux.data();  // [group_topk * per_group]
+  for (int32_t i = 0; i < o.group_topk; ++i) {
+    std::memcpy(packed + i * per_group, s.key.data() + kept[i] * per_group,
+                per_group * sizeof(float));
+  }
+  select_top(packed, o.group_topk * per_group, o.k, s, chosen);
+  for (int32_t i = 0; i < o.k; ++i) {
+    chosen[i] = kept[chosen[i] / per_group] * per_group + chosen[i] % per_group;
+  }
+}
+
+void route_row(const RouteProblem& p, int64_t t, Scratch& s) {
+  const RouteOptions& o = p.options;
+  const int64_t E = p.logits.shape[1];
+  const int32_t k = o.k;
+  prefetch_row(p.logits, t + 2);
+  const float* x = row_as_float(p.logits, t, s.x.data());
+
+  // s.s: the scores weights are taken from; s.key: the scores experts are chosen by.
+  const bool post_softmax = o.score == RouterScore::kSoftmax && !o.pre_softmax;
+  if (post_softmax) {
+    std::memcpy(s.key.data(), x, E * sizeof(float));
+  } else if (o.score == RouterScore::kSoftmax) {
+    const float sum = row_exp_shifted(x, row_max(x, E), s.s.data(), E);
+    const float inv = 1.0f / sum;
+    for (int64_t e = 0; e < E; ++e) s.key[e] = s.s[e] *= inv;
+  } else {
+    activation_row(o.score, x, s.s.data(), E);
+    if (o.expert_bias.empty()) {
+      std::memcpy(s.key.data(), s.s.data(), E * sizeof(float));
+    } else {
+      for (int64_t e = 0; e < E; ++e) s.key[e] = s.s[e] + o.expert_bias[e];
+    }
+  }
+  choose_experts(o, E, s);
+
+  // Weights of the chosen, in choice order.
+  float* w = s.w.data();
+  int32_t* chosen = s.chosen.data();
+  if (post_softmax) {
+    float* xc = s.aux.data();  // [k] logits of the chosen; xc[0] the largest
+    for (int32_t i = 0; i < k; ++i) xc[i] = x[chosen[i]];
+    const float sum = row_exp_shifted(xc, xc[0], w, k);
+    for (int32_t i = 0; i < k; ++i) w[i] /= sum;
+  } else {
+    float sum = kNormEps;
+    for (int32_t i = 0; i < k; ++i) sum += w[i] = s.s[chosen[i]];
+    if (o.score != RouterScore::kSoftmax && k > 1) {
+      for (int32_t i = 0; i < k; ++i) w[i] /= sum;
+    }
+  }
+  // Scale, and order by descending weight, ties to the lower index. The choice order is already
+  // the weight order unless a bias reordered it; then each takes its rank without branching.
+  bool ordered = true;
+  for (int32_t i = 0; i < k; ++i) {
+    w[i] *= o.scaling_factor;
+    if (i > 0) ordered &= (w[i] < w[i - 1]) | ((w[i] == w[i - 1]) & (chosen[i] > chosen[i - 1]));
+  }
+  if (!ordered) {
+    float* w_sorted = s.values.data();
+    int32_t* e_sorted = s.top.data();
+    for (int32_t i = 0; i < k; ++i) {
+      int32_t rank = 0;
+      for (int32_t j = 0; j < k; ++j) {
+        // Bitwise, not short-circuit: no branch on the data.
+        rank += (w[j] > w[i]) | ((w[j] == w[i]) & (chosen[j] < chosen[i]));
+      }
+      w_sorted[rank] = w[i];
+      e_sorted[rank] = chosen[i];
+    }
+    std::memcpy(w, w_sorted, k * sizeof(float));
+    std::memcpy(chosen, e_sorted, k * sizeof(int32_t));
+  }
+
+  const RouteOutputs& out = p.out;
+  if (out.probs.data) {
+    write_sparse_row(row_ptr(out.probs, t), out.probs.dtype, E, chosen, w, k,
+                     worth_streaming(out.probs), s);
+  }
+  if (out.routing_map.data) {
+    uint8_t* map = s.map_out.data();
+    std::memset(map, 0, E);
+    for (int32_t i = 0; i < k; ++i) map[chosen[i]] = 1;
+    write_row(row_ptr(out.routing_map, t), map, E, worth_streaming(out.routing_map));
+  }
+  if (out.topk_indices.data) {
+    std::memcpy(row_ptr(out.topk_indices, t), chosen, k * sizeof(int32_t));
+  }
+  if (out.topk_weights.data) {
+    store_row_from_float(w, k, row_ptr(out.topk_weights, t), out.topk_weights.dtype);
+  }
+}
+
+void route_backward_row(const RouteBackwardProblem& p, int64_t t, Scratch& s) {
+  const RouteOptions& o = p.options;
+  const int64_t E = p.logits.shape[1];
+  const int32_t k = o.k;
+  prefetch_row(p.logits, t + 2);
+  const float* x = row_as_float(p.logits, t, s.x.data());
+  const auto* idx = reinterpret_cast<const int32_t*>(row_ptr(p.topk_indices, t));
+
+  // g[i]: cotangent of chosen weight i, times the scaling factor.
+  float* g = s.w.data();
+  for (int32_t i = 0; i < k; ++i) g[i] = 0.0f;
+  if (p.d_probs.data) {
+    const char* row = row_ptr(p.d_probs, t);
+    for (int32_t i = 0; i < k; ++i) g[i] += load_as_float(row, p.d_probs.dtype, idx[i]);
+  }
+  if (p.d_topk_weights.data) {
+    const char* row = row_ptr(p.d_topk_weights, t);
+    for (int32_t i = 0; i < k; ++i) g[i] += load_as_float(row, p.d_topk_weights.dtype, i);
+  }
+  for (int32_t i = 0; i < k; ++i) g[i] *= o.scaling_factor;
+
+  char* out = row_ptr(p.d_logits, t);
+  const DType out_type = p.d_logits.dtype;
+  if (o.score == RouterScore::kSoftmax && o.pre_softmax) {
+    // s = softmax(x), w_i = s[idx_i]: dx = s * (ge - <ge, s>) with ge = g scattered to idx.
+    float* dx = s.aux.data();  // [E]
+    float* sm = s.s.data();
+    const float inv = 1.0f / row_exp_shifted(x, row_max(x, E), sm, E);
+    float dot = 0.0f;
+    for (int32_t i = 0; i < k; ++i) dot += g[i] * sm[idx[i]] * inv;
+    const float scale = -dot * inv;
+    for (int64_t e = 0; e < E; ++e) dx[e] = sm[e] * scale;
+    for (int32_t i = 0; i < k; ++i) dx[idx[i]] += sm[idx[i]] * inv * g[i];
+    if (out_type == DType::kF32) {
+      write_row(out, dx, E * sizeof(float), worth_streaming(p.d_logits));
+    } else {
+      store_row_from_float(dx, E, out, out_type);
+    }
+    return;
+  }
+  // Only the chosen logits get gradient: dxc[i] for logit idx[i].
+  float* dxc = s.key.data();  // [k]
+  if (o.score == RouterScore::kSoftmax) {
+    // w = softmax(x[idx]): dx[idx] = w * (g - <g, w>).
+    float* xc = s.aux.data();  // [k] logits of the chosen
+    for (int32_t i = 0; i < k; ++i) xc[i] = x[idx[i]];
+    const float sum = row_exp_shifted(xc, row_max(xc, k), dxc, k);
+    float dot = 0.0f;
+    for (int32_t i = 0; i < k; ++i) dot += g[i] * (dxc[i] /= sum);
+    for (int32_t i = 0; i < k; ++i) dxc[i] *= g[i] - dot;
+  } else {
+    // w = s[idx] / (sum + eps) when k > 1: ds = (g - <g, w>) / (sum + eps).
+    float* xc = s.aux.data();  // [k] logits of the chosen
+    float* sv = s.s.data();    // [k] their scores, in one vector call
+    for (int32_t i = 0; i < k; ++i) xc[i] = x[idx[i]];
+    const float sum = activation_row(o.score, xc, sv, k) + kNormEps;
+    float dot = 0.0f;
+    for (int32_t i = 0; i < k; ++i) dot += g[i] * sv[i] / sum;
+    for (int32_t i = 0; i < k; ++i) {
+      const float ds = k > 1 ? (g[i] - dot) / sum : g[i];
+      dxc[i] = ds * activation_grad(o.score, xc[i], sv[i]);
+    }
+  }
+  // Zeros, then the chosen (summed should an index repeat).
+  write_sparse_row(out, out_type, E, idx, dxc, k, worth_streaming(p.d_logits), s);
+}
+
+// Aux scores of one row into q (f32 [E]); returns the normaliser of sigmoid-family scores.
+float aux_row(RouterScore score, const float* x, float* q, int64_t E) {
+  float norm;
+  if (score == RouterScore::kSoftmax) {
+    norm = row_exp_shifted(x, row_max(x, E), q, E);
+  } else {
+    norm = activation_row(score, x, q, E) + kNormEps;
+  }
+  const float inv = 1.0f / norm;
+  for (int64_t e = 0; e < E; ++e) q[e] *= inv;
+  return norm;
+}
+
+template <typename RowFn>
+void for_each_row(int64_t T, int64_t E, int32_t k, int32_t groups, RowFn fn) {
+  const bool parallel = T * E >= 2 * kMinElementsPerThread;
+#pragma omp parallel if (parallel)
+  {
+    Scratch& s = thread_scratch(E, k, groups);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) fn(t, s);
+    stream_fence();  // streamed rows are visible before the caller reads them
+  }
+}
+
+}  // namespace
+
+Status route_vectorized(const RouteProblem& p) {
+  for_each_row(p.logits.shape[0], p.logits.shape[1], p.options.k, p.options.num_groups,
+               [&](int64_t t, Scratch& s) { route_row(p, t, s); });
+  return {};
+}
+
+Status route_backward_vectorized(const RouteBackwardProblem& p) {
+  for_each_row(p.logits.shape[0], p.logits.shape[1], p.options.k, 0,
+               [&](int64_t t, Scratch& s) { route_backward_row(p, t, s); });
+  return {};
+}
+
+Status aux_scores_vectorized(const AuxScoresProblem& p) {
+  const int64_t E = p.logits.shape[1];
+  for_each_row(p.logits.shape[0], E, p.k, 0, [&](int64_t t, Scratch& s) {
+    const float* x = row_as_float(p.logits, t, s.x.data());
+    float* q = p.scores.data ? reinterpret_cast<float*>(row_ptr(p.scores, t)) : s.s.data();
+    aux_row(p.score, x, q, E);
+    if (p.routing_map.data) {
+      auto* map = reinterpret_cast<uint8_t*>(row_ptr(p.routing_map, t));
+      std::memset(map, 0, E);
+      int32_t* top = s.top.data();
+      select_top(q, static_cast<int32_t>(E), p.k, s, top);
+      for (int32_t i = 0; i < p.k; ++i) map[top[i]] = 1;
+    }
+  });
+  return {};
+}
+
+Status aux_scores_backward_vectorized(const AuxScoresBackwardProblem& p) {
+  const int64_t E = p.logits.shape[1];
+  for_each_row(p.logits.shape[0], E, 1, 0, [&](int64_t t, Scratch& s) {
+    const float* x = row_as_float(p.logits, t, s.x.data());
+    const float* dq = row_as_float(p.d_scores, t, s.key.data());
+    float* q = s.s.data();
+    float* dx = s.aux.data();
+    const float norm = aux_row(p.score, x, q, E);
+    const float dot = row_dot(dq, q, E);
+    if (p.score == RouterScore::kSoftmax) {
+      for (int64_t e = 0; e < E; ++e) dx[e] = q[e] * (dq[e] - dot);
+    } else {
+      // q = s / norm: ds = (dq - <dq, q>) / norm; dx = ds * activation'(x), s = q * norm.
+      const float inv = 1.0f / norm;
+      for (int64_t e = 0; e < E; ++e) {
+        dx[e] = (dq[e] - dot) * inv * activation_grad(p.score, x[e], q[e] * norm);
+      }
+    }
+    store_row_from_float(dx, E, row_ptr(p.d_logits, t), p.d_logits.dtype);
+  });
+  return {};
+}
+
+}  // namespace moekit::detail

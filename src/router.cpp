@@ -1,0 +1,458 @@
+// Public router entry points: validate every argument (nothing is written before this is done),
+// build the problem of cpu/router_kernels.h, and dispatch it to the first implementation the
+// options allow (the reference last).
+#include "moekit/router.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <string>
+
+#include "check.h"
+#include "cpu/router_kernels.h"
+
+namespace moekit {
+namespace {
+
+using detail::check_dim;
+using detail::check_dtype;
+using detail::check_input_dtype;
+using detail::check_output_dtype;
+using detail::check_view;
+
+bool present(const ConstTensorView& v) { return v.rank != 0 || v.data != nullptr; }
+
+template <typename Problem>
+struct Implementation {
+  RouterImpl id;
+  Status (*run)(const Problem&);
+};
+
+template <typename Problem, size_t N>
+Status dispatch(const char* op, const Implementation<Problem> (&table)[N], RouterImpl want,
+                const Problem& problem) {
+  for (const auto& impl : table) {
+    if (want == RouterImpl::kAuto || want == impl.id) return impl.run(problem);
+  }
+  return Status::invalid_argument(op, "impl", std::to_string(static_cast<int>(want)),
+                                  "not a RouterImpl");
+}
+
+// Ordered fastest first, the reference last.
+constexpr Implementation<detail::RouteProblem> kRouteImpls[] = {
+    {RouterImpl::kVectorized, detail::route_vectorized},
+    {RouterImpl::kReference, detail::route_ref},
+};
+constexpr Implementation<detail::RouteBackwardProblem> kRouteBackwardImpls[] = {
+    {RouterImpl::kVectorized, detail::route_backward_vectorized},
+    {RouterImpl::kReference, detail::route_backward_ref},
+};
+constexpr Implementation<detail::AuxScoresProblem> kAuxImpls[] = {
+    {RouterImpl::kVectorized, detail::aux_scores_vectorized},
+    {RouterImpl::kReference, detail::aux_scores_ref},
+};
+constexpr Implementation<detail::AuxScoresBackwardProblem> kAuxBackwardImpls[] = {
+    {RouterImpl::kVectorized, detail::aux_scores_backward_vectorized},
+    {RouterImpl::kReference, detail::aux_scores_backward_ref},
+};
+
+Status check_score(const char* op, RouterScore score) {
+  switch (score) {
+    case RouterScore::kSoftmax:
+    case RouterScore::kSigmoid:
+    case RouterScore::kSqrtSoftplus:
+      return {};
+  }
+  return Status::invalid_argument(op, "score", std::to_string(static_cast<int>(score)),
+                                  "not a RouterScore");
+}
+
+Status check_k(const char* op, int32_t k, int64_t E) {
+  if (k >= 1 && k <= E) return {};
+  return Status::invalid_argument(op, "k", std::to_string(k),
+                                  fmt::format("must be in [1, E] = [1, {}]", E));
+}
+
+Status check_finite(const char* op, const char* name, float v) {
+  if (std::isfinite(v)) return {};
+  return Status::invalid_argument(op, name, fmt::format("{}", v), "must be finite");
+}
+
+// The options of route against E.
+Status check_route_options(const char* op, const RouteOptions& o, int64_t E) {
+  MOEKIT_RETURN_IF_ERROR(check_score(op, o.score));
+  MOEKIT_RETURN_IF_ERROR(check_k(op, o.k, E));
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "scaling_factor", o.scaling_factor));
+  if (o.pre_softmax && o.score != RouterScore::kSoftmax) {
+    return Status::invalid_argument(op, "pre_softmax", "true",
+                                    "only the softmax score has a pre-softmax form");
+  }
+  if (o.num_groups < 0) {
+    return Status::invalid_argument(op, "num_groups", std::to_string(o.num_groups),
+                                    "must be >= 0 (0: no group-limited routing)");
+  }
+  if (o.num_groups == 0 && o.group_topk != 0) {
+    return Status::invalid_argument(op, "group_topk", std::to_string(o.group_topk),
+                                    "needs num_groups > 0");
+  }
+  if (o.num_groups > 0) {
+    if (E % o.num_groups != 0) {
+      return Status::invalid_argument(op, "num_groups", std::to_string(o.num_groups),
+                                      fmt::format("must divide E = {}", E));
+    }
+    if (o.group_topk < 1 || o.group_topk > o.num_groups) {
+      return Status::invalid_argument(
+          op, "group_topk", std::to_string(o.group_topk),
+          fmt::format("must be in [1, num_groups] = [1, {}]", o.num_groups));
+    }
+    if (o.k % o.group_topk != 0) {
+      return Status::invalid_argument(op, "group_topk", std::to_string(o.group_topk),
+                                      fmt::format("must divide k = {}", o.k));
+    }
+    if (o.k / o.group_topk > E / o.num_groups) {
+      return Status::invalid_argument(
+          op, "k", std::to_string(o.k),
+          fmt::format("k / group_topk = {} must be <= the {} experts of a group",
+                      o.k / o.group_topk, E / o.num_groups));
+    }
+  }
+  if (!o.expert_bias.empty()) {
+    if (o.score == RouterScore::kSoftmax) {
+      return Status::invalid_argument(op, "expert_bias.size()",
+                                      std::to_string(o.expert_bias.size()),
+                                      "a bias is only used with sigmoid or sqrtsoftplus scores");
+    }
+    if (static_cast<int64_t>(o.expert_bias.size()) != E) {
+      return Status::invalid_argument(op, "expert_bias.size()",
+                                      std::to_string(o.expert_bias.size()),
+                                      fmt::format("must be E = {}", E));
+    }
+    if (o.expert_bias.data() == nullptr) {
+      return Status::invalid_argument(op, "expert_bias.data", "null", "non-empty span needs data");
+    }
+  }
+  return {};
+}
+
+// A rank-2 [rows, cols] tensor.
+Status check_matrix(const char* op, const char* name, const ConstTensorView& v, int64_t rows,
+                    const char* rows_what, int64_t cols, const char* cols_what) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, name, v, 2));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, name, v, 0, rows, rows_what));
+  return check_dim(op, name, v, 1, cols, cols_what);
+}
+
+Status check_logits(const char* op, const char* name, const ConstTensorView& logits) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, name, logits, 2));
+  return check_input_dtype(op, name, logits.dtype);
+}
+
+// tokens_per_expert: [E] (rank 1) or [B, E] (rank 2) i32, every count >= 0.
+Status check_counts(const char* op, const ConstTensorView& tpe, int rank, int64_t E) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "tokens_per_expert", tpe, rank));
+  MOEKIT_RETURN_IF_ERROR(check_dtype(op, "tokens_per_expert", tpe.dtype, DType::kI32));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, "tokens_per_expert", tpe, rank - 1, E, "E"));
+  const int64_t B = rank == 2 ? tpe.shape[0] : 1;
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* row = static_cast<const int32_t*>(tpe.data) + b * tpe.stride[0];
+    for (int64_t e = 0; e < E; ++e) {
+      if (row[e] < 0) {
+        const std::string where =
+            rank == 2 ? fmt::format("tokens_per_expert[{}, {}]", b, e)
+                      : fmt::format("tokens_per_expert[{}]", e);
+        return Status::invalid_argument(op, where, std::to_string(row[e]),
+                                        "counts must be >= 0");
+      }
+    }
+  }
+  return {};
+}
+
+Status check_loss_options(const char* op, const LoadBalancingOptions& o) {
+  if (o.k < 1) {
+    return Status::invalid_argument(op, "k", std::to_string(o.k), "must be >= 1");
+  }
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "coeff", o.coeff));
+  if (o.total_tokens < 0) {
+    return Status::invalid_argument(op, "total_tokens", std::to_string(o.total_tokens),
+                                    "must be >= 0 (0: the local token count)");
+  }
+  return {};
+}
+
+Status check_loss_ptr(const char* op, const float* loss) {
+  if (loss != nullptr) return {};
+  return Status::invalid_argument(op, "loss", "null", "needs somewhere to write the loss");
+}
+
+// E * coeff / (k * T_total^2) for a batch of `local` tokens, or 0 when T_total is 0.
+Status balance_scale(const char* op, const LoadBalancingOptions& o, int64_t local, int64_t E,
+                     double* scale) {
+  const int64_t total = o.total_tokens == 0 ? local : o.total_tokens;
+  if (total < local) {
+    return Status::invalid_argument(
+        op, "total_tokens", std::to_string(o.total_tokens),
+        fmt::format("must be >= the {} local tokens (or 0 for exactly those)", local));
+  }
+  *scale = total == 0 ? 0.0
+                      : static_cast<double>(E) * o.coeff /
+                            (static_cast<double>(o.k) * static_cast<double>(total) * total);
+  return {};
+}
+
+// Sequences: B = tokens_per_expert.shape[0] must divide T.
+Status check_sequences(const char* op, const ConstTensorView& tpe, int64_t T,
+                       const LoadBalancingOptions& o) {
+  if (tpe.shape[0] < 1 || T % tpe.shape[0] != 0) {
+    return Status::invalid_argument(
+        op, "tokens_per_expert.shape[0]", std::to_string(tpe.shape[0]),
+        fmt::format("the number of sequences must be >= 1 and divide T = {}", T));
+  }
+  if (o.total_tokens != 0) {
+    return Status::invalid_argument(op, "total_tokens", std::to_string(o.total_tokens),
+                                    "must be 0: each sequence is its own batch");
+  }
+  return {};
+}
+
+}  // namespace
+
+Status route(ConstTensorView logits, const RouteOptions& options, const RouteOutputs& out) {
+  const char* op = "route";
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  MOEKIT_RETURN_IF_ERROR(check_route_options(op, options, E));
+  const int64_t k = options.k;
+  detail::RouteProblem p{logits, options, out};
+  if (present(out.probs)) {
+    MOEKIT_RETURN_IF_ERROR(check_matrix(op, "probs", out.probs, T, "T", E, "E"));
+    MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "probs", out.probs.dtype, logits.dtype));
+  }
+  if (present(out.routing_map)) {
+    MOEKIT_RETURN_IF_ERROR(check_matrix(op, "routing_map", out.routing_map, T, "T", E, "E"));
+    MOEKIT_RETURN_IF_ERROR(check_dtype(op, "routing_map", out.routing_map.dtype, DType::kBool));
+  }
+  if (present(out.topk_indices)) {
+    MOEKIT_RETURN_IF_ERROR(check_matrix(op, "topk_indices", out.topk_indices, T, "T", k, "k"));
+    MOEKIT_RETURN_IF_ERROR(check_dtype(op, "topk_indices", out.topk_indices.dtype, DType::kI32));
+  }
+  if (present(out.topk_weights)) {
+    MOEKIT_RETURN_IF_ERROR(check_matrix(op, "topk_weights", out.topk_weights, T, "T", k, "k"));
+    MOEKIT_RETURN_IF_ERROR(
+        check_output_dtype(op, "topk_weights", out.topk_weights.dtype, logits.dtype));
+  }
+  if (T == 0) return {};
+  return dispatch(op, kRouteImpls, options.impl, p);
+}
+
+Status route_backward(ConstTensorView logits, ConstTensorView topk_indices,
+                      ConstTensorView d_probs, ConstTensorView d_topk_weights,
+                      const RouteOptions& options, TensorView d_logits) {
+  const char* op = "route_backward";
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  MOEKIT_RETURN_IF_ERROR(check_route_options(op, options, E));
+  const int64_t k = options.k;
+  MOEKIT_RETURN_IF_ERROR(check_matrix(op, "topk_indices", topk_indices, T, "T", k, "k"));
+  MOEKIT_RETURN_IF_ERROR(check_dtype(op, "topk_indices", topk_indices.dtype, DType::kI32));
+  if (present(d_probs)) {
+    MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_probs", d_probs, T, "T", E, "E"));
+    MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_probs", d_probs.dtype));
+  }
+  if (present(d_topk_weights)) {
+    MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_topk_weights", d_topk_weights, T, "T", k, "k"));
+    MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_topk_weights", d_topk_weights.dtype));
+  }
+  MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_logits", d_logits, T, "T", E, "E"));
+  MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_logits", d_logits.dtype, logits.dtype));
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* row = static_cast<const int32_t*>(topk_indices.data) + t * topk_indices.stride[0];
+    for (int64_t i = 0; i < k; ++i) {
+      if (row[i] < 0 || row[i] >= E) {
+        return Status::invalid_argument(op, fmt::format("topk_indices[{}, {}]", t, i),
+                                        std::to_string(row[i]),
+                                        fmt::format("expert indices must be in [0, {})", E));
+      }
+    }
+  }
+  if (T == 0) return {};
+  detail::RouteBackwardProblem p{logits, topk_indices, d_probs, d_topk_weights, options, d_logits};
+  return dispatch(op, kRouteBackwardImpls, options.impl, p);
+}
+
+Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, TensorView scores,
+                       TensorView routing_map, RouterImpl impl) {
+  const char* op = "aux_loss_scores";
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  MOEKIT_RETURN_IF_ERROR(check_score(op, score));
+  MOEKIT_RETURN_IF_ERROR(check_k(op, k, E));
+  if (present(scores)) {
+    MOEKIT_RETURN_IF_ERROR(check_matrix(op, "scores", scores, T, "T", E, "E"));
+    MOEKIT_RETURN_IF_ERROR(check_dtype(op, "scores", scores.dtype, DType::kF32));
+  }
+  if (present(routing_map)) {
+    MOEKIT_RETURN_IF_ERROR(check_matrix(op, "routing_map", routing_map, T, "T", E, "E"));
+    MOEKIT_RETURN_IF_ERROR(check_dtype(op, "routing_map", routing_map.dtype, DType::kBool));
+  }
+  if (T == 0) return {};
+  detail::AuxScoresProblem p{logits, k, score, scores, routing_map};
+  return dispatch(op, kAuxImpls, impl, p);
+}
+
+Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores,
+                                RouterScore score, TensorView d_logits, RouterImpl impl) {
+  const char* op = "aux_loss_scores_backward";
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  MOEKIT_RETURN_IF_ERROR(check_score(op, score));
+  MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_scores", d_scores, T, "T", E, "E"));
+  MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_scores", d_scores.dtype));
+  MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_logits", d_logits, T, "T", E, "E"));
+  MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_logits", d_logits.dtype, logits.dtype));
+  if (T == 0) return {};
+  detail::AuxScoresBackwardProblem p{logits, d_scores, score, d_logits};
+  return dispatch(op, kAuxBackwardImpls, impl, p);
+}
+
+Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts) {
+  const char* op = "count_tokens_per_expert";
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "routing_map", routing_map, 2));
+  MOEKIT_RETURN_IF_ERROR(check_dtype(op, "routing_map", routing_map.dtype, DType::kBool));
+  const int64_t T = routing_map.shape[0], E = routing_map.shape[1];
+  if (counts.rank != 1 && counts.rank != 2) {
+    return Status::invalid_argument(op, "counts.rank", std::to_string(counts.rank),
+                                    "expected [E] or [B, E]");
+  }
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "counts", counts, counts.rank));
+  MOEKIT_RETURN_IF_ERROR(check_dtype(op, "counts", counts.dtype, DType::kI32));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, "counts", counts, counts.rank - 1, E, "E"));
+  const int64_t B = counts.rank == 2 ? counts.shape[0] : 1;
+  if (B < 1 || T % B != 0) {
+    return Status::invalid_argument(
+        op, "counts.shape[0]", std::to_string(B),
+        fmt::format("the number of sequences must be >= 1 and divide T = {}", T));
+  }
+  const int64_t rows_per_seq = T / B;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t* out = static_cast<int32_t*>(counts.data) + (counts.rank == 2 ? b * counts.stride[0] : 0);
+    for (int64_t e = 0; e < E; ++e) out[e] = 0;
+    for (int64_t t = b * rows_per_seq; t < (b + 1) * rows_per_seq; ++t) {
+      const uint8_t* row = static_cast<const uint8_t*>(routing_map.data) + t * routing_map.stride[0];
+      for (int64_t e = 0; e < E; ++e) out[e] += row[e] != 0;
+    }
+  }
+  return {};
+}
+
+Status load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
+                           const LoadBalancingOptions& options, float* loss) {
+  const char* op = "load_balancing_loss";
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, "scores", scores));
+  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, options));
+  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 1, scores.shape[1]));
+  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
+  double scale;
+  MOEKIT_RETURN_IF_ERROR(balance_scale(op, options, scores.shape[0], scores.shape[1], &scale));
+  *loss = static_cast<float>(scale * detail::balance_loss_sum(scores, tokens_per_expert));
+  return {};
+}
+
+Status load_balancing_loss_backward(ConstTensorView tokens_per_expert,
+                                    const LoadBalancingOptions& options, float d_loss,
+                                    TensorView d_scores) {
+  const char* op = "load_balancing_loss_backward";
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_scores", d_scores, 2));
+  MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_scores", d_scores.dtype));
+  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, options));
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
+  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 1, d_scores.shape[1]));
+  double scale;
+  MOEKIT_RETURN_IF_ERROR(
+      balance_scale(op, options, d_scores.shape[0], d_scores.shape[1], &scale));
+  detail::balance_loss_backward(tokens_per_expert, static_cast<float>(scale * d_loss), d_scores);
+  return {};
+}
+
+Status seq_load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
+                               const LoadBalancingOptions& options, float* loss) {
+  const char* op = "seq_load_balancing_loss";
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, "scores", scores));
+  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, options));
+  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 2, scores.shape[1]));
+  MOEKIT_RETURN_IF_ERROR(check_sequences(op, tokens_per_expert, scores.shape[0], options));
+  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
+  const int64_t B = tokens_per_expert.shape[0];
+  double scale;
+  MOEKIT_RETURN_IF_ERROR(
+      balance_scale(op, options, scores.shape[0] / B, scores.shape[1], &scale));
+  *loss = static_cast<float>(scale / B * detail::balance_loss_sum(scores, tokens_per_expert));
+  return {};
+}
+
+Status seq_load_balancing_loss_backward(ConstTensorView tokens_per_expert,
+                                        const LoadBalancingOptions& options, float d_loss,
+                                        TensorView d_scores) {
+  const char* op = "seq_load_balancing_loss_backward";
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_scores", d_scores, 2));
+  MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_scores", d_scores.dtype));
+  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, options));
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
+  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 2, d_scores.shape[1]));
+  MOEKIT_RETURN_IF_ERROR(check_sequences(op, tokens_per_expert, d_scores.shape[0], options));
+  const int64_t B = tokens_per_expert.shape[0];
+  double scale;
+  MOEKIT_RETURN_IF_ERROR(
+      balance_scale(op, options, d_scores.shape[0] / B, d_scores.shape[1], &scale));
+  detail::balance_loss_backward(tokens_per_expert, static_cast<float>(scale / B * d_loss),
+                                d_scores);
+  return {};
+}
+
+Status z_loss(ConstTensorView logits, float coeff, float* loss) {
+  const char* op = "z_loss";
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "coeff", coeff));
+  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
+  const int64_t T = logits.shape[0];
+  *loss = T == 0 || logits.shape[1] == 0
+              ? 0.0f
+              : static_cast<float>(coeff * detail::z_loss_sum(logits) / static_cast<double>(T));
+  return {};
+}
+
+Status z_loss_backward(ConstTensorView logits, float coeff, float d_loss, TensorView d_logits) {
+  const char* op = "z_loss_backward";
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "coeff", coeff));
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_logits", d_logits, T, "T", E, "E"));
+  MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_logits", d_logits.dtype, logits.dtype));
+  if (T == 0 || E == 0) return {};
+  detail::z_loss_backward_rows(logits, static_cast<float>(2.0 * coeff * d_loss / T), d_logits);
+  return {};
+}
+
+Status update_expert_bias(ConstTensorView tokens_per_expert, float rate, TensorView expert_bias) {
+  const char* op = "update_expert_bias";
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "expert_bias", expert_bias, 1));
+  MOEKIT_RETURN_IF_ERROR(check_dtype(op, "expert_bias", expert_bias.dtype, DType::kF32));
+  const int64_t E = expert_bias.shape[0];
+  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 1, E));
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "rate", rate));
+  if (E == 0) return {};
+  const auto* counts = static_cast<const int32_t*>(tokens_per_expert.data);
+  const int64_t cs = tokens_per_expert.stride[0];
+  double mean = 0.0;
+  for (int64_t e = 0; e < E; ++e) mean += counts[e * cs];
+  mean /= static_cast<double>(E);
+  auto* bias = static_cast<float*>(expert_bias.data);
+  for (int64_t e = 0; e < E; ++e) {
+    const double diff = mean - counts[e * cs];
+    bias[e * expert_bias.stride[0]] += rate * static_cast<float>((diff > 0) - (diff < 0));
+  }
+  return {};
+}
+
+}  // namespace moekit

@@ -1,0 +1,798 @@
+// The router and its losses against an oracle written here from SPEC.md section 2 in double
+// precision, for both implementations (vectorised and scalar reference). Gradients are checked
+// against central finite differences of the oracle.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "host_tensor.h"
+#include "moekit/router.h"
+
+namespace moekit {
+namespace {
+
+using Vec = std::vector<double>;
+
+// ---------------------------------------------------------------------------------------------
+// The oracle, one token row at a time, in double.
+
+struct Options {
+  RouterScore score = RouterScore::kSoftmax;
+  bool pre_softmax = false;
+  int32_t k = 1, num_groups = 0, group_topk = 0;
+  double scale = 1.0;
+  std::vector<float> bias;  // empty or [E]
+};
+
+double act(RouterScore s, double x) {
+  if (s == RouterScore::kSigmoid) return 1.0 / (1.0 + std::exp(-x));
+  return std::sqrt(std::log1p(std::exp(x)));
+}
+
+Vec softmax(const Vec& x) {
+  const double m = *std::max_element(x.begin(), x.end());
+  Vec p(x.size());
+  double sum = 0;
+  for (size_t i = 0; i < x.size(); ++i) sum += p[i] = std::exp(x[i] - m);
+  for (double& v : p) v /= sum;
+  return p;
+}
+
+// Indices of key sorted by (key descending, index ascending), restricted to `allowed`.
+std::vector<int32_t> ranked(const Vec& key, const std::vector<bool>& allowed) {
+  std::vector<int32_t> idx;
+  for (int32_t i = 0; i < static_cast<int32_t>(key.size()); ++i) {
+    if (allowed[i]) idx.push_back(i);
+  }
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+    return key[a] != key[b] ? key[a] > key[b] : a < b;
+  });
+  return idx;
+}
+
+struct RowResult {
+  std::vector<int32_t> idx;  // chosen, by descending weight
+  Vec w;                     // weights
+};
+
+// Relative gap between the last value kept and the best value left out of a ranked list; 1 when
+// nothing is left out.
+double gap(const Vec& v, const std::vector<int32_t>& order, size_t kept) {
+  if (order.size() <= kept) return 1.0;
+  const double a = v[order[kept - 1]], b = v[order[kept]];
+  return std::fabs(a - b) / (1.0 + std::fabs(a));
+}
+
+// The choice of one row (what is chosen depends only on x, not differentiated). *margin, when
+// given, receives the smallest relative gap of the group and expert decisions: below about 1e-6
+// f32 arithmetic cannot be expected to decide as double does.
+std::vector<int32_t> choose(const Vec& x, const Options& o, double* margin = nullptr) {
+  double m = 1.0;
+  const size_t E = x.size();
+  Vec s(E);
+  if (o.score == RouterScore::kSoftmax) {
+    s = o.pre_softmax ? softmax(x) : x;
+  } else {
+    for (size_t e = 0; e < E; ++e) s[e] = act(o.score, x[e]) + (o.bias.empty() ? 0 : o.bias[e]);
+  }
+  std::vector<bool> allowed(E, true);
+  if (o.num_groups > 0) {
+    const size_t per = E / o.num_groups;
+    Vec group_score(o.num_groups, 0.0);
+    for (int32_t g = 0; g < o.num_groups; ++g) {
+      Vec member(s.begin() + g * per, s.begin() + (g + 1) * per);
+      std::sort(member.rbegin(), member.rend());
+      for (int32_t i = 0; i < o.k / o.group_topk; ++i) group_score[g] += member[i];
+    }
+    const auto best = ranked(group_score, std::vector<bool>(o.num_groups, true));
+    m = std::min(m, gap(group_score, best, o.group_topk));
+    std::fill(allowed.begin(), allowed.end(), false);
+    for (int32_t i = 0; i < o.group_topk; ++i) {
+      for (size_t e = best[i] * per; e < (best[i] + 1) * per; ++e) allowed[e] = true;
+    }
+  }
+  auto idx = ranked(s, allowed);
+  m = std::min(m, gap(s, idx, o.k));
+  if (margin) *margin = m;
+  idx.resize(o.k);
+  return idx;
+}
+
+// The weights of a fixed choice, as a function of x (what the gradient differentiates).
+Vec weights(const Vec& x, const std::vector<int32_t>& idx, const Options& o) {
+  const int32_t k = o.k;
+  Vec w(k);
+  if (o.score == RouterScore::kSoftmax && o.pre_softmax) {
+    const Vec s = softmax(x);
+    for (int32_t i = 0; i < k; ++i) w[i] = s[idx[i]];
+  } else if (o.score == RouterScore::kSoftmax) {
+    Vec xc(k);
+    for (int32_t i = 0; i < k; ++i) xc[i] = x[idx[i]];
+    w = softmax(xc);
+  } else {
+    double sum = 1e-20;
+    for (int32_t i = 0; i < k; ++i) sum += w[i] = act(o.score, x[idx[i]]);
+    if (k > 1) {
+      for (double& v : w) v /= sum;
+    }
+  }
+  for (double& v : w) v *= o.scale;
+  return w;
+}
+
+RowResult route_row(const Vec& x, const Options& o) {
+  RowResult r;
+  const auto chosen = choose(x, o);
+  const Vec w = weights(x, chosen, o);
+  std::vector<int32_t> order(o.k);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return w[a] != w[b] ? w[a] > w[b] : chosen[a] < chosen[b];
+  });
+  for (int32_t i : order) {
+    r.idx.push_back(chosen[i]);
+    r.w.push_back(w[i]);
+  }
+  return r;
+}
+
+// Aux scores of one row, dense and normalised.
+Vec aux_scores_row(const Vec& x, RouterScore score) {
+  if (score == RouterScore::kSoftmax) return softmax(x);
+  Vec q(x.size());
+  double sum = 1e-20;
+  for (size_t e = 0; e < x.size(); ++e) sum += q[e] = act(score, x[e]);
+  for (double& v : q) v /= sum;
+  return q;
+}
+
+// Central difference of f at x along every coordinate.
+template <typename F>
+Vec numeric_grad(const Vec& x, F f, double h = 1e-6) {
+  Vec g(x.size());
+  Vec xp = x;
+  for (size_t i = 0; i < x.size(); ++i) {
+    xp[i] = x[i] + h;
+    const double fp = f(xp);
+    xp[i] = x[i] - h;
+    const double fm = f(xp);
+    xp[i] = x[i];
+    g[i] = (fp - fm) / (2 * h);
+  }
+  return g;
+}
+
+Vec row_of(const HostTensor& t, int64_t r) {
+  Vec v(t.shape[1]);
+  for (int64_t j = 0; j < t.shape[1]; ++j) v[j] = t.get({r, j});
+  return v;
+}
+
+RouteOptions to_route_options(const Options& o, RouterImpl impl) {
+  RouteOptions r;
+  r.k = o.k;
+  r.score = o.score;
+  r.pre_softmax = o.pre_softmax;
+  r.num_groups = o.num_groups;
+  r.group_topk = o.group_topk;
+  r.scaling_factor = static_cast<float>(o.scale);
+  r.expert_bias = o.bias;
+  r.impl = impl;
+  return r;
+}
+
+constexpr RouterImpl kImpls[] = {RouterImpl::kVectorized, RouterImpl::kReference};
+const char* impl_name(RouterImpl i) { return i == RouterImpl::kReference ? "ref" : "vec"; }
+
+// ---------------------------------------------------------------------------------------------
+// route and route_backward over the grid.
+
+enum class Variant { kSoftmaxPost, kSoftmaxPre, kSigmoid, kSqrtSoftplus };
+
+struct GridCase {
+  Variant variant;
+  bool groups, bias;
+  double scale;
+  int64_t E;
+  int32_t k;
+  int64_t T;
+};
+
+std::string case_name(const testing::TestParamInfo<GridCase>& info) {
+  const GridCase& c = info.param;
+  const char* v[] = {"softmax_post", "softmax_pre", "sigmoid", "sqrtsoftplus"};
+  return fmt::format("{}_{}_{}_s{}_E{}_k{}_T{}", v[static_cast<int>(c.variant)],
+                     c.groups ? "groups" : "nogroups", c.bias ? "bias" : "nobias",
+                     c.scale == 1.0 ? "1" : "2p5", c.E, c.k, c.T);
+}
+
+// Smallest group_topk in [1, G] that divides k with k / group_topk experts per group available;
+// 0 when there is none.
+int32_t pick_group_topk(int64_t E, int32_t k, int32_t G) {
+  for (int32_t gt = 1; gt <= G; ++gt) {
+    if (k % gt == 0 && k / gt <= E / G) return gt;
+  }
+  return 0;
+}
+
+std::vector<GridCase> grid() {
+  std::vector<GridCase> cases;
+  for (Variant v : {Variant::kSoftmaxPost, Variant::kSoftmaxPre, Variant::kSigmoid,
+                    Variant::kSqrtSoftplus}) {
+    const bool softmax = v == Variant::kSoftmaxPost || v == Variant::kSoftmaxPre;
+    for (bool groups : {false, true}) {
+      for (bool bias : {false, true}) {
+        if (bias && softmax) continue;  // a bias is for sigmoid-family scores only
+        for (double scale : {1.0, 2.5}) {
+          for (int64_t E : {8, 64, 128, 256}) {
+            for (int32_t k : {1, 2, 6, 8}) {
+              if (groups && pick_group_topk(E, k, 4) == 0) continue;
+              for (int64_t T : {1, 3, 1000}) cases.push_back({v, groups, bias, scale, E, k, T});
+            }
+          }
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+Options options_of(const GridCase& c, std::mt19937& rng) {
+  Options o;
+  o.score = c.variant == Variant::kSigmoid        ? RouterScore::kSigmoid
+            : c.variant == Variant::kSqrtSoftplus ? RouterScore::kSqrtSoftplus
+                                                  : RouterScore::kSoftmax;
+  o.pre_softmax = c.variant == Variant::kSoftmaxPre;
+  o.k = c.k;
+  o.scale = c.scale;
+  if (c.groups) {
+    o.num_groups = 4;
+    o.group_topk = pick_group_topk(c.E, c.k, 4);
+  }
+  if (c.bias) {
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    for (int64_t e = 0; e < c.E; ++e) o.bias.push_back(u(rng));
+  }
+  return o;
+}
+
+// Checks route's outputs for every row against the oracle. With `skip_near_ties`, rows whose
+// choice the oracle finds within 1e-6 of a different one (f32 cannot decide those) are not
+// compared; returns how many were skipped. Exact ties are never skipped without it.
+int64_t expect_route_matches(const HostTensor& logits, const Options& o, HostTensor& probs,
+                             HostTensor& map, HostTensor& idx, HostTensor& w, double tol,
+                             bool skip_near_ties = false) {
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  int64_t skipped = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    double margin = 1.0;
+    choose(row_of(logits, t), o, &margin);
+    if (skip_near_ties && margin < 1e-6) {
+      ++skipped;
+      continue;
+    }
+    const RowResult want = route_row(row_of(logits, t), o);
+    for (int32_t i = 0; i < o.k; ++i) {
+      EXPECT_EQ(idx.get({t, i}), want.idx[i]) << "row " << t << " slot " << i;
+      EXPECT_NEAR(w.get({t, i}), want.w[i], tol * (1 + std::fabs(want.w[i])))
+          << "row " << t << " slot " << i;
+    }
+    Vec dense(E, 0.0);
+    for (int32_t i = 0; i < o.k; ++i) dense[want.idx[i]] = want.w[i];
+    for (int64_t e = 0; e < E; ++e) {
+      EXPECT_EQ(map.get({t, e}), dense[e] != 0.0 ? 1.0 : 0.0) << "row " << t << " expert " << e;
+      EXPECT_NEAR(probs.get({t, e}), dense[e], tol * (1 + std::fabs(dense[e])))
+          << "row " << t << " expert " << e;
+    }
+    if (testing::Test::HasFailure()) return skipped;
+  }
+  return skipped;
+}
+
+class RouteGrid : public testing::TestWithParam<GridCase> {};
+
+TEST_P(RouteGrid, ForwardAndBackwardMatchOracle) {
+  const GridCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.E * 131 + c.k * 17 + c.T));
+  const Options o = options_of(c, rng);
+  HostTensor logits(DType::kF32, {c.T, c.E});
+  std::normal_distribution<float> normal(0.f, 2.f);
+  for (int64_t i = 0; i < c.T * c.E; ++i) logits.set_flat(i, normal(rng));
+  // Cotangents of both weight outputs; the gradient sums them.
+  HostTensor d_probs(DType::kF32, {c.T, c.E}), d_w(DType::kF32, {c.T, c.k});
+  d_probs.fill_random(rng);
+  d_w.fill_random(rng);
+
+  for (RouterImpl impl : kImpls) {
+    SCOPED_TRACE(impl_name(impl));
+    const RouteOptions ro = to_route_options(o, impl);
+    HostTensor probs(DType::kF32, {c.T, c.E}), map(DType::kBool, {c.T, c.E}),
+        idx(DType::kI32, {c.T, c.k}), w(DType::kF32, {c.T, c.k});
+    probs.fill(NAN);
+    map.fill(7);
+    ASSERT_TRUE(route(logits.in(), ro, {probs.mut(), map.mut(), idx.mut(), w.mut()}).ok());
+    const int64_t near_ties = expect_route_matches(logits, o, probs, map, idx, w, 2e-6, true);
+    EXPECT_LE(near_ties, c.T / 100) << "too many near-tied rows for the check to mean much";
+
+    HostTensor d_logits(DType::kF32, {c.T, c.E});
+    d_logits.fill(NAN);
+    ASSERT_TRUE(
+        route_backward(logits.in(), idx.in(), d_probs.in(), d_w.in(), ro, d_logits.mut()).ok());
+    // Finite differences on a few rows: L(x) = <probs, d_probs> + <topk_weights, d_w>, choice
+    // held fixed (it is piecewise constant; these logits are far from ties).
+    for (int64_t t = 0; t < std::min<int64_t>(c.T, 2); ++t) {
+      const Vec x = row_of(logits, t);
+      const RowResult base = route_row(x, o);
+      const auto loss = [&](const Vec& xp) {
+        const Vec wv = weights(xp, choose(x, o), o);  // choice order, not weight order
+        const auto chosen = choose(x, o);
+        double l = 0;
+        for (int32_t i = 0; i < o.k; ++i) {
+          const int32_t slot = static_cast<int32_t>(
+              std::find(base.idx.begin(), base.idx.end(), chosen[i]) - base.idx.begin());
+          l += wv[i] * (d_probs.get({t, chosen[i]}) + d_w.get({t, slot}));
+        }
+        return l;
+      };
+      const Vec want = numeric_grad(x, loss);
+      for (int64_t e = 0; e < c.E; ++e) {
+        ASSERT_NEAR(d_logits.get({t, e}), want[e], 1e-4 * (1 + std::fabs(want[e])))
+            << "row " << t << " expert " << e;
+      }
+    }
+    // Every row: not-chosen experts get exactly 0, except with pre-softmax.
+    if (!(o.score == RouterScore::kSoftmax && o.pre_softmax)) {
+      for (int64_t t = 0; t < c.T; ++t) {
+        for (int64_t e = 0; e < c.E; ++e) {
+          if (map.get({t, e}) == 0) ASSERT_EQ(d_logits.get({t, e}), 0.0) << t << "," << e;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Router, RouteGrid, testing::ValuesIn(grid()), case_name);
+
+// ---------------------------------------------------------------------------------------------
+// Ties, dtypes, layouts, absent outputs.
+
+TEST(Route, TiesGoToTheLowerIndex) {
+  // Logits from four well-separated values: many exact ties, in the experts and in the groups.
+  const int64_t T = 50, E = 64;
+  std::mt19937 rng(3);
+  HostTensor logits(DType::kF32, {T, E});
+  const float values[] = {-1.0f, 0.0f, 0.5f, 2.0f};
+  for (int64_t i = 0; i < T * E; ++i) logits.set_flat(i, values[rng() % 4]);
+  std::vector<Options> variants(5);
+  variants[0].score = RouterScore::kSoftmax;
+  variants[1].score = RouterScore::kSoftmax;
+  variants[1].pre_softmax = true;
+  variants[2].score = RouterScore::kSigmoid;
+  variants[3].score = RouterScore::kSqrtSoftplus;
+  variants[4].score = RouterScore::kSigmoid;
+  variants[4].num_groups = 8;
+  variants[4].group_topk = 2;
+  for (Options& o : variants) {
+    o.k = 8;
+    for (RouterImpl impl : kImpls) {
+      HostTensor probs(DType::kF32, {T, E}), map(DType::kBool, {T, E}), idx(DType::kI32, {T, 8}),
+          w(DType::kF32, {T, 8});
+      ASSERT_TRUE(route(logits.in(), to_route_options(o, impl),
+                        {probs.mut(), map.mut(), idx.mut(), w.mut()})
+                      .ok());
+      expect_route_matches(logits, o, probs, map, idx, w, 1e-6);
+    }
+  }
+}
+
+TEST(Route, BiasChoosesButDoesNotWeight) {
+  // A large bias on expert 5 makes it chosen everywhere; its weight is still its own score.
+  const int64_t T = 20, E = 16;
+  std::mt19937 rng(5);
+  HostTensor logits(DType::kF32, {T, E});
+  logits.fill_random(rng);
+  Options o;
+  o.score = RouterScore::kSigmoid;
+  o.k = 1;
+  o.bias.assign(E, 0.0f);
+  o.bias[5] = 10.0f;
+  for (RouterImpl impl : kImpls) {
+    HostTensor idx(DType::kI32, {T, 1}), w(DType::kF32, {T, 1});
+    ASSERT_TRUE(route(logits.in(), to_route_options(o, impl), {{}, {}, idx.mut(), w.mut()}).ok());
+    for (int64_t t = 0; t < T; ++t) {
+      EXPECT_EQ(idx.get({t, 0}), 5);
+      EXPECT_NEAR(w.get({t, 0}), 1.0 / (1.0 + std::exp(-logits.get({t, 5}))), 1e-6);
+    }
+  }
+}
+
+TEST(Route, Bf16LogitsAndOutputsPaddedRowsAndAbsentOutputs) {
+  const int64_t T = 37, E = 128;
+  const int32_t k = 6;
+  std::mt19937 rng(11);
+  HostTensor logits(DType::kBF16, {T, E}, /*row_pad=*/5);
+  logits.fill_random(rng);
+  Options o;
+  o.score = RouterScore::kSqrtSoftplus;
+  o.k = k;
+  o.num_groups = 8;
+  o.group_topk = 3;
+  o.scale = 2.5;
+  for (RouterImpl impl : kImpls) {
+    HostTensor probs(DType::kBF16, {T, E}, 3), map(DType::kBool, {T, E}, 9),
+        idx(DType::kI32, {T, k}, 1), w(DType::kBF16, {T, k}, 2);
+    ASSERT_TRUE(route(logits.in(), to_route_options(o, impl),
+                      {probs.mut(), map.mut(), idx.mut(), w.mut()})
+                    .ok());
+    // bf16 outputs hold the oracle's weights to bf16 precision.
+    expect_route_matches(logits, o, probs, map, idx, w, 8e-3);
+
+    // Only the dense form: the same indices.
+    HostTensor idx2(DType::kI32, {T, k}), w2(DType::kF32, {T, k});
+    ASSERT_TRUE(route(logits.in(), to_route_options(o, impl), {{}, {}, idx2.mut(), w2.mut()}).ok());
+    for (int64_t t = 0; t < T; ++t) {
+      for (int32_t i = 0; i < k; ++i) ASSERT_EQ(idx2.get({t, i}), idx.get({t, i}));
+    }
+
+    // Backward from d_topk_weights alone, bf16 in, bf16 out, equals the f32 path rounded.
+    HostTensor d_w(DType::kBF16, {T, k}), d_logits(DType::kBF16, {T, E}, 4),
+        d_logits32(DType::kF32, {T, E});
+    d_w.fill_random(rng);
+    const RouteOptions ro = to_route_options(o, impl);
+    ASSERT_TRUE(route_backward(logits.in(), idx.in(), {}, d_w.in(), ro, d_logits.mut()).ok());
+    ASSERT_TRUE(route_backward(logits.in(), idx.in(), {}, d_w.in(), ro, d_logits32.mut()).ok());
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < E; ++e) {
+        ASSERT_EQ(d_logits.get({t, e}), bf16_to_float(float_to_bf16(d_logits32.get({t, e}))));
+      }
+    }
+  }
+}
+
+TEST(Route, ImplementationsAgreeOnManyRows) {
+  // The threaded path (many rows) against the scalar reference, bit-for-bit in the choice.
+  const int64_t T = 3001, E = 256;
+  std::mt19937 rng(17);
+  HostTensor logits(DType::kF32, {T, E});
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t i = 0; i < T * E; ++i) logits.set_flat(i, normal(rng));
+  Options o;
+  o.score = RouterScore::kSigmoid;
+  o.k = 8;
+  o.num_groups = 8;
+  o.group_topk = 4;
+  o.scale = 2.5;
+  o.bias.resize(E);
+  for (float& b : o.bias) b = normal(rng) * 0.01f;
+  HostTensor idx_v(DType::kI32, {T, 8}), idx_r(DType::kI32, {T, 8}), w_v(DType::kF32, {T, 8}),
+      w_r(DType::kF32, {T, 8});
+  ASSERT_TRUE(route(logits.in(), to_route_options(o, RouterImpl::kVectorized),
+                    {{}, {}, idx_v.mut(), w_v.mut()})
+                  .ok());
+  ASSERT_TRUE(route(logits.in(), to_route_options(o, RouterImpl::kReference),
+                    {{}, {}, idx_r.mut(), w_r.mut()})
+                  .ok());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t i = 0; i < 8; ++i) {
+      ASSERT_EQ(idx_v.get({t, i}), idx_r.get({t, i})) << t;
+      ASSERT_NEAR(w_v.get({t, i}), w_r.get({t, i}), 1e-6) << t;
+    }
+  }
+}
+
+TEST(Route, ZeroTokensWritesNothingAndSucceeds) {
+  HostTensor logits(DType::kF32, {0, 8}), idx(DType::kI32, {0, 2});
+  RouteOptions o;
+  o.k = 2;
+  EXPECT_TRUE(route(logits.in(), o, {{}, {}, idx.mut(), {}}).ok());
+  HostTensor d(DType::kF32, {0, 8});
+  EXPECT_TRUE(route_backward(logits.in(), idx.in(), {}, {}, o, d.mut()).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Aux-loss scores.
+
+class AuxScores : public testing::TestWithParam<std::tuple<RouterScore, int64_t, int32_t>> {};
+
+TEST_P(AuxScores, MatchOracleAndFiniteDifferences) {
+  const auto [score, E, k] = GetParam();
+  const int64_t T = 57;
+  std::mt19937 rng(static_cast<uint32_t>(E + k));
+  HostTensor logits(DType::kF32, {T, E}), d_scores(DType::kF32, {T, E});
+  std::normal_distribution<float> normal(0.f, 2.f);
+  for (int64_t i = 0; i < T * E; ++i) logits.set_flat(i, normal(rng));
+  d_scores.fill_random(rng);
+  for (RouterImpl impl : kImpls) {
+    SCOPED_TRACE(impl_name(impl));
+    HostTensor scores(DType::kF32, {T, E}), map(DType::kBool, {T, E}), d_logits(DType::kF32, {T, E});
+    ASSERT_TRUE(aux_loss_scores(logits.in(), k, score, scores.mut(), map.mut(), impl).ok());
+    ASSERT_TRUE(
+        aux_loss_scores_backward(logits.in(), d_scores.in(), score, d_logits.mut(), impl).ok());
+    for (int64_t t = 0; t < T; ++t) {
+      const Vec x = row_of(logits, t);
+      const Vec q = aux_scores_row(x, score);
+      std::vector<int32_t> top = ranked(q, std::vector<bool>(E, true));
+      top.resize(k);
+      for (int64_t e = 0; e < E; ++e) {
+        ASSERT_NEAR(scores.get({t, e}), q[e], 1e-6 * (1 + q[e])) << t << "," << e;
+        const bool chosen = std::find(top.begin(), top.end(), e) != top.end();
+        ASSERT_EQ(map.get({t, e}), chosen ? 1 : 0) << t << "," << e;
+      }
+      if (t < 3) {
+        const Vec dq = row_of(d_scores, t);
+        const Vec want = numeric_grad(x, [&](const Vec& xp) {
+          const Vec qp = aux_scores_row(xp, score);
+          return std::inner_product(qp.begin(), qp.end(), dq.begin(), 0.0);
+        });
+        for (int64_t e = 0; e < E; ++e) {
+          ASSERT_NEAR(d_logits.get({t, e}), want[e], 1e-5 * (1 + std::fabs(want[e]))) << t;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Router, AuxScores,
+                         testing::Combine(testing::Values(RouterScore::kSoftmax,
+                                                          RouterScore::kSigmoid,
+                                                          RouterScore::kSqrtSoftplus),
+                                          testing::Values<int64_t>(8, 64, 256),
+                                          testing::Values<int32_t>(1, 8)));
+
+// ---------------------------------------------------------------------------------------------
+// Losses and the bias update.
+
+TEST(Losses, CountTokensPerExpertPerBatchAndPerSequence) {
+  const int64_t T = 12, E = 5;
+  HostTensor map(DType::kBool, {T, E});
+  std::mt19937 rng(1);
+  for (int64_t i = 0; i < T * E; ++i) map.set_flat(i, rng() % 2);
+  HostTensor all(DType::kI32, {E}), per_seq(DType::kI32, {3, E});
+  ASSERT_TRUE(count_tokens_per_expert(map.in(), all.mut()).ok());
+  ASSERT_TRUE(count_tokens_per_expert(map.in(), per_seq.mut()).ok());
+  for (int64_t e = 0; e < E; ++e) {
+    double total = 0;
+    for (int64_t b = 0; b < 3; ++b) {
+      double n = 0;
+      for (int64_t t = b * 4; t < (b + 1) * 4; ++t) n += map.get({t, e});
+      EXPECT_EQ(per_seq.get({b, e}), n);
+      total += n;
+    }
+    EXPECT_EQ(all.get({e}), total);
+  }
+}
+
+TEST(Losses, LoadBalancingLossAndGradient) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const int64_t T = 1000, E = 64;
+    const int32_t k = 6;
+    std::mt19937 rng(23);
+    HostTensor scores(dt, {T, E}), tpe(DType::kI32, {E});
+    scores.fill_random(rng);
+    for (int64_t e = 0; e < E; ++e) tpe.set({e}, rng() % 300);
+    for (int64_t total : {int64_t{0}, int64_t{4000}}) {
+      LoadBalancingOptions o{k, 0.01f, total};
+      const double T_total = total == 0 ? T : total;
+      const double c = E * 0.01 / (k * T_total * T_total);
+      double want = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        double col = 0;
+        for (int64_t t = 0; t < T; ++t) col += scores.get({t, e});
+        want += col * tpe.get({e});
+      }
+      want *= c;
+      float loss = NAN;
+      ASSERT_TRUE(load_balancing_loss(scores.in(), tpe.in(), o, &loss).ok());
+      EXPECT_NEAR(loss, want, 1e-5 * std::fabs(want));
+      HostTensor d(dt, {T, E});
+      ASSERT_TRUE(load_balancing_loss_backward(tpe.in(), o, 3.0f, d.mut()).ok());
+      for (int64_t t = 0; t < T; t += 97) {
+        for (int64_t e = 0; e < E; ++e) {
+          const double g = c * tpe.get({e}) * 3.0;
+          ASSERT_NEAR(d.get({t, e}), g, (dt == DType::kF32 ? 1e-6 : 8e-3) * g) << t << "," << e;
+        }
+      }
+    }
+  }
+}
+
+TEST(Losses, SequenceLoadBalancingLossIsTheMeanOverSequences) {
+  const int64_t B = 4, S = 25, T = B * S, E = 16;
+  const int32_t k = 2;
+  std::mt19937 rng(29);
+  HostTensor scores(DType::kF32, {T, E}), tpe(DType::kI32, {B, E});
+  scores.fill_random(rng);
+  for (int64_t i = 0; i < B * E; ++i) tpe.set_flat(i, rng() % 10);
+  const LoadBalancingOptions o{k, 0.5f, 0};
+  double want = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    // The batch loss of sequence b alone.
+    HostTensor one(DType::kF32, {S, E}), counts(DType::kI32, {E});
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t e = 0; e < E; ++e) one.set({s, e}, scores.get({b * S + s, e}));
+    }
+    for (int64_t e = 0; e < E; ++e) counts.set({e}, tpe.get({b, e}));
+    float l = NAN;
+    ASSERT_TRUE(load_balancing_loss(one.in(), counts.in(), o, &l).ok());
+    want += l / B;
+  }
+  float loss = NAN;
+  ASSERT_TRUE(seq_load_balancing_loss(scores.in(), tpe.in(), o, &loss).ok());
+  EXPECT_NEAR(loss, want, 1e-6 * std::fabs(want));
+  HostTensor d(DType::kF32, {T, E});
+  ASSERT_TRUE(seq_load_balancing_loss_backward(tpe.in(), o, 2.0f, d.mut()).ok());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      const double g = E * 0.5 / (k * S * S) * tpe.get({t / S, e}) * 2.0 / B;
+      ASSERT_NEAR(d.get({t, e}), g, 1e-6 * g);
+    }
+  }
+}
+
+TEST(Losses, ZLossAndGradient) {
+  for (int64_t E : {1, 7, 256}) {
+    const int64_t T = 300;
+    std::mt19937 rng(static_cast<uint32_t>(E));
+    HostTensor logits(DType::kF32, {T, E}), d(DType::kF32, {T, E});
+    std::normal_distribution<float> normal(0.f, 3.f);
+    for (int64_t i = 0; i < T * E; ++i) logits.set_flat(i, normal(rng));
+    const auto zloss = [&](const std::vector<Vec>& rows) {
+      double s = 0;
+      for (const Vec& x : rows) {
+        const double m = *std::max_element(x.begin(), x.end());
+        double sum = 0;
+        for (double v : x) sum += std::exp(v - m);
+        s += std::pow(m + std::log(sum), 2);
+      }
+      return 0.001 * s / T;
+    };
+    std::vector<Vec> rows;
+    for (int64_t t = 0; t < T; ++t) rows.push_back(row_of(logits, t));
+    float loss = NAN;
+    ASSERT_TRUE(z_loss(logits.in(), 0.001f, &loss).ok());
+    EXPECT_NEAR(loss, zloss(rows), 1e-5 * zloss(rows));
+    ASSERT_TRUE(z_loss_backward(logits.in(), 0.001f, 1.5f, d.mut()).ok());
+    for (int64_t t = 0; t < 3; ++t) {
+      const Vec want = numeric_grad(rows[t], [&](const Vec& xp) {
+        std::vector<Vec> r = rows;
+        r[t] = xp;
+        return 1.5 * zloss(r);
+      });
+      for (int64_t e = 0; e < E; ++e) ASSERT_NEAR(d.get({t, e}), want[e], 1e-7 + 1e-4 * std::fabs(want[e]));
+    }
+  }
+}
+
+TEST(Losses, ExpertBiasUpdateFollowsTheSignOfTheDeficit) {
+  HostTensor tpe(DType::kI32, {4}), bias(DType::kF32, {4});
+  const int32_t counts[] = {10, 2, 5, 3};  // mean 5
+  for (int64_t e = 0; e < 4; ++e) {
+    tpe.set({e}, counts[e]);
+    bias.set({e}, 0.5);
+  }
+  ASSERT_TRUE(update_expert_bias(tpe.in(), 0.1f, bias.mut()).ok());
+  EXPECT_FLOAT_EQ(bias.get({0}), 0.4f);  // over-loaded: lowered
+  EXPECT_FLOAT_EQ(bias.get({1}), 0.6f);  // under-loaded: raised
+  EXPECT_FLOAT_EQ(bias.get({2}), 0.5f);  // at the mean: unchanged
+  EXPECT_FLOAT_EQ(bias.get({3}), 0.6f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Invalid input: a named error, and nothing written.
+
+struct BadRoute {
+  const char* name;
+  int32_t k, num_groups, group_topk;
+  RouterScore score;
+  bool pre;
+  int64_t bias_len;
+  const char* argument;
+};
+
+TEST(RouteErrors, InvalidOptionsAreNamedAndNothingIsWritten) {
+  const int64_t T = 3, E = 8;
+  const BadRoute cases[] = {
+      {"k > E", 9, 0, 0, RouterScore::kSoftmax, false, 0, "k"},
+      {"k = 0", 0, 0, 0, RouterScore::kSoftmax, false, 0, "k"},
+      {"E % num_groups", 2, 3, 1, RouterScore::kSigmoid, false, 0, "num_groups"},
+      {"k % group_topk", 3, 4, 2, RouterScore::kSigmoid, false, 0, "group_topk"},
+      {"group_topk > num_groups", 4, 2, 4, RouterScore::kSigmoid, false, 0, "group_topk"},
+      {"group_topk without groups", 2, 0, 1, RouterScore::kSigmoid, false, 0, "group_topk"},
+      {"k / group_topk > group size", 6, 4, 2, RouterScore::kSigmoid, false, 0, "k"},
+      {"bias with softmax", 2, 0, 0, RouterScore::kSoftmax, false, 8, "expert_bias.size()"},
+      {"bias of the wrong length", 2, 0, 0, RouterScore::kSigmoid, false, 7,
+       "expert_bias.size()"},
+      {"pre_softmax with sigmoid", 2, 0, 0, RouterScore::kSigmoid, true, 0, "pre_softmax"},
+  };
+  HostTensor logits(DType::kF32, {T, E});
+  std::mt19937 rng(1);
+  logits.fill_random(rng);
+  for (const BadRoute& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<float> bias(c.bias_len, 0.0f);
+    RouteOptions o;
+    o.k = c.k;
+    o.num_groups = c.num_groups;
+    o.group_topk = c.group_topk;
+    o.score = c.score;
+    o.pre_softmax = c.pre;
+    o.expert_bias = bias;
+    HostTensor probs(DType::kF32, {T, E}), idx(DType::kI32, {T, std::max(c.k, 1)});
+    probs.fill(-3.0f);
+    idx.fill(-3.0f);
+    RouteOutputs out{probs.mut(), {}, {}, {}};
+    if (c.k >= 1) out.topk_indices = idx.mut();
+    const Status s = route(logits.in(), o, out);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.argument(), c.argument) << s.message();
+    EXPECT_EQ(s.message().rfind("route: ", 0), 0u) << s.message();
+    for (int64_t i = 0; i < T * E; ++i) ASSERT_EQ(probs.get_flat(i), -3.0);
+    // The backward validates the same options.
+    HostTensor d(DType::kF32, {T, E});
+    d.fill(-3.0f);
+    const Status sb = route_backward(logits.in(), idx.in(), probs.in(), {}, o, d.mut());
+    ASSERT_FALSE(sb.ok());
+    EXPECT_EQ(sb.argument(), c.argument) << sb.message();
+    for (int64_t i = 0; i < T * E; ++i) ASSERT_EQ(d.get_flat(i), -3.0);
+  }
+}
+
+TEST(RouteErrors, ShapesDtypesAndIndicesAreNamed) {
+  const int64_t T = 4, E = 8;
+  HostTensor logits(DType::kF32, {T, E}), i32(DType::kI32, {T, E});
+  RouteOptions o;
+  o.k = 2;
+  const auto expect_arg = [](const Status& s, const std::string& arg) {
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.argument(), arg) << s.message();
+  };
+  HostTensor probs_bad(DType::kF32, {T, E + 1}), map_f32(DType::kF32, {T, E}),
+      idx_f32(DType::kF32, {T, 2}), w_short(DType::kF32, {T, 1}), probs_1d(DType::kF32, {T * E});
+  expect_arg(route(i32.in(), o, {}), "logits.dtype");
+  expect_arg(route(logits.in(), o, {probs_bad.mut(), {}, {}, {}}), "probs.shape");
+  expect_arg(route(logits.in(), o, {probs_1d.mut(), {}, {}, {}}), "probs.rank");
+  expect_arg(route(logits.in(), o, {{}, map_f32.mut(), {}, {}}), "routing_map.dtype");
+  expect_arg(route(logits.in(), o, {{}, {}, idx_f32.mut(), {}}), "topk_indices.dtype");
+  expect_arg(route(logits.in(), o, {{}, {}, {}, w_short.mut()}), "topk_weights.shape");
+
+  HostTensor idx(DType::kI32, {T, 2}), d(DType::kF32, {T, E});
+  for (int64_t i = 0; i < T * 2; ++i) idx.set_flat(i, i % E);
+  idx.set({2, 1}, E);  // out of range
+  d.fill(-3.0f);
+  expect_arg(route_backward(logits.in(), idx.in(), {}, {}, o, d.mut()), "topk_indices[2, 1]");
+  idx.set({2, 1}, -1);
+  expect_arg(route_backward(logits.in(), idx.in(), {}, {}, o, d.mut()), "topk_indices[2, 1]");
+  for (int64_t i = 0; i < T * E; ++i) ASSERT_EQ(d.get_flat(i), -3.0);
+  idx.set({2, 1}, 0);
+  HostTensor d_bad(DType::kI32, {T, E});
+  expect_arg(route_backward(logits.in(), idx.in(), {}, {}, o, d_bad.mut()), "d_logits.dtype");
+  expect_arg(route_backward(logits.in(), idx.in(), probs_bad.in(), {}, o, d.mut()),
+             "d_probs.shape");
+
+  HostTensor scores(DType::kF32, {T, E}), tpe(DType::kI32, {E}), tpe_short(DType::kI32, {E - 1});
+  float loss = 0;
+  expect_arg(aux_loss_scores(logits.in(), 9, RouterScore::kSoftmax, scores.mut(), {}), "k");
+  expect_arg(load_balancing_loss(scores.in(), tpe_short.in(), {}, &loss),
+             "tokens_per_expert.shape");
+  tpe.set({3}, -1);
+  expect_arg(load_balancing_loss(scores.in(), tpe.in(), {}, &loss), "tokens_per_expert[3]");
+  tpe.set({3}, 1);
+  expect_arg(load_balancing_loss(scores.in(), tpe.in(), {1, 1.0f, T - 1}, &loss),
+             "total_tokens");
+  expect_arg(load_balancing_loss(scores.in(), tpe.in(), {}, nullptr), "loss");
+  HostTensor tpe3(DType::kI32, {3, E});
+  expect_arg(seq_load_balancing_loss(scores.in(), tpe3.in(), {}, &loss),
+             "tokens_per_expert.shape[0]");
+  HostTensor bias_i32(DType::kI32, {E});
+  expect_arg(update_expert_bias(tpe.in(), 0.1f, bias_i32.mut()), "expert_bias.dtype");
+  expect_arg(z_loss(logits.in(), NAN, &loss), "coeff");
+}
+
+}  // namespace
+}  // namespace moekit
