@@ -157,11 +157,9 @@ Status check_counts(const char* op, const ConstTensorView& tpe, int rank, int64_
     const int32_t* row = static_cast<const int32_t*>(tpe.data) + b * tpe.stride[0];
     for (int64_t e = 0; e < E; ++e) {
       if (row[e] < 0) {
-        const std::string where =
-            rank == 2 ? fmt::format("tokens_per_expert[{}, {}]", b, e)
-                      : fmt::format("tokens_per_expert[{}]", e);
-        return Status::invalid_argument(op, where, std::to_string(row[e]),
-                                        "counts must be >= 0");
+        const std::string where = rank == 2 ? fmt::format("tokens_per_expert[{}, {}]", b, e)
+                                            : fmt::format("tokens_per_expert[{}]", e);
+        return Status::invalid_argument(op, where, std::to_string(row[e]), "counts must be >= 0");
       }
     }
   }
@@ -215,6 +213,35 @@ Status check_sequences(const char* op, const ConstTensorView& tpe, int64_t T,
   return {};
 }
 
+// The checks shared by the load-balancing entry points, and the factor their row sums are
+// scaled by: E * coeff / (k * T_total^2), over B for the per-sequence form.
+//   rows  [T, E] f32 | bf16: scores, or d_scores for a backward
+Status check_balance(const char* op, const char* rows_name, const ConstTensorView& rows,
+                     const ConstTensorView& tpe, const LoadBalancingOptions& o, bool per_sequence,
+                     double* scale) {
+  MOEKIT_RETURN_IF_ERROR(check_logits(op, rows_name, rows));
+  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, o));
+  MOEKIT_RETURN_IF_ERROR(check_counts(op, tpe, per_sequence ? 2 : 1, rows.shape[1]));
+  int64_t B = 1;
+  if (per_sequence) {
+    MOEKIT_RETURN_IF_ERROR(check_sequences(op, tpe, rows.shape[0], o));
+    B = tpe.shape[0];
+  }
+  MOEKIT_RETURN_IF_ERROR(balance_scale(op, o, rows.shape[0] / B, rows.shape[1], scale));
+  *scale /= static_cast<double>(B);
+  return {};
+}
+
+// d_scores[t, e] = scale * d_loss * tokens_per_expert[sequence of t, e].
+Status balance_backward(const char* op, const ConstTensorView& tpe, const LoadBalancingOptions& o,
+                        float d_loss, const TensorView& d_scores, bool per_sequence) {
+  double scale;
+  MOEKIT_RETURN_IF_ERROR(check_balance(op, "d_scores", d_scores, tpe, o, per_sequence, &scale));
+  MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
+  detail::balance_loss_backward(tpe, static_cast<float>(scale * d_loss), d_scores);
+  return {};
+}
+
 }  // namespace
 
 Status route(ConstTensorView logits, const RouteOptions& options, const RouteOutputs& out) {
@@ -245,9 +272,9 @@ Status route(ConstTensorView logits, const RouteOptions& options, const RouteOut
   return dispatch(op, kRouteImpls, options.impl, p);
 }
 
-Status route_backward(ConstTensorView logits, ConstTensorView topk_indices,
-                      ConstTensorView d_probs, ConstTensorView d_topk_weights,
-                      const RouteOptions& options, TensorView d_logits) {
+Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, ConstTensorView d_probs,
+                      ConstTensorView d_topk_weights, const RouteOptions& options,
+                      TensorView d_logits) {
   const char* op = "route_backward";
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   const int64_t T = logits.shape[0], E = logits.shape[1];
@@ -266,7 +293,8 @@ Status route_backward(ConstTensorView logits, ConstTensorView topk_indices,
   MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_logits", d_logits, T, "T", E, "E"));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_logits", d_logits.dtype, logits.dtype));
   for (int64_t t = 0; t < T; ++t) {
-    const int32_t* row = static_cast<const int32_t*>(topk_indices.data) + t * topk_indices.stride[0];
+    const int32_t* row =
+        static_cast<const int32_t*>(topk_indices.data) + t * topk_indices.stride[0];
     for (int64_t i = 0; i < k; ++i) {
       if (row[i] < 0 || row[i] >= E) {
         return Status::invalid_argument(op, fmt::format("topk_indices[{}, {}]", t, i),
@@ -300,8 +328,8 @@ Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, Ten
   return dispatch(op, kAuxImpls, impl, p);
 }
 
-Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores,
-                                RouterScore score, TensorView d_logits, RouterImpl impl) {
+Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores, RouterScore score,
+                                TensorView d_logits, RouterImpl impl) {
   const char* op = "aux_loss_scores_backward";
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   const int64_t T = logits.shape[0], E = logits.shape[1];
@@ -335,10 +363,12 @@ Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts) {
   }
   const int64_t rows_per_seq = T / B;
   for (int64_t b = 0; b < B; ++b) {
-    int32_t* out = static_cast<int32_t*>(counts.data) + (counts.rank == 2 ? b * counts.stride[0] : 0);
+    int32_t* out =
+        static_cast<int32_t*>(counts.data) + (counts.rank == 2 ? b * counts.stride[0] : 0);
     for (int64_t e = 0; e < E; ++e) out[e] = 0;
     for (int64_t t = b * rows_per_seq; t < (b + 1) * rows_per_seq; ++t) {
-      const uint8_t* row = static_cast<const uint8_t*>(routing_map.data) + t * routing_map.stride[0];
+      const uint8_t* row =
+          static_cast<const uint8_t*>(routing_map.data) + t * routing_map.stride[0];
       for (int64_t e = 0; e < E; ++e) out[e] += row[e] != 0;
     }
   }
@@ -348,12 +378,10 @@ Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts) {
 Status load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
                            const LoadBalancingOptions& options, float* loss) {
   const char* op = "load_balancing_loss";
-  MOEKIT_RETURN_IF_ERROR(check_logits(op, "scores", scores));
-  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, options));
-  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 1, scores.shape[1]));
-  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
   double scale;
-  MOEKIT_RETURN_IF_ERROR(balance_scale(op, options, scores.shape[0], scores.shape[1], &scale));
+  MOEKIT_RETURN_IF_ERROR(
+      check_balance(op, "scores", scores, tokens_per_expert, options, false, &scale));
+  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
   *loss = static_cast<float>(scale * detail::balance_loss_sum(scores, tokens_per_expert));
   return {};
 }
@@ -361,52 +389,26 @@ Status load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_ex
 Status load_balancing_loss_backward(ConstTensorView tokens_per_expert,
                                     const LoadBalancingOptions& options, float d_loss,
                                     TensorView d_scores) {
-  const char* op = "load_balancing_loss_backward";
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_scores", d_scores, 2));
-  MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_scores", d_scores.dtype));
-  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, options));
-  MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
-  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 1, d_scores.shape[1]));
-  double scale;
-  MOEKIT_RETURN_IF_ERROR(
-      balance_scale(op, options, d_scores.shape[0], d_scores.shape[1], &scale));
-  detail::balance_loss_backward(tokens_per_expert, static_cast<float>(scale * d_loss), d_scores);
-  return {};
+  return balance_backward("load_balancing_loss_backward", tokens_per_expert, options, d_loss,
+                          d_scores, false);
 }
 
 Status seq_load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
                                const LoadBalancingOptions& options, float* loss) {
   const char* op = "seq_load_balancing_loss";
-  MOEKIT_RETURN_IF_ERROR(check_logits(op, "scores", scores));
-  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, options));
-  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 2, scores.shape[1]));
-  MOEKIT_RETURN_IF_ERROR(check_sequences(op, tokens_per_expert, scores.shape[0], options));
-  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
-  const int64_t B = tokens_per_expert.shape[0];
   double scale;
   MOEKIT_RETURN_IF_ERROR(
-      balance_scale(op, options, scores.shape[0] / B, scores.shape[1], &scale));
-  *loss = static_cast<float>(scale / B * detail::balance_loss_sum(scores, tokens_per_expert));
+      check_balance(op, "scores", scores, tokens_per_expert, options, true, &scale));
+  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
+  *loss = static_cast<float>(scale * detail::balance_loss_sum(scores, tokens_per_expert));
   return {};
 }
 
 Status seq_load_balancing_loss_backward(ConstTensorView tokens_per_expert,
                                         const LoadBalancingOptions& options, float d_loss,
                                         TensorView d_scores) {
-  const char* op = "seq_load_balancing_loss_backward";
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_scores", d_scores, 2));
-  MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_scores", d_scores.dtype));
-  MOEKIT_RETURN_IF_ERROR(check_loss_options(op, options));
-  MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
-  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 2, d_scores.shape[1]));
-  MOEKIT_RETURN_IF_ERROR(check_sequences(op, tokens_per_expert, d_scores.shape[0], options));
-  const int64_t B = tokens_per_expert.shape[0];
-  double scale;
-  MOEKIT_RETURN_IF_ERROR(
-      balance_scale(op, options, d_scores.shape[0] / B, d_scores.shape[1], &scale));
-  detail::balance_loss_backward(tokens_per_expert, static_cast<float>(scale / B * d_loss),
-                                d_scores);
-  return {};
+  return balance_backward("seq_load_balancing_loss_backward", tokens_per_expert, options, d_loss,
+                          d_scores, true);
 }
 
 Status z_loss(ConstTensorView logits, float coeff, float* loss) {
