@@ -21,8 +21,7 @@ Status check_input_dtype(const char* op, const char* name, DType t);
 // Exactly `want`.
 Status check_dtype(const char* op, const char* name, DType t, DType want);
 // Equal to the dtype of another argument.
-Status check_same_dtype(const char* op, const char* name, DType t, const char* ref_name,
-                        DType ref);
+Status check_same_dtype(const char* op, const char* name, DType t, const char* ref_name, DType ref);
 // f32 or the input dtype.
 Status check_output_dtype(const char* op, const char* name, DType t, DType in);
 // v.shape[dim] == expected; `expected_what` names where the expected size comes from.

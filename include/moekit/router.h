@@ -75,9 +75,9 @@ Status route(ConstTensorView logits, const RouteOptions& options, const RouteOut
 //   d_logits        [T, E] f32 | logits dtype (overwritten)
 // Only the chosen experts receive gradient, except with pre_softmax, where all E do (through
 // the softmax). The group choice and the bias are not differentiated.
-Status route_backward(ConstTensorView logits, ConstTensorView topk_indices,
-                      ConstTensorView d_probs, ConstTensorView d_topk_weights,
-                      const RouteOptions& options, TensorView d_logits);
+Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, ConstTensorView d_probs,
+                      ConstTensorView d_topk_weights, const RouteOptions& options,
+                      TensorView d_logits);
 
 // Scores for the auxiliary loss: dense, always normalised over all E. softmax: softmax(x);
 // sigmoid / sqrtsoftplus: s / (sum(s) + 1e-20) with s = act(x). Plus their own routing map: the
@@ -92,9 +92,8 @@ Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, Ten
 //   logits    [T, E] f32 | bf16
 //   d_scores  [T, E] f32 | bf16
 //   d_logits  [T, E] f32 | logits dtype
-Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores,
-                                RouterScore score, TensorView d_logits,
-                                RouterImpl impl = RouterImpl::kAuto);
+Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores, RouterScore score,
+                                TensorView d_logits, RouterImpl impl = RouterImpl::kAuto);
 
 // Column sums of a routing map: how many tokens chose each expert.
 //   routing_map  [T, E] bool
@@ -103,8 +102,8 @@ Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores
 Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts);
 
 struct LoadBalancingOptions {
-  int32_t k = 1;            // experts per token
-  float coeff = 1.0f;       // loss coefficient
+  int32_t k = 1;             // experts per token
+  float coeff = 1.0f;        // loss coefficient
   int64_t total_tokens = 0;  // T_total: tokens of the whole batch (>= the local T); 0: the local T
 };
 

@@ -90,10 +90,11 @@ Status route_ref(const RouteProblem& p) {
       for (int32_t g = 0; g < o.num_groups; ++g) {
         std::vector<float> members(key.begin() + g * per_group, key.begin() + (g + 1) * per_group);
         std::sort(members.begin(), members.end(), std::greater<>());
-        group_score[g] = std::accumulate(members.begin(), members.begin() + o.k / o.group_topk, 0.0f);
+        group_score[g] =
+            std::accumulate(members.begin(), members.begin() + o.k / o.group_topk, 0.0f);
       }
-      const std::vector<int32_t> kept = top_indices(
-          group_score, std::vector<bool>(o.num_groups, true), o.group_topk);
+      const std::vector<int32_t> kept =
+          top_indices(group_score, std::vector<bool>(o.num_groups, true), o.group_topk);
       std::fill(allowed.begin(), allowed.end(), false);
       for (int32_t g : kept) {
         for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) allowed[e] = true;

@@ -7,8 +7,8 @@
 #define HWY_TARGET_INCLUDE "cpu/router_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Must come after foreach_target.h.
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -238,7 +238,8 @@ void StreamBytes(void* dst, const void* src, size_t bytes) {
   }
   auto* out = static_cast<float*>(dst);
   const auto* in = static_cast<const float*>(src);
-  for (size_t i = 0; i < bytes / sizeof(float); i += N) hn::Stream(hn::LoadU(d, in + i), d, out + i);
+  for (size_t i = 0; i < bytes / sizeof(float); i += N)
+    hn::Stream(hn::LoadU(d, in + i), d, out + i);
 }
 
 }  // namespace moekit::detail::HWY_NAMESPACE

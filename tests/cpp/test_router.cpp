@@ -49,9 +49,8 @@ std::vector<int32_t> ranked(const Vec& key, const std::vector<bool>& allowed) {
   for (int32_t i = 0; i < static_cast<int32_t>(key.size()); ++i) {
     if (allowed[i]) idx.push_back(i);
   }
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-    return key[a] != key[b] ? key[a] > key[b] : a < b;
-  });
+  std::sort(idx.begin(), idx.end(),
+            [&](int32_t a, int32_t b) { return key[a] != key[b] ? key[a] > key[b] : a < b; });
   return idx;
 }
 
@@ -222,8 +221,8 @@ int32_t pick_group_topk(int64_t E, int32_t k, int32_t G) {
 
 std::vector<GridCase> grid() {
   std::vector<GridCase> cases;
-  for (Variant v : {Variant::kSoftmaxPost, Variant::kSoftmaxPre, Variant::kSigmoid,
-                    Variant::kSqrtSoftplus}) {
+  for (Variant v :
+       {Variant::kSoftmaxPost, Variant::kSoftmaxPre, Variant::kSigmoid, Variant::kSqrtSoftplus}) {
     const bool softmax = v == Variant::kSoftmaxPost || v == Variant::kSoftmaxPre;
     for (bool groups : {false, true}) {
       for (bool bias : {false, true}) {
@@ -426,9 +425,9 @@ TEST(Route, Bf16LogitsAndOutputsPaddedRowsAndAbsentOutputs) {
   for (RouterImpl impl : kImpls) {
     HostTensor probs(DType::kBF16, {T, E}, 3), map(DType::kBool, {T, E}, 9),
         idx(DType::kI32, {T, k}, 1), w(DType::kBF16, {T, k}, 2);
-    ASSERT_TRUE(route(logits.in(), to_route_options(o, impl),
-                      {probs.mut(), map.mut(), idx.mut(), w.mut()})
-                    .ok());
+    ASSERT_TRUE(
+        route(logits.in(), to_route_options(o, impl), {probs.mut(), map.mut(), idx.mut(), w.mut()})
+            .ok());
     // bf16 outputs hold the oracle's weights to bf16 precision.
     expect_route_matches(logits, o, probs, map, idx, w, 8e-3);
 
@@ -509,7 +508,8 @@ TEST_P(AuxScores, MatchOracleAndFiniteDifferences) {
   d_scores.fill_random(rng);
   for (RouterImpl impl : kImpls) {
     SCOPED_TRACE(impl_name(impl));
-    HostTensor scores(DType::kF32, {T, E}), map(DType::kBool, {T, E}), d_logits(DType::kF32, {T, E});
+    HostTensor scores(DType::kF32, {T, E}), map(DType::kBool, {T, E}),
+        d_logits(DType::kF32, {T, E});
     ASSERT_TRUE(aux_loss_scores(logits.in(), k, score, scores.mut(), map.mut(), impl).ok());
     ASSERT_TRUE(
         aux_loss_scores_backward(logits.in(), d_scores.in(), score, d_logits.mut(), impl).ok());
@@ -663,7 +663,8 @@ TEST(Losses, ZLossAndGradient) {
         r[t] = xp;
         return 1.5 * zloss(r);
       });
-      for (int64_t e = 0; e < E; ++e) ASSERT_NEAR(d.get({t, e}), want[e], 1e-7 + 1e-4 * std::fabs(want[e]));
+      for (int64_t e = 0; e < E; ++e)
+        ASSERT_NEAR(d.get({t, e}), want[e], 1e-7 + 1e-4 * std::fabs(want[e]));
     }
   }
 }
@@ -705,8 +706,7 @@ TEST(RouteErrors, InvalidOptionsAreNamedAndNothingIsWritten) {
       {"group_topk without groups", 2, 0, 1, RouterScore::kSigmoid, false, 0, "group_topk"},
       {"k / group_topk > group size", 6, 4, 2, RouterScore::kSigmoid, false, 0, "k"},
       {"bias with softmax", 2, 0, 0, RouterScore::kSoftmax, false, 8, "expert_bias.size()"},
-      {"bias of the wrong length", 2, 0, 0, RouterScore::kSigmoid, false, 7,
-       "expert_bias.size()"},
+      {"bias of the wrong length", 2, 0, 0, RouterScore::kSigmoid, false, 7, "expert_bias.size()"},
       {"pre_softmax with sigmoid", 2, 0, 0, RouterScore::kSigmoid, true, 0, "pre_softmax"},
   };
   HostTensor logits(DType::kF32, {T, E});
@@ -783,8 +783,7 @@ TEST(RouteErrors, ShapesDtypesAndIndicesAreNamed) {
   tpe.set({3}, -1);
   expect_arg(load_balancing_loss(scores.in(), tpe.in(), {}, &loss), "tokens_per_expert[3]");
   tpe.set({3}, 1);
-  expect_arg(load_balancing_loss(scores.in(), tpe.in(), {1, 1.0f, T - 1}, &loss),
-             "total_tokens");
+  expect_arg(load_balancing_loss(scores.in(), tpe.in(), {1, 1.0f, T - 1}, &loss), "total_tokens");
   expect_arg(load_balancing_loss(scores.in(), tpe.in(), {}, nullptr), "loss");
   HostTensor tpe3(DType::kI32, {3, E});
   expect_arg(seq_load_balancing_loss(scores.in(), tpe3.in(), {}, &loss),
