@@ -5,36 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-tool="$build/moekit"
-day=$(date -u +%Y-%m-%d)
-out=bench/results/ragged_dot-cpu-$day
-mkdir -p "$out"
-report=$out/README.md
-
-{
-  echo "# ragged_dot on the CPU, $day"
-  echo
-  echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores," \
-       "$(free -g | awk '/Mem:/{print $2}') GiB; oneDNN $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null)."
-  echo "Commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with local changes)')."
-  echo
-} >"$report"
-
-run() {  # run NAME ARGS...: one bench invocation, table into the report, JSON beside it
-  local name=$1
-  shift
-  echo "== $name: moekit bench ragged_dot $*" >&2
-  {
-    echo "## $name"
-    echo
-    echo '```'
-    echo "\$ moekit bench ragged_dot $*"
-    "$tool" bench ragged_dot "$@" --json 2> >(grep -v '^\[' >&3) >"$out/$name.json"
-  } 3>&1 >>"$report"
-  sleep 1
-  echo '```' >>"$report"
-  echo >>"$report"
-}
+op=ragged_dot
+source bench/record_common.sh
+start_report "ragged_dot on the CPU"
 
 run qwen3-bf16-4096 --preset qwen3-30b-a3b --tokens 4096 --dtype bf16 --ep-shards 4 --reps 7
 run qwen3-f32-4096 --preset qwen3-30b-a3b --tokens 4096 --dtype f32 --ep-shards 4 --reps 7

@@ -4,10 +4,12 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <random>
@@ -120,6 +122,27 @@ std::string ascii_bars(const std::vector<std::string>& labels, const std::vector
                        width, values[i], unit);
   }
   return out;
+}
+
+DType parse_dtype(const std::string& s, const std::string& flag) {
+  if (s == "bf16") return DType::kBF16;
+  if (s == "f32") return DType::kF32;
+  throw CLI::ValidationError(flag, "expected bf16 or f32, got '" + s + "'");
+}
+
+void check(const Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.message());
+}
+
+void parallel_copy(void* dst, const void* src, size_t bytes) {
+#pragma omp parallel
+  {
+    const size_t n = static_cast<size_t>(omp_get_num_threads()),
+                 i = static_cast<size_t>(omp_get_thread_num());
+    const size_t begin = bytes * i / n, end = bytes * (i + 1) / n;
+    std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin,
+                end - begin);
+  }
 }
 
 std::string machine_description() {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moekit/dtype.h"
+#include "moekit/status.h"
 
 namespace moekit::tools {
 
@@ -65,6 +66,16 @@ class Progress {
 // Horizontal bars, one per row: "label | ######      value unit".
 std::string ascii_bars(const std::vector<std::string>& labels, const std::vector<double>& values,
                        const std::string& unit, int width = 50);
+
+// "bf16" | "f32" as a DType; anything else is a CLI::ValidationError naming `flag`.
+DType parse_dtype(const std::string& s, const std::string& flag = "--dtype");
+
+// Throws std::runtime_error with the message when a moekit call fails.
+void check(const Status& s);
+
+// Copies `bytes` from src to dst with every OpenMP thread taking one contiguous slice: the
+// bandwidth reference the memory-bound kernels are measured against (both cores busy).
+void parallel_copy(void* dst, const void* src, size_t bytes);
 
 // "AMD EPYC (2 cores, 2 OpenMP threads)" from /proc/cpuinfo and the runtime.
 std::string machine_description();

@@ -2,8 +2,6 @@
 // on a preset's real shapes (m = tokens * k routed rows, K = H, n = F, E groups), each beside a
 // dense oneDNN matmul of the same FLOPs and operand layouts run in the same process, and with
 // --ep-shards S one shard's call (E/S local groups) beside the full call.
-#include "bench_ragged_dot.h"
-
 #include <fmt/format.h>
 
 #include <functional>
@@ -11,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "bench_common.h"
+#include "benches.h"
 #include "moekit/ragged_dot.h"
 #include "presets.h"
 
@@ -30,12 +29,6 @@ struct Options {
   uint64_t seed = 42;
   double mem_limit_gib = 12;
 };
-
-DType parse_dtype(const std::string& s) {
-  if (s == "bf16") return DType::kBF16;
-  if (s == "f32") return DType::kF32;
-  throw CLI::ValidationError("--dtype", "expected bf16 or f32, got '" + s + "'");
-}
 
 // A dense oneDNN matmul C[M, N] = A[M, Kc] @ B[Kc, N] with fixed dimensions and the given
 // strides: the reference every ragged_dot pass is measured against.
@@ -69,10 +62,6 @@ class DenseMatmul {
   std::string impl_;
 };
 
-void check(const Status& s) {
-  if (!s.ok()) throw std::runtime_error(s.message());
-}
-
 struct Row {
   std::string pass;
   int64_t tokens, m, E, e_loc, offset, local_rows;
@@ -88,7 +77,7 @@ int run(const Options& o) {
     throw CLI::ValidationError("--preset",
                                "unknown preset '" + o.preset + "'; known: " + preset_names());
   const DType in = parse_dtype(o.dtype);
-  const DType out = o.out_dtype.empty() ? in : parse_dtype(o.out_dtype);
+  const DType out = o.out_dtype.empty() ? in : parse_dtype(o.out_dtype, "--out-dtype");
   if (o.shards < 1 || p->E % o.shards != 0) {
     throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
   }

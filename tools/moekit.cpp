@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <exception>
 
-#include "bench_ragged_dot.h"
+#include "benches.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"moekit: Mixture-of-Experts kernels (bench and check)"};
@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Time an op on a model preset's shapes");
   bench->require_subcommand(1);
   moekit::tools::register_bench_ragged_dot(*bench);
+  moekit::tools::register_bench_router(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

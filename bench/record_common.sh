@@ -1,0 +1,36 @@
+# Sourced by bench/record_*.sh: a Markdown report under bench/results/OP-cpu-DATE/ with the
+# machine, the date and the commit, then each command with its table, and the JSON of every run
+# beside it. Callers set `op` and `build`, call start_report TITLE, then run NAME ARGS... .
+day=$(date -u +%Y-%m-%d)
+out=bench/results/$op-cpu-$day
+report=$out/README.md
+tool="$build/moekit"
+
+start_report() {  # start_report TITLE
+  mkdir -p "$out"
+  {
+    echo "# $1, $day"
+    echo
+    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores," \
+         "$(free -g | awk '/Mem:/{print $2}') GiB; oneDNN $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null)," \
+         "Highway $(dpkg-query -W -f='${Version}' libhwy-dev 2>/dev/null)."
+    echo "Commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with local changes)')."
+    echo
+  } >"$report"
+}
+
+run() {  # run NAME ARGS...: one bench invocation, table into the report, JSON beside it
+  local name=$1
+  shift
+  echo "== $name: moekit bench $op $*" >&2
+  {
+    echo "## $name"
+    echo
+    echo '```'
+    echo "\$ moekit bench $op $*"
+    "$tool" bench "$op" "$@" --json 2> >(grep -v '^\[' >&3) >"$out/$name.json"
+  } >>"$report" 3>&1
+  sleep 1
+  echo '```' >>"$report"
+  echo >>"$report"
+}

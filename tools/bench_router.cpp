@@ -1,0 +1,230 @@
+// moekit bench router: times the route forward and backward, the aux-loss scores, the
+// load-balancing loss and the z-loss on a preset's own routing (SPEC.md section 6), each beside
+// a copy of the same number of bytes with both cores (parallel_copy), run by run in the same
+// process. GB/s counts the nominal bytes of the tensors each call reads and writes.
+#include <fmt/format.h>
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "bench_common.h"
+#include "benches.h"
+#include "moekit/router.h"
+#include "presets.h"
+
+namespace moekit::tools {
+namespace {
+
+struct Options {
+  std::string preset = "deepseek-v3";
+  std::vector<int64_t> tokens{16384};
+  std::string dtype = "f32";
+  bool json = false;
+  int warmup = 3, reps = 15;
+  uint64_t seed = 42;
+};
+
+RouterScore parse_score(const std::string& s) {
+  if (s == "softmax") return RouterScore::kSoftmax;
+  if (s == "sigmoid") return RouterScore::kSigmoid;
+  if (s == "sqrtsoftplus") return RouterScore::kSqrtSoftplus;
+  throw std::runtime_error("presets.json: unknown score '" + s + "'");
+}
+
+std::string routing_description(const Preset& p) {
+  std::string s = p.score;
+  if (p.score == "softmax") s += p.pre_softmax ? " pre" : " post";
+  if (p.num_groups > 0) s += fmt::format(", {} groups top-{}", p.num_groups, p.group_topk);
+  if (p.expert_bias) s += ", bias";
+  if (p.scaling_factor != 1.0) s += fmt::format(", scale {}", p.scaling_factor);
+  return s;
+}
+
+// One timed call and what it moves.
+struct Case {
+  std::string kernel, pass;
+  double bytes;  // nominal bytes read + written
+  std::function<void()> run;
+};
+
+struct Row {
+  std::string kernel, pass;
+  int64_t tokens;
+  double bytes;
+  Timing t, copy;
+};
+
+int run(const Options& o) {
+  const Preset* p = find_preset(o.preset);
+  if (!p) {
+    throw CLI::ValidationError("--preset",
+                               "unknown preset '" + o.preset + "'; known: " + preset_names());
+  }
+  const DType in = parse_dtype(o.dtype);
+  const int64_t E = p->E;
+  const int32_t k = static_cast<int32_t>(p->k);
+  const RouterScore score = parse_score(p->score);
+
+  std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
+  fmt::print(text, "moekit bench router  preset={} (E={} k={}, {})  logits={}  {}  {}\n", p->name,
+             E, k, routing_description(*p), dtype_name(in), machine_description(), today_iso());
+
+  // The preset's routing; a bias drawn once, small against the scores (as after training).
+  std::vector<float> bias;
+  if (p->expert_bias) {
+    std::mt19937 rng(static_cast<uint32_t>(o.seed));
+    std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+    for (int64_t e = 0; e < E; ++e) bias.push_back(u(rng));
+  }
+  RouteOptions ro;
+  ro.k = k;
+  ro.score = score;
+  ro.pre_softmax = p->pre_softmax;
+  ro.num_groups = static_cast<int32_t>(p->num_groups);
+  ro.group_topk = static_cast<int32_t>(p->group_topk);
+  ro.scaling_factor = static_cast<float>(p->scaling_factor);
+  ro.expert_bias = bias;
+
+  const int kCases = 8;
+  Progress progress(static_cast<int>(o.tokens.size()) * kCases);
+  std::vector<Row> rows;
+  for (int64_t T : o.tokens) {
+    const size_t in_es = dtype_size(in);
+    // Router tensors. Gradients come in f32 and go out in the logits dtype.
+    Buffer logits(T * E * in_es), probs(T * E * 4), map(T * E), idx(T * k * 4), w(T * k * 4);
+    Buffer d_w(T * k * 4), d_logits(T * E * in_es), scores(T * E * 4), aux_map(T * E);
+    Buffer d_scores(T * E * 4), tpe(E * 4);
+    fill_uniform(logits.data(), in, T * E, o.seed + 1);
+    fill_uniform(d_w.data(), DType::kF32, T * k, o.seed + 2);
+    fill_uniform(d_scores.data(), DType::kF32, T * E, o.seed + 3);
+
+    const ConstTensorView logits_v(logits.data(), in, {T, E});
+    const RouteOutputs outs{
+        TensorView(probs.data(), DType::kF32, {T, E}), TensorView(map.data(), DType::kBool, {T, E}),
+        TensorView(idx.data(), DType::kI32, {T, k}), TensorView(w.data(), DType::kF32, {T, k})};
+    const TensorView d_logits_v(d_logits.data(), in, {T, E});
+    const TensorView scores_v(scores.data(), DType::kF32, {T, E});
+    const TensorView aux_map_v(aux_map.data(), DType::kBool, {T, E});
+    const TensorView tpe_v(tpe.data(), DType::kI32, {E});
+    // The routing the backward and the losses start from.
+    check(route(logits_v, ro, outs));
+    check(aux_loss_scores(logits_v, k, score, scores_v, aux_map_v));
+    check(count_tokens_per_expert(aux_map_v, tpe_v));
+    const LoadBalancingOptions lb{k, 1e-2f, 0};
+    float loss = 0;
+
+    const double tE = static_cast<double>(T * E), tk = static_cast<double>(T * k);
+    const double lg = tE * in_es;  // logits bytes
+    const std::vector<Case> cases = {
+        {"route", "fwd", lg + tE * 4 + tE + tk * 8, [&] { check(route(logits_v, ro, outs)); }},
+        {"route", "bwd", lg + tk * 8 + lg,
+         [&] {
+           check(route_backward(logits_v, outs.topk_indices, {},
+                                ConstTensorView(d_w.data(), DType::kF32, {T, k}), ro, d_logits_v));
+         }},
+        {"aux_scores", "fwd", lg + tE * 4 + tE,
+         [&] { check(aux_loss_scores(logits_v, k, score, scores_v, aux_map_v)); }},
+        {"aux_scores", "bwd", lg + tE * 4 + lg,
+         [&] {
+           check(aux_loss_scores_backward(
+               logits_v, ConstTensorView(d_scores.data(), DType::kF32, {T, E}), score, d_logits_v));
+         }},
+        {"load_balancing_loss", "fwd", tE * 4,
+         [&] { check(load_balancing_loss(scores_v, tpe_v, lb, &loss)); }},
+        {"load_balancing_loss", "bwd", tE * 4,
+         [&] {
+           check(load_balancing_loss_backward(tpe_v, lb, 1.0f,
+                                              TensorView(d_scores.data(), DType::kF32, {T, E})));
+         }},
+        {"z_loss", "fwd", lg, [&] { check(z_loss(logits_v, 1e-3f, &loss)); }},
+        {"z_loss", "bwd", lg + lg,
+         [&] { check(z_loss_backward(logits_v, 1e-3f, 1.0f, d_logits_v)); }},
+    };
+    static_assert(kCases == 8);
+
+    // The copy reference: half the bytes read, half written.
+    size_t max_half = 0;
+    for (const Case& c : cases) max_half = std::max(max_half, static_cast<size_t>(c.bytes / 2));
+    Buffer src(max_half), dst(max_half);
+    fill_uniform(src.data(), DType::kBF16, static_cast<int64_t>(max_half / 2), o.seed + 4);
+    for (const Case& c : cases) {
+      progress.step(fmt::format("{} T={} {} {} beside a copy of {:.1f} MB", p->name, T, c.kernel,
+                                c.pass, c.bytes / 1e6));
+      const size_t half = static_cast<size_t>(c.bytes / 2);
+      const auto t = time_interleaved(
+          o.warmup, o.reps, {c.run, [&] { parallel_copy(dst.data(), src.data(), half); }});
+      rows.push_back({c.kernel, c.pass, T, 2.0 * half, t[0], t[1]});
+    }
+  }
+  progress.finish();
+
+  fmt::print(text, "\n{:>6} {:>20} {:>4} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8}\n", "tokens", "kernel",
+             "pass", "MB", "ms", "GB/s", "copy ms", "copy GB/s", "vs copy");
+  std::vector<std::string> labels;
+  std::vector<double> ratios;
+  for (const Row& r : rows) {
+    const double gbps = r.bytes / (r.t.median_ms * 1e6), copy = r.bytes / (r.copy.median_ms * 1e6);
+    fmt::print(text, "{:>6} {:>20} {:>4} {:>8.1f} {:>8.3f} {:>7.1f} {:>8.3f} {:>8.1f} {:>7.0f}%\n",
+               r.tokens, r.kernel, r.pass, r.bytes / 1e6, r.t.median_ms, gbps, r.copy.median_ms,
+               copy, 100.0 * gbps / copy);
+    labels.push_back(fmt::format("T={} {} {}", r.tokens, r.kernel, r.pass));
+    ratios.push_back(100.0 * gbps / copy);
+  }
+  fmt::print(text,
+             "\nms: median of {} runs after {} warm-up, each call alternating with a copy of the "
+             "same bytes (half read, half written) split over all threads. Bytes are the nominal "
+             "sizes of the tensors read and written: route fwd logits + probs (f32) + "
+             "routing_map + topk indices and weights; bwd logits + topk indices + d_topk_weights "
+             "+ d_logits.\n\nrate as a share of the copy's:\n{}",
+             o.reps, o.warmup, ascii_bars(labels, ratios, "%"));
+
+  if (o.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const Row& r : rows) {
+      const double gbps = r.bytes / (r.t.median_ms * 1e6);
+      const double copy = r.bytes / (r.copy.median_ms * 1e6);
+      arr.push_back({{"op", "router"},
+                     {"kernel", r.kernel},
+                     {"pass", r.pass},
+                     {"preset", p->name},
+                     {"tokens", r.tokens},
+                     {"E", E},
+                     {"k", k},
+                     {"dtype", std::string(dtype_name(in))},
+                     {"bytes", r.bytes},
+                     {"ms", r.t.median_ms},
+                     {"min_ms", r.t.min_ms},
+                     {"gbps", gbps},
+                     {"memcpy_ms", r.copy.median_ms},
+                     {"memcpy_gbps", copy},
+                     {"ratio_to_memcpy", gbps / copy}});
+    }
+    fmt::print("{}\n", arr.dump(1));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_router(CLI::App& bench) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand(
+      "router", "Time the router and its losses against a copy of the same bytes");
+  cmd->add_option("--preset", opts->preset, "Model preset: " + preset_names())
+      ->capture_default_str();
+  cmd->add_option("--tokens", opts->tokens, "Token count(s), e.g. 4096,16384")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype, "Logits dtype: f32 | bf16")->capture_default_str();
+  cmd->add_flag("--json", opts->json, "Print a JSON array of the timed cases on stdout");
+  cmd->add_option("--warmup", opts->warmup, "Untimed runs per case")->capture_default_str();
+  cmd->add_option("--reps", opts->reps, "Timed runs per case (median reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Seed for the logits and the bias")->capture_default_str();
+  cmd->callback([opts] { run(*opts); });
+}
+
+}  // namespace moekit::tools

@@ -1,0 +1,13 @@
+// The `moekit bench OP` subcommands, one register function per op family.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace moekit::tools {
+
+// Adds `ragged_dot` under the `bench` subcommand (tools/bench_ragged_dot.cpp).
+void register_bench_ragged_dot(CLI::App& bench);
+// Adds `router` under the `bench` subcommand (tools/bench_router.cpp).
+void register_bench_router(CLI::App& bench);
+
+}  // namespace moekit::tools
