@@ -232,6 +232,16 @@ Status check_balance(const char* op, const char* rows_name, const ConstTensorVie
   return {};
 }
 
+// loss = scale * sum_t <scores[t], tokens_per_expert[sequence of t]>.
+Status balance_forward(const char* op, const ConstTensorView& scores, const ConstTensorView& tpe,
+                       const LoadBalancingOptions& o, float* loss, bool per_sequence) {
+  double scale;
+  MOEKIT_RETURN_IF_ERROR(check_balance(op, "scores", scores, tpe, o, per_sequence, &scale));
+  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
+  *loss = static_cast<float>(scale * detail::balance_loss_sum(scores, tpe));
+  return {};
+}
+
 // d_scores[t, e] = scale * d_loss * tokens_per_expert[sequence of t, e].
 Status balance_backward(const char* op, const ConstTensorView& tpe, const LoadBalancingOptions& o,
                         float d_loss, const TensorView& d_scores, bool per_sequence) {
@@ -377,13 +387,7 @@ Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts) {
 
 Status load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
                            const LoadBalancingOptions& options, float* loss) {
-  const char* op = "load_balancing_loss";
-  double scale;
-  MOEKIT_RETURN_IF_ERROR(
-      check_balance(op, "scores", scores, tokens_per_expert, options, false, &scale));
-  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
-  *loss = static_cast<float>(scale * detail::balance_loss_sum(scores, tokens_per_expert));
-  return {};
+  return balance_forward("load_balancing_loss", scores, tokens_per_expert, options, loss, false);
 }
 
 Status load_balancing_loss_backward(ConstTensorView tokens_per_expert,
@@ -395,13 +399,7 @@ Status load_balancing_loss_backward(ConstTensorView tokens_per_expert,
 
 Status seq_load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
                                const LoadBalancingOptions& options, float* loss) {
-  const char* op = "seq_load_balancing_loss";
-  double scale;
-  MOEKIT_RETURN_IF_ERROR(
-      check_balance(op, "scores", scores, tokens_per_expert, options, true, &scale));
-  MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
-  *loss = static_cast<float>(scale * detail::balance_loss_sum(scores, tokens_per_expert));
-  return {};
+  return balance_forward("seq_load_balancing_loss", scores, tokens_per_expert, options, loss, true);
 }
 
 Status seq_load_balancing_loss_backward(ConstTensorView tokens_per_expert,
