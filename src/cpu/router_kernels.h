@@ -69,7 +69,6 @@ void z_loss_backward_rows(const ConstTensorView& logits, float scale, const Tens
 // Vector math over one row of n floats (router_simd.cpp, Highway, dispatched to the widest
 // instruction set the CPU has). `out` may alias `x`.
 float row_max(const float* x, int64_t n);
-float row_sum(const float* x, int64_t n);
 float row_dot(const float* a, const float* b, int64_t n);
 // out = exp(x - shift); returns sum(out).
 float row_exp_shifted(const float* x, float shift, float* out, int64_t n);
@@ -77,11 +76,9 @@ float row_exp_shifted(const float* x, float shift, float* out, int64_t n);
 float row_sigmoid(const float* x, float* out, int64_t n);
 // out = sqrt(softplus(x)); returns sum(out).
 float row_sqrt_softplus(const float* x, float* out, int64_t n);
-// Candidates for the top k of x[0, n), 1 <= k <= n: the positions, in increasing order, of every
-// element >= a lower bound of the k-th largest value (the k-th largest maximum of disjoint
-// slices). out has room for n; returns how many. Fewer than k only when x holds NaN.
-int32_t row_top_candidates(const float* x, int64_t n, int32_t k, int32_t* out);
-// The top k of x[0, n) into out[0, k), best first, ties to the lower position. Scratch:
+// The top k of x[0, n) into out[0, k), best first, ties to the lower position: the positions of
+// every element >= a lower bound of the k-th largest (the k-th largest of the maxima of disjoint
+// slices) are ranked against each other without branches. Scratch:
 // candidates room for n, values room for n + 64, out room for k + 1. Returns false, having
 // chosen nothing, when x holds NaN; the caller then takes a scalar path.
 bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float* values,

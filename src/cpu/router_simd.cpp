@@ -24,30 +24,28 @@ namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 
-// Runs `op` on every vector of x[0, n), writing y to out (when not null) and returning the sum of
-// the y. The tail is copied into a buffer padded with `pad`; its padding lanes are left out of
-// the sum and of the output.
+// Runs `op` on every vector of x[0, n), writing y to out and returning the sum of the y. The
+// tail is copied into a zero-padded buffer; its padding lanes are left out of the sum and of the
+// output.
 template <class Op>
-HWY_INLINE float MapSum(const float* x, float* out, size_t n, float pad, Op op) {
+HWY_INLINE float MapSum(const float* x, float* out, size_t n, Op op) {
   const D d;
   const size_t N = hn::Lanes(d);
   V acc = hn::Zero(d);
   size_t i = 0;
   for (; i + N <= n; i += N) {
     const V y = op(d, hn::LoadU(d, x + i));
-    if (out) hn::StoreU(y, d, out + i);
+    hn::StoreU(y, d, out + i);
     acc = hn::Add(acc, y);
   }
   if (i < n) {
     HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
     const size_t r = n - i;
-    for (size_t j = 0; j < N; ++j) buf[j] = j < r ? x[i + j] : pad;
+    for (size_t j = 0; j < N; ++j) buf[j] = j < r ? x[i + j] : 0.0f;
     const V y = hn::IfThenElseZero(hn::FirstN(d, r), op(d, hn::Load(d, buf)));
     acc = hn::Add(acc, y);
-    if (out) {
-      hn::Store(y, d, buf);
-      std::memcpy(out + i, buf, r * sizeof(float));
-    }
+    hn::Store(y, d, buf);
+    std::memcpy(out + i, buf, r * sizeof(float));
   }
   return hn::GetLane(hn::SumOfLanes(d, acc));
 }
@@ -57,19 +55,15 @@ HWY_INLINE V ExpNegAbs(D d, V x) {
   return hn::Exp(d, hn::Max(hn::Neg(hn::Abs(x)), hn::Set(d, -FLT_MAX)));
 }
 
-float RowSum(const float* x, int64_t n) {
-  return MapSum(x, nullptr, static_cast<size_t>(n), 0.0f, [](D, V v) { return v; });
-}
-
 float RowExpShifted(const float* x, float shift, float* out, int64_t n) {
-  return MapSum(x, out, static_cast<size_t>(n), 0.0f, [shift](D d, V v) {
+  return MapSum(x, out, static_cast<size_t>(n), [shift](D d, V v) {
     return hn::Exp(d, hn::Max(hn::Sub(v, hn::Set(d, shift)), hn::Set(d, -FLT_MAX)));
   });
 }
 
 // sigmoid(x) = 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below: no overflow either way.
 float RowSigmoid(const float* x, float* out, int64_t n) {
-  return MapSum(x, out, static_cast<size_t>(n), 0.0f, [](D d, V v) {
+  return MapSum(x, out, static_cast<size_t>(n), [](D d, V v) {
     const V e = ExpNegAbs(d, v);
     const V r = hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
     return hn::IfThenElse(hn::Ge(v, hn::Zero(d)), r, hn::Mul(e, r));
@@ -78,7 +72,7 @@ float RowSigmoid(const float* x, float* out, int64_t n) {
 
 // softplus(x) = max(x, 0) + log1p(e^-|x|), exact for large |x| of either sign.
 float RowSqrtSoftplus(const float* x, float* out, int64_t n) {
-  return MapSum(x, out, static_cast<size_t>(n), 0.0f, [](D d, V v) {
+  return MapSum(x, out, static_cast<size_t>(n), [](D d, V v) {
     const V sp = hn::Add(hn::Max(v, hn::Zero(d)), hn::Log1p(d, ExpNegAbs(d, v)));
     return hn::Sqrt(sp);
   });
@@ -248,18 +242,15 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace moekit::detail {
 
-HWY_EXPORT(RowSum);
 HWY_EXPORT(RowExpShifted);
 HWY_EXPORT(RowSigmoid);
 HWY_EXPORT(RowSqrtSoftplus);
 HWY_EXPORT(RowMax);
 HWY_EXPORT(RowDot);
-HWY_EXPORT(RowTopCandidates);
 HWY_EXPORT(RowTopK);
 HWY_EXPORT(RowTopSum);
 HWY_EXPORT(StreamBytes);
 
-float row_sum(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(RowSum)(x, n); }
 float row_exp_shifted(const float* x, float shift, float* out, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(RowExpShifted)(x, shift, out, n);
 }
@@ -272,10 +263,6 @@ float row_sqrt_softplus(const float* x, float* out, int64_t n) {
 float row_max(const float* x, int64_t n) { return HWY_DYNAMIC_DISPATCH(RowMax)(x, n); }
 float row_dot(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(RowDot)(a, b, n);
-}
-
-int32_t row_top_candidates(const float* x, int64_t n, int32_t k, int32_t* out) {
-  return HWY_DYNAMIC_DISPATCH(RowTopCandidates)(x, n, k, out);
 }
 
 bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float* values,

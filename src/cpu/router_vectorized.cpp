@@ -1,7 +1,7 @@
 // The router on the CPU: tokens split over the OpenMP threads, each row's exp / sigmoid /
-// softplus and reductions in Highway vector code (router_simd.cpp), top-k by insertion into a
-// k-long sorted list (one compare per expert for most experts), and no allocation after a
-// thread's first call (its scratch rows are thread-local and only grow).
+// softplus, reductions and top-k in Highway vector code (router_simd.cpp), output rows built in
+// scratch and written once (streamed when large), and no allocation after a thread's first call
+// (its scratch rows are thread-local and only grow).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,9 +36,7 @@ class TopList {
       idx_.resize(cap);
     }
   }
-  // The smallest value held once the list is full; candidates must beat it.
   bool full() const { return n_ == cap_; }
-  float threshold() const { return val_[cap_ - 1]; }
   void push(float v, int32_t i) {
     int32_t pos;
     if (n_ < cap_) {
@@ -125,6 +123,7 @@ Scratch& thread_scratch(int64_t E, int32_t k, int32_t groups) {
 // anyway, and streaming them saves reading every line before overwriting it.
 constexpr int64_t kStreamBytes = 4 << 20;
 
+// Decided once per call, not per row.
 bool worth_streaming(const ConstTensorView& v) {
   return v.data != nullptr && v.numel() * static_cast<int64_t>(dtype_size(v.dtype)) >= kStreamBytes;
 }
@@ -224,7 +223,12 @@ void choose_experts(const RouteOptions& o, int64_t E, Scratch& s) {
   }
 }
 
-void route_row(const RouteProblem& p, int64_t t, Scratch& s) {
+// Which outputs of a call are streamed (see kStreamBytes).
+struct Streaming {
+  bool probs = false, map = false, d_logits = false;
+};
+
+void route_row(const RouteProblem& p, int64_t t, const Streaming& stream, Scratch& s) {
   const RouteOptions& o = p.options;
   const int64_t E = p.logits.shape[1];
   const int32_t k = o.k;
@@ -289,14 +293,13 @@ void route_row(const RouteProblem& p, int64_t t, Scratch& s) {
 
   const RouteOutputs& out = p.out;
   if (out.probs.data) {
-    write_sparse_row(row_ptr(out.probs, t), out.probs.dtype, E, chosen, w, k,
-                     worth_streaming(out.probs), s);
+    write_sparse_row(row_ptr(out.probs, t), out.probs.dtype, E, chosen, w, k, stream.probs, s);
   }
   if (out.routing_map.data) {
     uint8_t* map = s.map_out.data();
     std::memset(map, 0, E);
     for (int32_t i = 0; i < k; ++i) map[chosen[i]] = 1;
-    write_row(row_ptr(out.routing_map, t), map, E, worth_streaming(out.routing_map));
+    write_row(row_ptr(out.routing_map, t), map, E, stream.map);
   }
   if (out.topk_indices.data) {
     std::memcpy(row_ptr(out.topk_indices, t), chosen, k * sizeof(int32_t));
@@ -306,12 +309,12 @@ void route_row(const RouteProblem& p, int64_t t, Scratch& s) {
   }
 }
 
-void route_backward_row(const RouteBackwardProblem& p, int64_t t, Scratch& s) {
+void route_backward_row(const RouteBackwardProblem& p, int64_t t, const Streaming& stream,
+                        Scratch& s) {
   const RouteOptions& o = p.options;
   const int64_t E = p.logits.shape[1];
   const int32_t k = o.k;
   prefetch_row(p.logits, t + 2);
-  const float* x = row_as_float(p.logits, t, s.x.data());
   const auto* idx = reinterpret_cast<const int32_t*>(row_ptr(p.topk_indices, t));
 
   // g[i]: cotangent of chosen weight i, times the scaling factor.
@@ -331,6 +334,7 @@ void route_backward_row(const RouteBackwardProblem& p, int64_t t, Scratch& s) {
   const DType out_type = p.d_logits.dtype;
   if (o.score == RouterScore::kSoftmax && o.pre_softmax) {
     // s = softmax(x), w_i = s[idx_i]: dx = s * (ge - <ge, s>) with ge = g scattered to idx.
+    const float* x = row_as_float(p.logits, t, s.x.data());
     float* dx = s.aux.data();  // [E]
     float* sm = s.s.data();
     const float inv = 1.0f / row_exp_shifted(x, row_max(x, E), sm, E);
@@ -340,27 +344,26 @@ void route_backward_row(const RouteBackwardProblem& p, int64_t t, Scratch& s) {
     for (int64_t e = 0; e < E; ++e) dx[e] = sm[e] * scale;
     for (int32_t i = 0; i < k; ++i) dx[idx[i]] += sm[idx[i]] * inv * g[i];
     if (out_type == DType::kF32) {
-      write_row(out, dx, E * sizeof(float), worth_streaming(p.d_logits));
+      write_row(out, dx, E * sizeof(float), stream.d_logits);
     } else {
       store_row_from_float(dx, E, out, out_type);
     }
     return;
   }
-  // Only the chosen logits get gradient: dxc[i] for logit idx[i].
+  // Only the chosen logits get gradient (dxc[i] for logit idx[i]), and only they are read.
   float* dxc = s.key.data();  // [k]
+  float* xc = s.aux.data();   // [k] logits of the chosen
+  const char* logits_row = row_ptr(p.logits, t);
+  for (int32_t i = 0; i < k; ++i) xc[i] = load_as_float(logits_row, p.logits.dtype, idx[i]);
   if (o.score == RouterScore::kSoftmax) {
     // w = softmax(x[idx]): dx[idx] = w * (g - <g, w>).
-    float* xc = s.aux.data();  // [k] logits of the chosen
-    for (int32_t i = 0; i < k; ++i) xc[i] = x[idx[i]];
     const float sum = row_exp_shifted(xc, row_max(xc, k), dxc, k);
     float dot = 0.0f;
     for (int32_t i = 0; i < k; ++i) dot += g[i] * (dxc[i] /= sum);
     for (int32_t i = 0; i < k; ++i) dxc[i] *= g[i] - dot;
   } else {
     // w = s[idx] / (sum + eps) when k > 1: ds = (g - <g, w>) / (sum + eps).
-    float* xc = s.aux.data();  // [k] logits of the chosen
-    float* sv = s.s.data();    // [k] their scores, in one vector call
-    for (int32_t i = 0; i < k; ++i) xc[i] = x[idx[i]];
+    float* sv = s.s.data();  // [k] their scores, in one vector call
     const float sum = activation_row(o.score, xc, sv, k) + kNormEps;
     float dot = 0.0f;
     for (int32_t i = 0; i < k; ++i) dot += g[i] * sv[i] / sum;
@@ -370,7 +373,7 @@ void route_backward_row(const RouteBackwardProblem& p, int64_t t, Scratch& s) {
     }
   }
   // Zeros, then the chosen (summed should an index repeat).
-  write_sparse_row(out, out_type, E, idx, dxc, k, worth_streaming(p.d_logits), s);
+  write_sparse_row(out, out_type, E, idx, dxc, k, stream.d_logits, s);
 }
 
 // Aux scores of one row into q (f32 [E]); returns the normaliser of sigmoid-family scores.
@@ -401,14 +404,19 @@ void for_each_row(int64_t T, int64_t E, int32_t k, int32_t groups, RowFn fn) {
 }  // namespace
 
 Status route_vectorized(const RouteProblem& p) {
+  Streaming stream;
+  stream.probs = worth_streaming(p.out.probs);
+  stream.map = worth_streaming(p.out.routing_map);
   for_each_row(p.logits.shape[0], p.logits.shape[1], p.options.k, p.options.num_groups,
-               [&](int64_t t, Scratch& s) { route_row(p, t, s); });
+               [&](int64_t t, Scratch& s) { route_row(p, t, stream, s); });
   return {};
 }
 
 Status route_backward_vectorized(const RouteBackwardProblem& p) {
+  Streaming stream;
+  stream.d_logits = worth_streaming(p.d_logits);
   for_each_row(p.logits.shape[0], p.logits.shape[1], p.options.k, 0,
-               [&](int64_t t, Scratch& s) { route_backward_row(p, t, s); });
+               [&](int64_t t, Scratch& s) { route_backward_row(p, t, stream, s); });
   return {};
 }
 
