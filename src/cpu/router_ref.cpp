@@ -35,6 +35,11 @@ std::vector<float> softmax(const std::vector<float>& x) {
   return p;
 }
 
+// The order every sort here uses: NaN below everything (even -inf), so that a NaN in the input
+// gives a strict weak order, valid indices and no out-of-bounds sort, never a crash.
+float order_key(float v) { return std::isnan(v) ? -HUGE_VALF : v; }
+bool before(float a, float b) { return order_key(a) > order_key(b); }
+
 // Indices of the `n` largest key[i] among those with allowed[i], best first; equal keys keep
 // index order (stable sort), so the lower index wins a tie.
 std::vector<int32_t> top_indices(const std::vector<float>& key, const std::vector<bool>& allowed,
@@ -43,7 +48,8 @@ std::vector<int32_t> top_indices(const std::vector<float>& key, const std::vecto
   for (int32_t i = 0; i < static_cast<int32_t>(key.size()); ++i) {
     if (allowed[i]) idx.push_back(i);
   }
-  std::stable_sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return key[a] > key[b]; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return before(key[a], key[b]); });
   idx.resize(std::min<size_t>(idx.size(), n));
   return idx;
 }
@@ -89,7 +95,7 @@ Status route_ref(const RouteProblem& p) {
       std::vector<float> group_score(o.num_groups);
       for (int32_t g = 0; g < o.num_groups; ++g) {
         std::vector<float> members(key.begin() + g * per_group, key.begin() + (g + 1) * per_group);
-        std::sort(members.begin(), members.end(), std::greater<>());
+        std::sort(members.begin(), members.end(), before);
         group_score[g] =
             std::accumulate(members.begin(), members.begin() + o.k / o.group_topk, 0.0f);
       }
@@ -120,7 +126,7 @@ Status route_ref(const RouteProblem& p) {
     std::vector<int32_t> order(o.k);
     std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return w[a] != w[b] ? w[a] > w[b] : chosen[a] < chosen[b];
+      return order_key(w[a]) != order_key(w[b]) ? before(w[a], w[b]) : chosen[a] < chosen[b];
     });
     for (int64_t e = 0; e < E; ++e) {
       if (p.out.probs.data) store(p.out.probs, t, e, 0.0f);

@@ -276,13 +276,16 @@ void route_row(const RouteProblem& p, int64_t t, const Streaming& stream, Scratc
     if (i > 0) ordered &= (w[i] < w[i - 1]) | ((w[i] == w[i - 1]) & (chosen[i] > chosen[i - 1]));
   }
   if (!ordered) {
+    // Ranks must form a permutation even with NaN weights: compare NaN as below everything.
+    float* key = s.key.data();  // [k], done with after choose_experts
+    for (int32_t i = 0; i < k; ++i) key[i] = std::isnan(w[i]) ? -HUGE_VALF : w[i];
     float* w_sorted = s.values.data();
     int32_t* e_sorted = s.top.data();
     for (int32_t i = 0; i < k; ++i) {
       int32_t rank = 0;
       for (int32_t j = 0; j < k; ++j) {
         // Bitwise, not short-circuit: no branch on the data.
-        rank += (w[j] > w[i]) | ((w[j] == w[i]) & (chosen[j] < chosen[i]));
+        rank += (key[j] > key[i]) | ((key[j] == key[i]) & (chosen[j] < chosen[i]));
       }
       w_sorted[rank] = w[i];
       e_sorted[rank] = chosen[i];

@@ -228,9 +228,10 @@ std::vector<GridCase> grid() {
       for (bool bias : {false, true}) {
         if (bias && softmax) continue;  // a bias is for sigmoid-family scores only
         for (double scale : {1.0, 2.5}) {
-          for (int64_t E : {8, 64, 128, 256}) {
+          for (int64_t E : {1, 8, 64, 128, 256}) {
             for (int32_t k : {1, 2, 6, 8}) {
-              if (groups && pick_group_topk(E, k, 4) == 0) continue;
+              if (k > E) continue;  // E = 1: every token to the one expert
+              if (groups && (E < 4 || pick_group_topk(E, k, 4) == 0)) continue;
               for (int64_t T : {1, 3, 1000}) cases.push_back({v, groups, bias, scale, E, k, T});
             }
           }
@@ -493,6 +494,82 @@ TEST(Route, ZeroTokensWritesNothingAndSucceeds) {
   EXPECT_TRUE(route_backward(logits.in(), idx.in(), {}, {}, o, d.mut()).ok());
 }
 
+TEST(Route, NaNLogitsStillGiveKDistinctValidExperts) {
+  // NaN has no place in an order; what must hold is memory safety: k distinct experts in
+  // [0, E), a routing map with exactly those, and a backward that runs. Rows: all NaN, half NaN,
+  // one NaN, none. k = 20 takes the reference's sorts past their small-array path.
+  const int64_t T = 4, E = 64;
+  std::mt19937 rng(31);
+  HostTensor logits(DType::kF32, {T, E});
+  logits.fill_random(rng);
+  for (int64_t e = 0; e < E; ++e) {
+    logits.set({0, e}, NAN);
+    if (e % 2) logits.set({1, e}, NAN);
+  }
+  logits.set({2, 17}, NAN);
+  for (int32_t k : {2, 8, 20}) {
+    std::vector<Options> variants(4);
+    variants[1].pre_softmax = true;
+    variants[2].score = RouterScore::kSigmoid;
+    variants[2].bias.assign(E, 0.01f);
+    variants[2].num_groups = 4;
+    variants[2].group_topk = 2;
+    variants[3].score = RouterScore::kSqrtSoftplus;
+    for (Options& o : variants) {
+      o.k = k;
+      if (o.num_groups > 0 && k % o.group_topk != 0) continue;
+      for (RouterImpl impl : kImpls) {
+        SCOPED_TRACE(
+            fmt::format("k={} score={} impl={}", k, static_cast<int>(o.score), impl_name(impl)));
+        HostTensor map(DType::kBool, {T, E}), idx(DType::kI32, {T, k}), w(DType::kF32, {T, k});
+        const RouteOptions ro = to_route_options(o, impl);
+        ASSERT_TRUE(route(logits.in(), ro, {{}, map.mut(), idx.mut(), w.mut()}).ok());
+        for (int64_t t = 0; t < T; ++t) {
+          std::vector<bool> seen(E, false);
+          for (int32_t i = 0; i < k; ++i) {
+            const double e = idx.get({t, i});
+            ASSERT_GE(e, 0);
+            ASSERT_LT(e, E);
+            ASSERT_FALSE(seen[static_cast<size_t>(e)]) << "expert " << e << " twice in row " << t;
+            seen[static_cast<size_t>(e)] = true;
+          }
+          for (int64_t e = 0; e < E; ++e) ASSERT_EQ(map.get({t, e}), seen[e] ? 1 : 0);
+        }
+        HostTensor d(DType::kF32, {T, E});
+        ASSERT_TRUE(route_backward(logits.in(), idx.in(), {}, w.in(), ro, d.mut()).ok());
+      }
+    }
+  }
+}
+
+TEST(Route, Bf16BackwardEqualsF32BackwardOnTheSameValues) {
+  // The backward reads bf16 logits through its own path (only the chosen are converted); on
+  // bf16-exact values it must give exactly what the oracle-checked f32 path gives.
+  const int64_t T = 40, E = 128;
+  const int32_t k = 8;
+  std::mt19937 rng(37);
+  HostTensor lb(DType::kBF16, {T, E}), lf(DType::kF32, {T, E}), d_w(DType::kF32, {T, k});
+  lb.fill_random(rng);
+  d_w.fill_random(rng);
+  for (int64_t i = 0; i < T * E; ++i) lf.set_flat(i, lb.get_flat(i));
+  std::vector<Options> variants(4);
+  variants[1].pre_softmax = true;
+  variants[2].score = RouterScore::kSigmoid;
+  variants[3].score = RouterScore::kSqrtSoftplus;
+  for (Options& o : variants) {
+    o.k = k;
+    o.scale = 2.5;
+    for (RouterImpl impl : kImpls) {
+      const RouteOptions ro = to_route_options(o, impl);
+      HostTensor idx(DType::kI32, {T, k}), d_b(DType::kF32, {T, E}), d_f(DType::kF32, {T, E});
+      ASSERT_TRUE(route(lf.in(), ro, {{}, {}, idx.mut(), {}}).ok());
+      ASSERT_TRUE(route_backward(lb.in(), idx.in(), {}, d_w.in(), ro, d_b.mut()).ok());
+      ASSERT_TRUE(route_backward(lf.in(), idx.in(), {}, d_w.in(), ro, d_f.mut()).ok());
+      for (int64_t i = 0; i < T * E; ++i) ASSERT_EQ(d_b.get_flat(i), d_f.get_flat(i)) << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Aux-loss scores.
 
@@ -669,6 +746,28 @@ TEST(Losses, ZLossAndGradient) {
   }
 }
 
+TEST(Losses, ZeroLocalTokens) {
+  // A shard with no tokens: its loss contributions are 0, its counts are 0, nothing fails.
+  const int64_t E = 8;
+  HostTensor logits(DType::kF32, {0, E}), map(DType::kBool, {0, E}), counts(DType::kI32, {E}),
+      scores(DType::kF32, {0, E}), tpe(DType::kI32, {E});
+  counts.fill(5);
+  tpe.fill(3);
+  ASSERT_TRUE(count_tokens_per_expert(map.in(), counts.mut()).ok());
+  for (int64_t e = 0; e < E; ++e) EXPECT_EQ(counts.get({e}), 0);
+  ASSERT_TRUE(aux_loss_scores(logits.in(), 2, RouterScore::kSigmoid, scores.mut(), map.mut()).ok());
+  float loss = NAN;
+  ASSERT_TRUE(load_balancing_loss(scores.in(), tpe.in(), {2, 1.0f, 100}, &loss).ok());
+  EXPECT_EQ(loss, 0.0f);
+  loss = NAN;
+  ASSERT_TRUE(load_balancing_loss(scores.in(), tpe.in(), {2, 1.0f, 0}, &loss).ok());
+  EXPECT_EQ(loss, 0.0f);
+  loss = NAN;
+  ASSERT_TRUE(z_loss(logits.in(), 1.0f, &loss).ok());
+  EXPECT_EQ(loss, 0.0f);
+  ASSERT_TRUE(z_loss_backward(logits.in(), 1.0f, 1.0f, scores.mut()).ok());
+}
+
 TEST(Losses, ExpertBiasUpdateFollowsTheSignOfTheDeficit) {
   HostTensor tpe(DType::kI32, {4}), bias(DType::kF32, {4});
   const int32_t counts[] = {10, 2, 5, 3};  // mean 5
@@ -714,14 +813,14 @@ TEST(RouteErrors, InvalidOptionsAreNamedAndNothingIsWritten) {
   logits.fill_random(rng);
   for (const BadRoute& c : cases) {
     SCOPED_TRACE(c.name);
-    std::vector<float> bias(c.bias_len, 0.0f);
-    RouteOptions o;
-    o.k = c.k;
-    o.num_groups = c.num_groups;
-    o.group_topk = c.group_topk;
-    o.score = c.score;
-    o.pre_softmax = c.pre;
-    o.expert_bias = bias;
+    Options opt;
+    opt.k = c.k;
+    opt.num_groups = c.num_groups;
+    opt.group_topk = c.group_topk;
+    opt.score = c.score;
+    opt.pre_softmax = c.pre;
+    opt.bias.assign(c.bias_len, 0.0f);
+    const RouteOptions o = to_route_options(opt, RouterImpl::kAuto);
     HostTensor probs(DType::kF32, {T, E}), idx(DType::kI32, {T, std::max(c.k, 1)});
     probs.fill(-3.0f);
     idx.fill(-3.0f);
@@ -791,6 +890,17 @@ TEST(RouteErrors, ShapesDtypesAndIndicesAreNamed) {
   HostTensor bias_i32(DType::kI32, {E});
   expect_arg(update_expert_bias(tpe.in(), 0.1f, bias_i32.mut()), "expert_bias.dtype");
   expect_arg(z_loss(logits.in(), NAN, &loss), "coeff");
+
+  HostTensor map(DType::kBool, {T, E}), counts3(DType::kI32, {3, E}),
+      counts_r3(DType::kI32, {1, 1, E});
+  expect_arg(count_tokens_per_expert(map.in(), counts3.mut()), "counts.shape[0]");  // 3 ∤ T = 4
+  expect_arg(count_tokens_per_expert(map.in(), counts_r3.mut()), "counts.rank");
+  expect_arg(count_tokens_per_expert(logits.in(), tpe.mut()), "routing_map.dtype");
+  HostTensor wide(DType::kF32, {T, E + 1});
+  expect_arg(aux_loss_scores_backward(logits.in(), wide.in(), RouterScore::kSoftmax, d.mut()),
+             "d_scores.shape");
+  expect_arg(z_loss_backward(logits.in(), 1.0f, 1.0f, wide.mut()), "d_logits.shape");
+  expect_arg(load_balancing_loss_backward(tpe.in(), {}, NAN, d.mut()), "d_loss");
 }
 
 }  // namespace
