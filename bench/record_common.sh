@@ -27,7 +27,7 @@ run() {  # run NAME ARGS...: one bench invocation, table into the report, JSON b
     echo "## $name"
     echo
     echo '```'
-    echo "\$ moekit bench $op $*"
+    echo "\$ ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS }moekit bench $op $*"
     "$tool" bench "$op" "$@" --json 2> >(grep -v '^\[' >&3) >"$out/$name.json"
   } >>"$report" 3>&1
   sleep 1
