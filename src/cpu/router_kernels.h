@@ -86,8 +86,9 @@ bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float*
 // Sum of the `count` largest values of x[0, n), 1 <= count <= n; work has room for n + 64.
 // Cost grows with count: for the few-per-group sums of group-limited routing.
 float row_top_sum(const float* x, int64_t n, int32_t count, float* work);
-// dst[0, bytes) = src[0, bytes), with non-temporal stores when dst is vector-aligned and bytes a
-// whole number of vectors. A thread calls stream_fence() before others read what it streamed.
+// dst[0, bytes) = src[0, bytes), with non-temporal stores for the vector-aligned whole vectors of
+// dst (plain stores for the unaligned ends). A thread calls stream_fence() before others read what
+// it streamed.
 void stream_bytes(void* dst, const void* src, size_t bytes);
 void stream_fence();
 

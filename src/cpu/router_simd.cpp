@@ -221,19 +221,23 @@ bool RowTopK(const float* x, int64_t n, int32_t k, int32_t* candidates, float* v
   return true;
 }
 
-// Non-temporal copy when dst is vector-aligned and bytes a whole number of vectors, so that a
-// large output does not first read every line it overwrites; a plain copy otherwise.
+// Non-temporal copy of the whole aligned vectors of dst, so that a large output does not first
+// read every line it overwrites; plain copies for the unaligned ends.
 void StreamBytes(void* dst, const void* src, size_t bytes) {
   const D d;
   const size_t N = hn::Lanes(d), vector_bytes = N * sizeof(float);
-  if (reinterpret_cast<uintptr_t>(dst) % vector_bytes != 0 || bytes % vector_bytes != 0) {
-    std::memcpy(dst, src, bytes);
-    return;
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  // Plain copies for the bytes before the first aligned vector and after the last whole one.
+  const size_t head = std::min(
+      bytes, (vector_bytes - reinterpret_cast<uintptr_t>(out) % vector_bytes) % vector_bytes);
+  const size_t body = (bytes - head) / vector_bytes * vector_bytes;
+  std::memcpy(out, in, head);
+  for (size_t i = head; i < head + body; i += vector_bytes) {
+    hn::Stream(hn::LoadU(d, reinterpret_cast<const float*>(in + i)), d,
+               reinterpret_cast<float*>(out + i));
   }
-  auto* out = static_cast<float*>(dst);
-  const auto* in = static_cast<const float*>(src);
-  for (size_t i = 0; i < bytes / sizeof(float); i += N)
-    hn::Stream(hn::LoadU(d, in + i), d, out + i);
+  std::memcpy(out + head + body, in + head + body, bytes - head - body);
 }
 
 }  // namespace moekit::detail::HWY_NAMESPACE

@@ -485,6 +485,51 @@ TEST(Route, ImplementationsAgreeOnManyRows) {
   }
 }
 
+TEST(Route, LargeOutputsOnUnalignedPaddedRowsMatchTheReference) {
+  // Outputs large enough to be written with streaming stores, on padded rows that start at every
+  // alignment: the streamed middle and plain ends of each row land exactly, the padding untouched.
+  const int64_t T = 16411, E = 256;
+  const int32_t k = 8;
+  std::mt19937 rng(23);
+  HostTensor logits(DType::kF32, {T, E});
+  logits.fill_random(rng);
+  Options o;
+  o.score = RouterScore::kSigmoid;
+  o.k = k;
+  o.num_groups = 8;
+  o.group_topk = 4;
+  o.bias.resize(E);
+  for (float& b : o.bias) b = static_cast<float>(rng() % 64) / 4096.0f;
+  HostTensor d_w(DType::kF32, {T, k});
+  d_w.fill_random(rng);
+  struct Out {
+    HostTensor probs{DType::kF32, {T, E}, 3}, map{DType::kBool, {T, E}, 5},
+        idx{DType::kI32, {T, k}}, d_logits{DType::kF32, {T, E}, 7};
+  };
+  Out got, want;
+  got.probs.fill(-7.0f);
+  got.map.fill(3.0f);
+  got.d_logits.fill(-7.0f);
+  const RouteOptions vec = to_route_options(o, RouterImpl::kVectorized);
+  const RouteOptions ref = to_route_options(o, RouterImpl::kReference);
+  ASSERT_TRUE(route(logits.in(), vec, {got.probs.mut(), got.map.mut(), got.idx.mut(), {}}).ok());
+  ASSERT_TRUE(route(logits.in(), ref, {want.probs.mut(), want.map.mut(), want.idx.mut(), {}}).ok());
+  ASSERT_TRUE(
+      route_backward(logits.in(), got.idx.in(), {}, d_w.in(), vec, got.d_logits.mut()).ok());
+  ASSERT_TRUE(
+      route_backward(logits.in(), got.idx.in(), {}, d_w.in(), ref, want.d_logits.mut()).ok());
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) {
+      ASSERT_EQ(got.map.get({t, e}), want.map.get({t, e})) << t << "," << e;
+      ASSERT_NEAR(got.probs.get({t, e}), want.probs.get({t, e}), 1e-6) << t << "," << e;
+      ASSERT_NEAR(got.d_logits.get({t, e}), want.d_logits.get({t, e}), 1e-5) << t << "," << e;
+    }
+    for (int64_t e = E; e < E + 3; ++e) ASSERT_EQ(got.probs.get({t, e}), -7.0f);
+    for (int64_t e = E; e < E + 5; ++e) ASSERT_EQ(got.map.get({t, e}), 3.0);
+    for (int64_t e = E; e < E + 7; ++e) ASSERT_EQ(got.d_logits.get({t, e}), -7.0f);
+  }
+}
+
 TEST(Route, ZeroTokensWritesNothingAndSucceeds) {
   HostTensor logits(DType::kF32, {0, 8}), idx(DType::kI32, {0, 2});
   RouteOptions o;
