@@ -83,9 +83,12 @@ float row_sqrt_softplus(const float* x, float* out, int64_t n);
 // chosen nothing, when x holds NaN; the caller then takes a scalar path.
 bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float* values,
                int32_t* out);
-// Sum of the `count` largest values of x[0, n), 1 <= count <= n; work has room for n + 64.
-// Cost grows with count: for the few-per-group sums of group-limited routing.
-float row_top_sum(const float* x, int64_t n, int32_t count, float* work);
+// out[g] = the sum of the `count` largest values of x[g * per_group, (g + 1) * per_group), added
+// largest first, for each of `groups` groups, 1 <= count <= per_group. One pass over x when
+// count <= 2 and per_group is a multiple of the vector width; otherwise the cost grows with count
+// (meant for the few-per-group sums of group-limited routing). work has room for per_group + 64.
+void group_top_sums(const float* x, int64_t groups, int64_t per_group, int32_t count, float* work,
+                    float* out);
 // dst[0, bytes) = src[0, bytes), with non-temporal stores for the vector-aligned whole vectors of
 // dst (plain stores for the unaligned ends). A thread calls stream_fence() before others read what
 // it streamed.

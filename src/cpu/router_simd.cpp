@@ -153,7 +153,13 @@ int32_t RowTopCandidates(const float* x, int64_t n, int32_t k, int32_t* out) {
       for (size_t j = 0; j < N; ++j) buf[j] = i + j < len ? x[i + j] : -HUGE_VALF;
       m = hn::Max(m, hn::Load(d, buf));
     }
-    tau = KthLargestLane(d, m, static_cast<size_t>(k));
+    if (static_cast<size_t>(k) <= N / 2) {
+      // Pairing lane i with lane N - 1 - i gives N / 2 >= k disjoint slices, and
+      // the least of their maxima is a bound that costs one shuffle.
+      tau = hn::GetLane(hn::MinOfLanes(d, hn::Max(m, hn::Reverse(d, m))));
+    } else {
+      tau = KthLargestLane(d, m, static_cast<size_t>(k));
+    }
   } else {
     // Slices = k contiguous runs.
     for (int64_t c = 0; c < k; ++c) {
@@ -192,6 +198,40 @@ float RowTopSum(const float* x, int64_t n, int32_t count, float* work) {
     for (size_t i = 0; i < equal && left > 0; ++i, --left) sum += v;
   }
   return sum;
+}
+
+// The sum of the top `count` (1 or 2) of each of `groups` runs of `per_group` floats, per_group a
+// whole number of vectors: one pass keeps, lane by lane, the largest and second largest of the
+// run's vectors; the run's top two are then the largest lane and the larger of its second and the
+// other lanes. Returns false when a run holds NaN (nothing can be ranked); the caller then sums
+// with RowTopSum.
+bool GroupTopSums(const float* x, int64_t groups, int64_t per_group, int32_t count, float* out) {
+  const D d;
+  const size_t N = hn::Lanes(d), len = static_cast<size_t>(per_group);
+  if (count > 2 || len % N != 0) return false;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* run = x + g * per_group;
+    V hi = hn::Set(d, -HUGE_VALF), lo = hi;
+    for (size_t i = 0; i < len; i += N) {
+      const V v = hn::LoadU(d, run + i);
+      lo = hn::Max(lo, hn::Min(hi, v));
+      hi = hn::Max(hi, v);
+    }
+    const V top = hn::MaxOfLanes(d, hi);
+    const auto at_top = hn::Eq(hi, top);
+    const size_t ties = hn::CountTrue(d, at_top);
+    if (ties == 0) return false;  // NaN: no lane equals the "maximum"
+    const float first = hn::GetLane(top);
+    if (count == 1) {
+      out[g] = first;
+      continue;
+    }
+    // Added largest first, as RowTopSum does: the same rounding.
+    const float second =
+        ties > 1 ? first : hn::GetLane(hn::MaxOfLanes(d, hn::IfThenElse(at_top, lo, hi)));
+    out[g] = first + second;
+  }
+  return true;
 }
 
 // The top k by ranking the candidates against each other, without branches on the data: a
@@ -253,6 +293,7 @@ HWY_EXPORT(RowMax);
 HWY_EXPORT(RowDot);
 HWY_EXPORT(RowTopK);
 HWY_EXPORT(RowTopSum);
+HWY_EXPORT(GroupTopSums);
 HWY_EXPORT(StreamBytes);
 
 float row_exp_shifted(const float* x, float shift, float* out, int64_t n) {
@@ -274,8 +315,12 @@ bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float*
   return HWY_DYNAMIC_DISPATCH(RowTopK)(x, n, k, candidates, values, out);
 }
 
-float row_top_sum(const float* x, int64_t n, int32_t count, float* work) {
-  return HWY_DYNAMIC_DISPATCH(RowTopSum)(x, n, count, work);
+void group_top_sums(const float* x, int64_t groups, int64_t per_group, int32_t count, float* work,
+                    float* out) {
+  if (HWY_DYNAMIC_DISPATCH(GroupTopSums)(x, groups, per_group, count, out)) return;
+  for (int64_t g = 0; g < groups; ++g) {
+    out[g] = HWY_DYNAMIC_DISPATCH(RowTopSum)(x + g * per_group, per_group, count, work);
+  }
 }
 
 void stream_bytes(void* dst, const void* src, size_t bytes) {

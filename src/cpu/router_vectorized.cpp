@@ -196,22 +196,34 @@ void choose_experts(const RouteOptions& o, int64_t E, Scratch& s) {
   const int32_t per_group = static_cast<int32_t>(E / o.num_groups);
   const int32_t per_group_k = o.k / o.group_topk;
   int32_t* top = s.top.data();
-  for (int32_t g = 0; g < o.num_groups; ++g) {
-    const float* key = s.key.data() + g * per_group;
-    float sum = 0.0f;
-    if (per_group_k <= 4) {
-      sum = row_top_sum(key, per_group, per_group_k, s.values.data());
-    } else {
+  float* group_score = s.aux.data();  // [num_groups]
+  if (per_group_k <= 4) {
+    group_top_sums(s.key.data(), o.num_groups, per_group, per_group_k, s.values.data(),
+                   group_score);
+  } else {
+    for (int32_t g = 0; g < o.num_groups; ++g) {
+      const float* key = s.key.data() + g * per_group;
       select_top(key, per_group, per_group_k, s, top);
+      float sum = 0.0f;
       for (int32_t i = 0; i < per_group_k; ++i) sum += key[top[i]];
+      group_score[g] = sum;
     }
-    s.aux[g] = sum;  // group scores, [num_groups]
   }
-  s.list.reset(o.group_topk);
-  s.list.push_range(s.aux.data(), 0, o.num_groups);
+  // Keep the groups ranked below group_topk (ties to the lower group; NaN below everything),
+  // in group order; branchless, as there are few groups.
   int32_t* kept = s.kept_groups.data();
-  for (int32_t i = 0; i < o.group_topk; ++i) kept[i] = s.list.index(i);
-  std::sort(kept, kept + o.group_topk);
+  int32_t n_kept = 0;
+  for (int32_t g = 0; g < o.num_groups; ++g) {
+    group_score[g] = std::isnan(group_score[g]) ? -HUGE_VALF : group_score[g];
+  }
+  for (int32_t g = 0; g < o.num_groups; ++g) {
+    int32_t rank = 0;
+    for (int32_t h = 0; h < o.num_groups; ++h) {
+      rank += (group_score[h] > group_score[g]) | ((group_score[h] == group_score[g]) & (h < g));
+    }
+    kept[n_kept] = g;
+    n_kept += rank < o.group_topk;
+  }
   float* packed = s.aux.data();  // [group_topk * per_group]
   for (int32_t i = 0; i < o.group_topk; ++i) {
     std::memcpy(packed + i * per_group, s.key.data() + kept[i] * per_group,

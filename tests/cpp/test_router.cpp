@@ -368,7 +368,8 @@ TEST(Route, TiesGoToTheLowerIndex) {
   HostTensor logits(DType::kF32, {T, E});
   const float values[] = {-1.0f, 0.0f, 0.5f, 2.0f};
   for (int64_t i = 0; i < T * E; ++i) logits.set_flat(i, values[rng() % 4]);
-  std::vector<Options> variants(5);
+  std::vector<Options> variants(7);
+  for (Options& o : variants) o.k = 8;
   variants[0].score = RouterScore::kSoftmax;
   variants[1].score = RouterScore::kSoftmax;
   variants[1].pre_softmax = true;
@@ -377,11 +378,20 @@ TEST(Route, TiesGoToTheLowerIndex) {
   variants[4].score = RouterScore::kSigmoid;
   variants[4].num_groups = 8;
   variants[4].group_topk = 2;
-  for (Options& o : variants) {
-    o.k = 8;
+  // Groups of 16 with a top-2 and a top-1 group score: the vector path's one-pass group sums.
+  variants[5].score = RouterScore::kSigmoid;
+  variants[5].num_groups = 4;
+  variants[5].group_topk = 2;
+  variants[5].k = 4;
+  variants[6].score = RouterScore::kSqrtSoftplus;
+  variants[6].num_groups = 4;
+  variants[6].group_topk = 2;
+  variants[6].k = 2;
+  for (const Options& o : variants) {
+    const int32_t k = o.k;
     for (RouterImpl impl : kImpls) {
-      HostTensor probs(DType::kF32, {T, E}), map(DType::kBool, {T, E}), idx(DType::kI32, {T, 8}),
-          w(DType::kF32, {T, 8});
+      HostTensor probs(DType::kF32, {T, E}), map(DType::kBool, {T, E}), idx(DType::kI32, {T, k}),
+          w(DType::kF32, {T, k});
       ASSERT_TRUE(route(logits.in(), to_route_options(o, impl),
                         {probs.mut(), map.mut(), idx.mut(), w.mut()})
                       .ok());
