@@ -76,4 +76,11 @@ Status check_dtype(const char* op, const char* name, DType t, DType want) {
                                   fmt::format("expected {}", dtype_name(want)));
 }
 
+Status check_matrix(const char* op, const char* name, const ConstTensorView& v, int64_t rows,
+                    const char* rows_what, int64_t cols, const char* cols_what) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, name, v, 2));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, name, v, 0, rows, rows_what));
+  return check_dim(op, name, v, 1, cols, cols_what);
+}
+
 }  // namespace moekit::detail

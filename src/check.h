@@ -16,6 +16,13 @@ std::string shape_str(const ConstTensorView& v);
 // strides that keep distinct elements apart.
 Status check_view(const char* op, const char* name, const ConstTensorView& v, int rank);
 
+// An optional tensor is present unless default-constructed (rank 0, no data).
+inline bool present(const ConstTensorView& v) { return v.rank != 0 || v.data != nullptr; }
+
+// A rank-2 [rows, cols] tensor; the *_what strings name where the expected sizes come from.
+Status check_matrix(const char* op, const char* name, const ConstTensorView& v, int64_t rows,
+                    const char* rows_what, int64_t cols, const char* cols_what);
+
 // f32 or bf16.
 Status check_input_dtype(const char* op, const char* name, DType t);
 // Exactly `want`.

@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "cpu/router_kernels.h"
+#include "dispatch.h"
 
 namespace moekit {
 namespace {
@@ -17,41 +18,27 @@ namespace {
 using detail::check_dim;
 using detail::check_dtype;
 using detail::check_input_dtype;
+using detail::check_matrix;
 using detail::check_output_dtype;
 using detail::check_view;
-
-bool present(const ConstTensorView& v) { return v.rank != 0 || v.data != nullptr; }
-
-template <typename Problem>
-struct Implementation {
-  RouterImpl id;
-  Status (*run)(const Problem&);
-};
-
-template <typename Problem, size_t N>
-Status dispatch(const char* op, const Implementation<Problem> (&table)[N], RouterImpl want,
-                const Problem& problem) {
-  for (const auto& impl : table) {
-    if (want == RouterImpl::kAuto || want == impl.id) return impl.run(problem);
-  }
-  return Status::invalid_argument(op, "impl", std::to_string(static_cast<int>(want)),
-                                  "not a RouterImpl");
-}
+using detail::dispatch;
+using detail::Implementation;
+using detail::present;
 
 // Ordered fastest first, the reference last.
-constexpr Implementation<detail::RouteProblem> kRouteImpls[] = {
+constexpr Implementation<RouterImpl, detail::RouteProblem> kRouteImpls[] = {
     {RouterImpl::kVectorized, detail::route_vectorized},
     {RouterImpl::kReference, detail::route_ref},
 };
-constexpr Implementation<detail::RouteBackwardProblem> kRouteBackwardImpls[] = {
+constexpr Implementation<RouterImpl, detail::RouteBackwardProblem> kRouteBackwardImpls[] = {
     {RouterImpl::kVectorized, detail::route_backward_vectorized},
     {RouterImpl::kReference, detail::route_backward_ref},
 };
-constexpr Implementation<detail::AuxScoresProblem> kAuxImpls[] = {
+constexpr Implementation<RouterImpl, detail::AuxScoresProblem> kAuxImpls[] = {
     {RouterImpl::kVectorized, detail::aux_scores_vectorized},
     {RouterImpl::kReference, detail::aux_scores_ref},
 };
-constexpr Implementation<detail::AuxScoresBackwardProblem> kAuxBackwardImpls[] = {
+constexpr Implementation<RouterImpl, detail::AuxScoresBackwardProblem> kAuxBackwardImpls[] = {
     {RouterImpl::kVectorized, detail::aux_scores_backward_vectorized},
     {RouterImpl::kReference, detail::aux_scores_backward_ref},
 };
@@ -132,14 +119,6 @@ Status check_route_options(const char* op, const RouteOptions& o, int64_t E) {
     }
   }
   return {};
-}
-
-// A rank-2 [rows, cols] tensor.
-Status check_matrix(const char* op, const char* name, const ConstTensorView& v, int64_t rows,
-                    const char* rows_what, int64_t cols, const char* cols_what) {
-  MOEKIT_RETURN_IF_ERROR(check_view(op, name, v, 2));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, name, v, 0, rows, rows_what));
-  return check_dim(op, name, v, 1, cols, cols_what);
 }
 
 Status check_logits(const char* op, const char* name, const ConstTensorView& logits) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/stream.h"
 #include "moekit/router.h"
 
 namespace moekit::detail {
@@ -89,10 +90,5 @@ bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float*
 // (meant for the few-per-group sums of group-limited routing). work has room for per_group + 64.
 void group_top_sums(const float* x, int64_t groups, int64_t per_group, int32_t count, float* work,
                     float* out);
-// dst[0, bytes) = src[0, bytes), with non-temporal stores for the vector-aligned whole vectors of
-// dst (plain stores for the unaligned ends). A thread calls stream_fence() before others read what
-// it streamed.
-void stream_bytes(void* dst, const void* src, size_t bytes);
-void stream_fence();
 
 }  // namespace moekit::detail

@@ -1,0 +1,607 @@
+// Permutation tests: both implementations against an oracle written here from SPEC.md section 3
+// (all routed slots sorted stably by expert, capacity applied per expert), adjoint identities
+// for the backward passes, round trips, and every invalid input named with nothing written.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "host_tensor.h"
+#include "moekit/permute.h"
+
+namespace moekit {
+namespace {
+
+constexpr PermuteImpl kImpls[] = {PermuteImpl::kThreaded, PermuteImpl::kReference};
+
+enum class Spread { kRandom, kHalfEmpty, kAllOne };
+
+struct Case {
+  int64_t T, E;
+  int32_t k;
+  int64_t H;
+  bool map_form = false;
+  DType dtype = DType::kF32;
+  Spread spread = Spread::kRandom;
+  int64_t align = 1;
+  double capacity_factor = 0.0;
+  DropPolicy policy = DropPolicy::kProbs;
+  bool pad_to_capacity = false;
+};
+
+std::string case_name(const testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string n = "T" + std::to_string(c.T) + "_E" + std::to_string(c.E) + "_k" +
+                  std::to_string(c.k) + "_H" + std::to_string(c.H) +
+                  (c.map_form ? "_map" : "_topk") + (c.dtype == DType::kBF16 ? "_bf16" : "") +
+                  (c.spread == Spread::kHalfEmpty ? "_halfempty"
+                   : c.spread == Spread::kAllOne  ? "_allone"
+                                                  : "");
+  if (c.align > 1) n += "_align" + std::to_string(c.align);
+  if (c.capacity_factor > 0) {
+    n += "_cap" + std::to_string(static_cast<int>(c.capacity_factor * 100)) +
+         (c.policy == DropPolicy::kProbs ? "probs" : "position") +
+         (c.pad_to_capacity ? "_padded" : "");
+  }
+  return n;
+}
+
+// The experts of each token: k distinct ones when k <= the experts on offer, else with repeats.
+std::vector<std::vector<int32_t>> make_routing(const Case& c, std::mt19937& rng) {
+  std::vector<std::vector<int32_t>> r(c.T);
+  const int64_t pool = c.spread == Spread::kAllOne      ? 1
+                       : c.spread == Spread::kHalfEmpty ? std::max<int64_t>(1, c.E / 2)
+                                                        : c.E;
+  std::vector<int32_t> experts(pool);
+  for (int64_t t = 0; t < c.T; ++t) {
+    // kAllOne: every token to the last expert; kHalfEmpty: the odd experts only.
+    for (int64_t i = 0; i < pool; ++i) {
+      experts[i] = static_cast<int32_t>(c.spread == Spread::kAllOne      ? c.E - 1
+                                        : c.spread == Spread::kHalfEmpty ? (2 * i + 1) % c.E
+                                                                         : i);
+    }
+    std::shuffle(experts.begin(), experts.end(), rng);
+    for (int32_t j = 0; j < c.k; ++j) r[t].push_back(experts[j % pool]);
+  }
+  return r;
+}
+
+struct Expected {
+  std::vector<int32_t> rows, experts;  // [T * S]
+  std::vector<int32_t> tokens_per_expert, pad_offsets;
+  std::vector<int64_t> src_token;  // [needed]: the token of each row, -1 for padding
+  std::vector<int64_t> src_slot;
+  int64_t needed = 0;
+};
+
+// SPEC section 3, directly: routed (token, slot) pairs sorted stably by expert; per expert keep
+// at most capacity (highest prob first, ties to the earlier pair; or the earliest), in order.
+Expected oracle(const Case& c, const HostTensor& routing, const HostTensor* probs) {
+  const int64_t S = c.map_form ? c.E : c.k;
+  Expected x;
+  x.rows.assign(c.T * S, -1);
+  x.experts.assign(c.T * S, -1);
+  struct Pair {
+    int64_t e, t, s;
+  };
+  std::vector<Pair> pairs;
+  for (int64_t t = 0; t < c.T; ++t) {
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t e = c.map_form ? (routing.get({t, s}) != 0 ? s : -1)
+                                   : static_cast<int64_t>(routing.get({t, s}));
+      x.experts[t * S + s] = static_cast<int32_t>(e);
+      if (e >= 0) pairs.push_back({e, t, s});
+    }
+  }
+  std::stable_sort(pairs.begin(), pairs.end(),
+                   [](const Pair& a, const Pair& b) { return a.e < b.e; });
+  const int64_t capacity = c.capacity_factor > 0
+                               ? static_cast<int64_t>(std::ceil(static_cast<double>(c.T) * c.k /
+                                                                c.E * c.capacity_factor))
+                               : -1;
+  int64_t row = 0, pads = 0;
+  size_t i = 0;
+  for (int64_t e = 0; e < c.E; ++e) {
+    std::vector<Pair> mine;
+    for (; i < pairs.size() && pairs[i].e == e; ++i) mine.push_back(pairs[i]);
+    if (capacity >= 0 && static_cast<int64_t>(mine.size()) > capacity) {
+      std::vector<size_t> order(mine.size());
+      std::iota(order.begin(), order.end(), 0);
+      if (c.policy == DropPolicy::kProbs) {
+        auto pr = [&](size_t j) { return probs->get({mine[j].t, mine[j].s}); };
+        std::stable_sort(order.begin(), order.end(),
+                         [&](size_t a, size_t b) { return pr(a) > pr(b); });
+      }
+      order.resize(capacity);
+      std::sort(order.begin(), order.end());
+      std::vector<Pair> kept;
+      for (size_t j : order) kept.push_back(mine[j]);
+      mine = kept;
+    }
+    const int64_t base = c.pad_to_capacity ? capacity : static_cast<int64_t>(mine.size());
+    const int64_t block = (base + c.align - 1) / c.align * c.align;
+    for (const Pair& pr : mine) {
+      x.rows[pr.t * S + pr.s] = static_cast<int32_t>(row);
+      x.src_token.push_back(pr.t);
+      x.src_slot.push_back(pr.s);
+      ++row;
+    }
+    for (int64_t r = static_cast<int64_t>(mine.size()); r < block; ++r) {
+      x.src_token.push_back(-1);
+      x.src_slot.push_back(-1);
+      ++row;
+    }
+    x.tokens_per_expert.push_back(static_cast<int32_t>(block));
+    x.pad_offsets.push_back(static_cast<int32_t>(pads));
+    pads += block - static_cast<int64_t>(mine.size());
+  }
+  x.needed = row;
+  return x;
+}
+
+PermuteOptions options_of(const Case& c, PermuteImpl impl) {
+  PermuteOptions o;
+  o.align_size = c.align;
+  o.capacity_factor = c.capacity_factor;
+  o.drop_policy = c.policy;
+  o.pad_to_capacity = c.pad_to_capacity;
+  o.k = c.k;
+  o.impl = impl;
+  return o;
+}
+
+class PermuteGrid : public testing::TestWithParam<Case> {};
+
+TEST_P(PermuteGrid, MatchesOracleForwardBackwardAndAdjoints) {
+  const Case& c = GetParam();
+  const int64_t S = c.map_form ? c.E : c.k;
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 131 + c.E * 17 + c.k * 7 + c.H));
+  const auto experts = make_routing(c, rng);
+  HostTensor routing(c.map_form ? DType::kBool : DType::kI32, {c.T, S}, /*row_pad=*/1);
+  HostTensor probs(DType::kF32, {c.T, S});
+  std::uniform_int_distribution<int> eighths(1, 8);  // ties on purpose
+  for (int64_t t = 0; t < c.T; ++t) {
+    if (c.map_form) {
+      for (int64_t s = 0; s < S; ++s) routing.set({t, s}, 0);
+      for (int32_t e : experts[t]) routing.set({t, e}, 1);
+    } else {
+      for (int32_t j = 0; j < c.k; ++j) routing.set({t, j}, experts[t][j]);
+    }
+    for (int64_t s = 0; s < S; ++s) probs.set({t, s}, eighths(rng) / 8.0);
+  }
+  HostTensor x(c.dtype, {c.T, c.H}, /*row_pad=*/3);
+  x.fill_random(rng);
+  const Expected want = oracle(c, routing, &probs);
+  const int64_t max_rows = permute_max_rows(c.T, c.E, c.k, options_of(c, PermuteImpl::kAuto));
+  ASSERT_GE(max_rows, want.needed);
+  const int64_t N = max_rows;  // the fixed worst-case size: its unused tail must come out zero
+
+  for (PermuteImpl impl : kImpls) {
+    SCOPED_TRACE(impl == PermuteImpl::kThreaded ? "threaded" : "reference");
+    HostTensor x_perm(c.dtype, {N, c.H}, 2), p_perm(DType::kF32, {N}), tpe(DType::kI32, {c.E}),
+        pad(DType::kI32, {c.E}), row_map(DType::kI32, {2, c.T, S});
+    x_perm.fill(-9.0f);
+    p_perm.fill(-9.0f);
+    ASSERT_TRUE(permute(x.in(), routing.in(), probs.in(), options_of(c, impl),
+                        {x_perm.mut(), p_perm.mut(), tpe.mut(), row_map.mut(), pad.mut()})
+                    .ok());
+    for (int64_t e = 0; e < c.E; ++e) {
+      ASSERT_EQ(tpe.get({e}), want.tokens_per_expert[e]) << e;
+      ASSERT_EQ(pad.get({e}), want.pad_offsets[e]) << e;
+    }
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t s = 0; s < S; ++s) {
+        ASSERT_EQ(row_map.get({0, t, s}), want.rows[t * S + s]) << t << "," << s;
+        ASSERT_EQ(row_map.get({1, t, s}), want.experts[t * S + s]) << t << "," << s;
+      }
+    }
+    for (int64_t r = 0; r < N; ++r) {
+      const int64_t t = r < want.needed ? want.src_token[r] : -1;
+      const double pw = t < 0 ? 0.0 : probs.get({t, want.src_slot[r]});
+      ASSERT_EQ(p_perm.get({r}), pw) << r;
+      for (int64_t h = 0; h < c.H; ++h) {
+        ASSERT_EQ(x_perm.get({r, h}), t < 0 ? 0.0 : x.get({t, h})) << r << "," << h;
+      }
+    }
+
+    // unpermute with and without merging probs, against the oracle's sum in slot order.
+    HostTensor y(c.dtype, {N, c.H});
+    y.fill_random(rng);
+    HostTensor out(DType::kF32, {c.T, c.H}, 1), out1(DType::kF32, {c.T, c.H});
+    ASSERT_TRUE(unpermute(y.in(), row_map.in(), probs.in(), out.mut(), impl).ok());
+    ASSERT_TRUE(unpermute(y.in(), row_map.in(), {}, out1.mut(), impl).ok());
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t h = 0; h < c.H; ++h) {
+        double sum = 0, sum1 = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          const int32_t r = want.rows[t * S + s];
+          if (r < 0) continue;
+          sum += probs.get({t, s}) * y.get({r, h});
+          sum1 += y.get({r, h});
+        }
+        ASSERT_NEAR(out.get({t, h}), sum, 1e-5) << t << "," << h;
+        ASSERT_NEAR(out1.get({t, h}), sum1, 1e-5) << t << "," << h;
+      }
+    }
+
+    // Backward passes, by the adjoint identities <A v, g> = <v, A^T g>, in double:
+    // permute (x -> x_perm, probs -> p_perm) and unpermute (y, w -> out).
+    HostTensor g_perm(DType::kF32, {N, c.H}), g_p(DType::kF32, {N}), dx(DType::kF32, {c.T, c.H}),
+        dprobs(DType::kF32, {c.T, S});
+    g_perm.fill_random(rng);
+    g_p.fill_random(rng);
+    ASSERT_TRUE(
+        permute_backward(g_perm.in(), g_p.in(), row_map.in(), dx.mut(), dprobs.mut(), impl).ok());
+    double lhs = 0, rhs = 0;
+    for (int64_t r = 0; r < N; ++r) {
+      lhs += p_perm.get({r}) * g_p.get({r});
+      for (int64_t h = 0; h < c.H; ++h) lhs += x_perm.get({r, h}) * g_perm.get({r, h});
+    }
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t s = 0; s < S; ++s) rhs += probs.get({t, s}) * dprobs.get({t, s});
+      for (int64_t h = 0; h < c.H; ++h) rhs += x.get({t, h}) * dx.get({t, h});
+    }
+    ASSERT_NEAR(lhs, rhs, 1e-4 * (1 + std::fabs(lhs)));
+
+    HostTensor g_out(DType::kF32, {c.T, c.H}), dy(DType::kF32, {N, c.H}, 1),
+        dw(DType::kF32, {c.T, S});
+    g_out.fill_random(rng);
+    dy.fill(-9.0f);
+    ASSERT_TRUE(
+        unpermute_backward(g_out.in(), y.in(), row_map.in(), probs.in(), dy.mut(), dw.mut(), impl)
+            .ok());
+    double out_g = 0, y_dy = 0;
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t h = 0; h < c.H; ++h) out_g += out.get({t, h}) * g_out.get({t, h});
+    }
+    for (int64_t r = 0; r < N; ++r) {
+      const bool used = r < want.needed && want.src_token[r] >= 0;
+      for (int64_t h = 0; h < c.H; ++h) {
+        if (!used) ASSERT_EQ(dy.get({r, h}), 0.0) << r;  // padding and tail rows
+        y_dy += y.get({r, h}) * dy.get({r, h});
+      }
+    }
+    ASSERT_NEAR(out_g, y_dy, 1e-4 * (1 + std::fabs(out_g)));
+    // d merging_probs[t, s] = <y_perm[row], g_out[t]>.
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int64_t s = 0; s < S; ++s) {
+        const int32_t r = want.rows[t * S + s];
+        double d = 0;
+        for (int64_t h = 0; r >= 0 && h < c.H; ++h) d += y.get({r, h}) * g_out.get({t, h});
+        ASSERT_NEAR(dw.get({t, s}), d, 1e-4 * (1 + std::fabs(d))) << t << "," << s;
+      }
+    }
+  }
+}
+
+std::vector<Case> grid() {
+  std::vector<Case> cases;
+  for (int64_t T : {0, 1, 5, 1000}) {
+    for (int64_t E : {1, 8, 128}) {
+      for (int32_t k : {1, 2, 8}) {
+        cases.push_back({T, E, k, 7});
+        if (k <= E) {
+          Case m{T, E, k, 7};
+          m.map_form = true;
+          cases.push_back(m);
+        }
+        for (int64_t a : {16, 128}) {
+          Case c{T, E, k, 7};
+          c.align = a;
+          cases.push_back(c);
+        }
+        for (double cf : {0.5, 1.0, 1.25}) {
+          for (DropPolicy pol : {DropPolicy::kProbs, DropPolicy::kPosition}) {
+            Case c{T, E, k, 7};
+            c.capacity_factor = cf;
+            c.policy = pol;
+            c.spread = Spread::kHalfEmpty;  // some experts over capacity, some empty
+            cases.push_back(c);
+          }
+        }
+      }
+    }
+  }
+  // Hidden sizes 1 and 2048, bf16, every token to one expert, map form with capacity, padding
+  // to capacity with alignment.
+  for (int64_t H : {1, 2048}) {
+    cases.push_back({5, 8, 2, H});
+    cases.push_back({1000, 128, 8, H, false, DType::kBF16});
+  }
+  Case one{1000, 8, 1, 7};
+  one.spread = Spread::kAllOne;
+  cases.push_back(one);
+  one.capacity_factor = 1.25;
+  cases.push_back(one);
+  Case map_cap{1000, 128, 8, 7, true, DType::kBF16};
+  map_cap.capacity_factor = 1.0;
+  map_cap.spread = Spread::kHalfEmpty;
+  cases.push_back(map_cap);
+  Case padded{1000, 8, 2, 7};
+  padded.capacity_factor = 1.0;
+  padded.pad_to_capacity = true;
+  padded.align = 16;
+  padded.policy = DropPolicy::kPosition;
+  padded.spread = Spread::kHalfEmpty;
+  cases.push_back(padded);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Permute, PermuteGrid, testing::ValuesIn(grid()), case_name);
+
+TEST(Permute, RoundTripsGiveKTimesXAndXTimesSumOfProbs) {
+  const int64_t T = 301, E = 64, H = 33;
+  const int32_t k = 6;
+  std::mt19937 rng(5);
+  Case c{T, E, k, H};
+  const auto experts = make_routing(c, rng);
+  HostTensor idx(DType::kI32, {T, k}), w(DType::kF32, {T, k});
+  HostTensor x(DType::kF32, {T, H});
+  x.fill_random(rng);
+  w.fill_random(rng);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t j = 0; j < k; ++j) idx.set({t, j}, experts[t][j]);
+  }
+  for (PermuteImpl impl : kImpls) {
+    HostTensor x_perm(DType::kF32, {T * k, H}), tpe(DType::kI32, {E}),
+        row_map(DType::kI32, {2, T, k});
+    PermuteOptions o;
+    o.impl = impl;
+    ASSERT_TRUE(
+        permute(x.in(), idx.in(), {}, o, {x_perm.mut(), {}, tpe.mut(), row_map.mut(), {}}).ok());
+    int64_t total = 0;
+    for (int64_t e = 0; e < E; ++e) total += static_cast<int64_t>(tpe.get({e}));
+    EXPECT_EQ(total, T * k);
+    HostTensor back(DType::kF32, {T, H}), merged(DType::kF32, {T, H});
+    ASSERT_TRUE(unpermute(x_perm.in(), row_map.in(), {}, back.mut(), impl).ok());
+    ASSERT_TRUE(unpermute(x_perm.in(), row_map.in(), w.in(), merged.mut(), impl).ok());
+    for (int64_t t = 0; t < T; ++t) {
+      double wsum = 0;
+      for (int32_t j = 0; j < k; ++j) wsum += w.get({t, j});
+      for (int64_t h = 0; h < H; ++h) {
+        ASSERT_EQ(back.get({t, h}), k * x.get({t, h}));  // exact: bf16-exact values times 6
+        ASSERT_NEAR(merged.get({t, h}), wsum * x.get({t, h}), 1e-5);
+      }
+    }
+  }
+}
+
+TEST(Permute, PlanOnlyGivesCountsAndRowMap) {
+  HostTensor idx(DType::kI32, {3, 2}), tpe(DType::kI32, {4}), row_map(DType::kI32, {2, 3, 2});
+  const int32_t e[] = {3, 1, 1, 0, 3, 3};
+  for (int i = 0; i < 6; ++i) idx.set_flat(i, e[i]);
+  ASSERT_TRUE(permute({}, idx.in(), {}, {}, {{}, {}, tpe.mut(), row_map.mut(), {}}).ok());
+  const int32_t counts[] = {1, 2, 0, 3};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(tpe.get({i}), counts[i]);
+  // Expert 0: (1,1) -> 0; expert 1: (0,1), (1,0) -> 1, 2; expert 3: (0,0), (2,0), (2,1) -> 3..5.
+  const int32_t rows[] = {3, 1, 2, 0, 4, 5};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(row_map.get_flat(i), rows[i]);
+}
+
+TEST(Permute, MaxRowsIsTheStatedBoundAndIsReached) {
+  PermuteOptions o;
+  EXPECT_EQ(permute_max_rows(10, 4, 2, o), 20);
+  o.align_size = 8;
+  EXPECT_EQ(permute_max_rows(10, 4, 2, o), (20 + 4 * 7) / 8 * 8);  // 48
+  // Reached: counts 5, 5, 5, 5 each pad to 8 -> 32; counts 17, 1, 1, 1 -> 24 + 8 * 3 = 48.
+  HostTensor idx(DType::kI32, {10, 2}), tpe(DType::kI32, {4}), row_map(DType::kI32, {2, 10, 2});
+  for (int t = 0; t < 10; ++t) {
+    idx.set({t, 0}, 0);
+    idx.set({t, 1}, t < 7 ? 0 : t - 6);
+  }
+  ASSERT_TRUE(permute({}, idx.in(), {}, o, {{}, {}, tpe.mut(), row_map.mut(), {}}).ok());
+  int64_t rows = 0;
+  for (int e = 0; e < 4; ++e) rows += static_cast<int64_t>(tpe.get({e}));
+  EXPECT_EQ(rows, 48);
+  o = {};
+  o.capacity_factor = 1.0;
+  EXPECT_EQ(permute_max_rows(10, 4, 2, o), 20);  // capacity 5, at most 4 * 5
+  o.capacity_factor = 0.5;
+  EXPECT_EQ(permute_max_rows(10, 4, 2, o), 12);  // capacity 3
+  o.pad_to_capacity = true;
+  o.align_size = 4;
+  EXPECT_EQ(permute_max_rows(10, 4, 2, o), 16);
+  o.align_size = 0;
+  EXPECT_EQ(permute_max_rows(10, 4, 2, o), -1);
+}
+
+TEST(Permute, RowOffsetsAreSixtyFourBitOnStridedViews) {
+  // x and x_perm with a row stride of 2^30 bf16 elements: row 2 starts 2^31 elements (4 GiB)
+  // in. The mappings are reserved, not touched, so only the pages of the rows used are memory.
+  const int64_t stride = int64_t{1} << 30, T = 3, H = 8;
+  const size_t bytes = static_cast<size_t>(2 * stride + H) * sizeof(bf16_bits);
+  void* xs = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* ys = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(xs, MAP_FAILED);
+  ASSERT_NE(ys, MAP_FAILED);
+  auto* x = static_cast<bf16_bits*>(xs);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t h = 0; h < H; ++h)
+      x[t * stride + h] = float_to_bf16(static_cast<float>(t * H + h));
+  }
+  const ConstTensorView xv = ConstTensorView(xs, DType::kBF16, {T, H}).with_stride(0, stride);
+  const TensorView yv = TensorView(ys, DType::kBF16, {T, H}).with_stride(0, stride);
+  HostTensor idx(DType::kI32, {T, 1}), tpe(DType::kI32, {2}), row_map(DType::kI32, {2, T, 1});
+  idx.set({0, 0}, 1);  // token 0 -> row 2 (the last), tokens 1, 2 -> rows 0, 1
+  idx.set({1, 0}, 0);
+  idx.set({2, 0}, 0);
+  for (PermuteImpl impl : kImpls) {
+    PermuteOptions o;
+    o.impl = impl;
+    ASSERT_TRUE(permute(xv, idx.in(), {}, o, {yv, {}, tpe.mut(), row_map.mut(), {}}).ok());
+    const auto* y = static_cast<const bf16_bits*>(ys);
+    for (int64_t h = 0; h < H; ++h) {
+      EXPECT_EQ(bf16_to_float(y[2 * stride + h]), static_cast<float>(h));
+      EXPECT_EQ(bf16_to_float(y[0 * stride + h]), static_cast<float>(H + h));
+      EXPECT_EQ(bf16_to_float(y[1 * stride + h]), static_cast<float>(2 * H + h));
+    }
+    HostTensor back(DType::kF32, {T, H});
+    ASSERT_TRUE(unpermute(yv, row_map.in(), {}, back.mut(), impl).ok());
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) EXPECT_EQ(back.get({t, h}), t * H + h);
+    }
+  }
+  munmap(xs, bytes);
+  munmap(ys, bytes);
+}
+
+TEST(SortChunks, ReordersChunksAndTheInverseUndoesIt) {
+  const int64_t H = 5, C = 7;
+  std::mt19937 rng(9);
+  std::vector<int32_t> sizes = {3, 0, 5, 1, 0, 4, 2};  // empty chunks too; 15 of 18 rows
+  const int64_t N = 18;
+  std::vector<int32_t> order(C);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  HostTensor split(DType::kI32, {C}), index(DType::kI32, {C}), x(DType::kBF16, {N, H}, 2),
+      probs(DType::kF32, {N});
+  for (int64_t c = 0; c < C; ++c) {
+    split.set({c}, sizes[c]);
+    index.set({c}, order[c]);
+  }
+  x.fill_random(rng);
+  probs.fill_random(rng);
+  std::vector<int64_t> offset(C, 0);
+  for (int64_t c = 1; c < C; ++c) offset[c] = offset[c - 1] + sizes[c - 1];
+  std::vector<int64_t> want;  // source row of each output row
+  for (int32_t c : order) {
+    for (int32_t i = 0; i < sizes[c]; ++i) want.push_back(offset[c] + i);
+  }
+  for (int64_t r = 15; r < N; ++r) want.push_back(r);
+  for (PermuteImpl impl : kImpls) {
+    HostTensor out(DType::kBF16, {N, H}), out_p(DType::kF32, {N}), back(DType::kBF16, {N, H}),
+        back_p(DType::kF32, {N});
+    ASSERT_TRUE(sort_chunks_by_index(x.in(), split.in(), index.in(), false, out.mut(), probs.in(),
+                                     out_p.mut(), impl)
+                    .ok());
+    for (int64_t r = 0; r < N; ++r) {
+      ASSERT_EQ(out_p.get({r}), probs.get({want[r]}));
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(out.get({r, h}), x.get({want[r], h}));
+    }
+    ASSERT_TRUE(sort_chunks_by_index(out.in(), split.in(), index.in(), true, back.mut(), out_p.in(),
+                                     back_p.mut(), impl)
+                    .ok());
+    for (int64_t r = 0; r < N; ++r) {
+      ASSERT_EQ(back_p.get({r}), probs.get({r}));
+      for (int64_t h = 0; h < H; ++h) ASSERT_EQ(back.get({r, h}), x.get({r, h}));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors: named, and nothing written.
+
+void expect_arg(const Status& s, const std::string& argument) {
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  EXPECT_EQ(s.argument(), argument) << s.message();
+}
+
+TEST(PermuteErrors, InvalidInputIsNamedAndNothingIsWritten) {
+  const int64_t T = 6, E = 4, H = 3;
+  const int32_t k = 2;
+  HostTensor x(DType::kF32, {T, H}), idx(DType::kI32, {T, k}), probs(DType::kF32, {T, k});
+  for (int64_t t = 0; t < T; ++t) {
+    idx.set({t, 0}, 0);
+    idx.set({t, 1}, 1 + t % 3);
+  }
+  HostTensor x_perm(DType::kF32, {T * k, H}), small(DType::kF32, {T * k - 1, H}),
+      tpe(DType::kI32, {E}), row_map(DType::kI32, {2, T, k});
+  x_perm.fill(-9.0f);
+  small.fill(-9.0f);
+  tpe.fill(-9.0f);
+  row_map.fill(-9.0f);
+  auto untouched = [&] {
+    for (int64_t i = 0; i < T * k * H; ++i) ASSERT_EQ(x_perm.get_flat(i), -9.0);
+    for (int64_t i = 0; i < (T * k - 1) * H; ++i) ASSERT_EQ(small.get_flat(i), -9.0);
+    for (int64_t i = 0; i < E; ++i) ASSERT_EQ(tpe.get_flat(i), -9.0);
+    for (int64_t i = 0; i < 2 * T * k; ++i) ASSERT_EQ(row_map.get_flat(i), -9.0);
+  };
+  const PermuteOutputs outs{x_perm.mut(), {}, tpe.mut(), row_map.mut(), {}};
+  PermuteOptions o;
+  // An output smaller than the routed count.
+  expect_arg(permute(x.in(), idx.in(), {}, o, {small.mut(), {}, tpe.mut(), row_map.mut(), {}}),
+             "out.x.shape");
+  untouched();
+  // An expert index out of range, found before anything is written.
+  HostTensor bad = idx;
+  bad.set({T - 1, 1}, E);
+  expect_arg(permute(x.in(), bad.in(), {}, o, outs), "topk_indices[5, 1]");
+  bad.set({T - 1, 1}, -1);
+  expect_arg(permute(x.in(), bad.in(), {}, o, outs), "topk_indices[5, 1]");
+  untouched();
+  o.align_size = 0;
+  expect_arg(permute(x.in(), idx.in(), {}, o, outs), "align_size");
+  o = {};
+  o.capacity_factor = -1;
+  expect_arg(permute(x.in(), idx.in(), {}, o, outs), "capacity_factor");
+  o.capacity_factor = 1.0;  // kProbs without probs
+  expect_arg(permute(x.in(), idx.in(), {}, o, outs), "probs");
+  o = {};
+  o.pad_to_capacity = true;
+  expect_arg(permute(x.in(), idx.in(), {}, o, outs), "pad_to_capacity");
+  o = {};
+  HostTensor map(DType::kBool, {T, E});
+  o.capacity_factor = 1.0;
+  o.drop_policy = DropPolicy::kPosition;
+  expect_arg(permute(x.in(), map.in(), {}, o, outs), "k");  // a map and a capacity need k
+  o = {};
+  HostTensor f(DType::kF32, {T, k});
+  expect_arg(permute(x.in(), f.in(), {}, o, outs), "routing.dtype");
+  HostTensor wrong_probs(DType::kF32, {T, k + 1});
+  expect_arg(permute(x.in(), idx.in(), wrong_probs.in(), o, outs), "probs.shape");
+  HostTensor wrong_h(DType::kF32, {T * k, H + 1});
+  expect_arg(permute(x.in(), idx.in(), {}, o, {wrong_h.mut(), {}, tpe.mut(), row_map.mut(), {}}),
+             "out.x.shape");
+  HostTensor bf(DType::kBF16, {T * k, H});
+  expect_arg(permute(x.in(), idx.in(), {}, o, {bf.mut(), {}, tpe.mut(), row_map.mut(), {}}),
+             "out.x.dtype");
+  expect_arg(permute(x.in(), idx.in(), {}, o, {x_perm.mut(), {}, {}, row_map.mut(), {}}),
+             "tokens_per_expert.rank");
+  untouched();
+
+  // A row map naming a row past y_perm, or one row twice.
+  ASSERT_TRUE(permute(x.in(), idx.in(), {}, o, outs).ok());
+  HostTensor out(DType::kF32, {T, H}), d_y(DType::kF32, {T * k, H});
+  out.fill(-9.0f);
+  d_y.fill(-9.0f);
+  HostTensor bad_map = row_map;
+  bad_map.set({0, 2, 1}, static_cast<double>(T * k));
+  expect_arg(unpermute(x_perm.in(), bad_map.in(), {}, out.mut()), "row_map[0, 2, 1]");
+  bad_map.set({0, 2, 1}, -2);
+  expect_arg(permute_backward(x_perm.in(), {}, bad_map.in(), out.mut(), {}), "row_map[0, 2, 1]");
+  bad_map = row_map;
+  bad_map.set({0, 3, 0}, row_map.get({0, 1, 1}));
+  expect_arg(unpermute_backward(out.in(), {}, bad_map.in(), {}, d_y.mut(), {}), "row_map[0, 3, 0]");
+  HostTensor dw(DType::kF32, {T, k});
+  expect_arg(unpermute_backward(out.in(), {}, row_map.in(), {}, d_y.mut(), dw.mut()), "y_perm");
+  for (int64_t i = 0; i < T * H; ++i) ASSERT_EQ(out.get_flat(i), -9.0);
+  for (int64_t i = 0; i < T * k * H; ++i) ASSERT_EQ(d_y.get_flat(i), -9.0);
+
+  // sort_chunks_by_index: negative sizes, sizes past the rows, an index that is no permutation.
+  HostTensor split(DType::kI32, {2}), index(DType::kI32, {2}), y(DType::kF32, {T, H});
+  y.fill(-9.0f);
+  split.set({0}, 2);
+  split.set({1}, -1);
+  index.set({0}, 1);
+  index.set({1}, 0);
+  expect_arg(sort_chunks_by_index(out.in(), split.in(), index.in(), false, y.mut()),
+             "split_sizes[1]");
+  split.set({1}, 5);
+  expect_arg(sort_chunks_by_index(out.in(), split.in(), index.in(), false, y.mut()), "split_sizes");
+  split.set({1}, 1);
+  index.set({1}, 1);
+  expect_arg(sort_chunks_by_index(out.in(), split.in(), index.in(), false, y.mut()),
+             "sorted_index[1]");
+  for (int64_t i = 0; i < T * H; ++i) ASSERT_EQ(y.get_flat(i), -9.0);
+}
+
+}  // namespace
+}  // namespace moekit
