@@ -5,25 +5,28 @@ Usage: check_bench_json.py OP COUNT
 import json
 import sys
 
-# Keys every case of an op carries, and the passes it may report.
+# Keys every case of a bench carries, the passes it may report, its rate key, and the values
+# its "op" key may take.
 REQUIRED = {
     "ragged_dot": ({"op", "pass", "dtype", "preset", "tokens", "shards", "ms", "tflops"},
-                   {"fwd", "dlhs", "drhs"}, "tflops"),
+                   {"fwd", "dlhs", "drhs"}, "tflops", {"ragged_dot"}),
     "router": ({"op", "kernel", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps"},
-               {"fwd", "bwd"}, "gbps"),
+               {"fwd", "bwd"}, "gbps", {"router"}),
+    "permute": ({"op", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps"},
+                {"fwd", "bwd"}, "gbps", {"permute", "unpermute"}),
 }
 
 
 def main() -> int:
     op, count = sys.argv[1], int(sys.argv[2])
-    keys, passes, rate = REQUIRED[op]
+    keys, passes, rate, ops = REQUIRED[op]
     cases = json.load(sys.stdin)
     assert isinstance(cases, list), f"expected a JSON array, got {type(cases).__name__}"
     assert len(cases) == count, f"expected {count} cases, got {len(cases)}"
     for c in cases:
         missing = keys - c.keys()
         assert not missing, f"case {c} lacks {sorted(missing)}"
-        assert c["op"] == op, c
+        assert c["op"] in ops, c
         assert c["pass"] in passes, c
         assert c["ms"] > 0 and c[rate] > 0, c
     print(f"ok: {len(cases)} {op} cases")

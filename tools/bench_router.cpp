@@ -9,6 +9,7 @@
 #include <random>
 
 #include "bench_common.h"
+#include "bench_copy.h"
 #include "benches.h"
 #include "moekit/router.h"
 #include "presets.h"
@@ -25,13 +26,6 @@ struct Options {
   uint64_t seed = 42;
 };
 
-RouterScore parse_score(const std::string& s) {
-  if (s == "softmax") return RouterScore::kSoftmax;
-  if (s == "sigmoid") return RouterScore::kSigmoid;
-  if (s == "sqrtsoftplus") return RouterScore::kSqrtSoftplus;
-  throw std::runtime_error("presets.json: unknown score '" + s + "'");
-}
-
 std::string routing_description(const Preset& p) {
   std::string s = p.score;
   if (p.score == "softmax") s += p.pre_softmax ? " pre" : " post";
@@ -40,20 +34,6 @@ std::string routing_description(const Preset& p) {
   if (p.scaling_factor != 1.0) s += fmt::format(", scale {}", p.scaling_factor);
   return s;
 }
-
-// One timed call and what it moves.
-struct Case {
-  std::string kernel, pass;
-  double bytes;  // nominal bytes read + written
-  std::function<void()> run;
-};
-
-struct Row {
-  std::string kernel, pass;
-  int64_t tokens;
-  double bytes;
-  Timing t, copy;
-};
 
 int run(const Options& o) {
   const Preset* p = find_preset(o.preset);
@@ -64,31 +44,18 @@ int run(const Options& o) {
   const DType in = parse_dtype(o.dtype);
   const int64_t E = p->E;
   const int32_t k = static_cast<int32_t>(p->k);
-  const RouterScore score = parse_score(p->score);
 
   std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
   fmt::print(text, "moekit bench router  preset={} (E={} k={}, {})  logits={}  {}  {}\n", p->name,
              E, k, routing_description(*p), dtype_name(in), machine_description(), today_iso());
 
-  // The preset's routing; a bias drawn once, small against the scores (as after training).
   std::vector<float> bias;
-  if (p->expert_bias) {
-    std::mt19937 rng(static_cast<uint32_t>(o.seed));
-    std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-    for (int64_t e = 0; e < E; ++e) bias.push_back(u(rng));
-  }
-  RouteOptions ro;
-  ro.k = k;
-  ro.score = score;
-  ro.pre_softmax = p->pre_softmax;
-  ro.num_groups = static_cast<int32_t>(p->num_groups);
-  ro.group_topk = static_cast<int32_t>(p->group_topk);
-  ro.scaling_factor = static_cast<float>(p->scaling_factor);
-  ro.expert_bias = bias;
+  const RouteOptions ro = preset_route_options(*p, o.seed, bias);
+  const RouterScore score = ro.score;
 
   const size_t kCases = 8;  // per token count, for the progress line
   Progress progress(static_cast<int>(o.tokens.size()) * kCases);
-  std::vector<Row> rows;
+  std::vector<CopyRow> rows;
   for (int64_t T : o.tokens) {
     const size_t in_es = dtype_size(in);
     // Router tensors. Gradients come in f32 and go out in the logits dtype.
@@ -116,7 +83,7 @@ int run(const Options& o) {
 
     const double tE = static_cast<double>(T * E), tk = static_cast<double>(T * k);
     const double lg = tE * in_es;  // logits bytes
-    const std::vector<Case> cases = {
+    const std::vector<CopyCase> cases = {
         {"route", "fwd", lg + tE * 4 + tE + tk * 8, [&] { check(route(logits_v, ro, outs)); }},
         {"route", "bwd", lg + tk * 8 + lg,
          [&] {
@@ -143,62 +110,26 @@ int run(const Options& o) {
     };
     if (cases.size() != kCases) throw std::logic_error("bench router: kCases is out of date");
 
-    // The copy reference: half the bytes read, half written.
-    size_t max_half = 0;
-    for (const Case& c : cases) max_half = std::max(max_half, static_cast<size_t>(c.bytes / 2));
-    Buffer src(max_half), dst(max_half);
-    fill_uniform(src.data(), DType::kBF16, static_cast<int64_t>(max_half / 2), o.seed + 4);
-    for (const Case& c : cases) {
-      progress.step(fmt::format("{} T={} {} {} beside a copy of {:.1f} MB", p->name, T, c.kernel,
-                                c.pass, c.bytes / 1e6));
-      const size_t half = static_cast<size_t>(c.bytes / 2);
-      const auto t = time_interleaved(
-          o.warmup, o.reps, {c.run, [&] { parallel_copy(dst.data(), src.data(), half); }});
-      rows.push_back({c.kernel, c.pass, T, 2.0 * half, t[0], t[1]});
-    }
+    time_against_copy(cases, T, fmt::format("{} T={}", p->name, T), o.warmup, o.reps, o.seed + 4,
+                      progress, rows);
   }
   progress.finish();
 
-  fmt::print(text, "\n{:>6} {:>20} {:>4} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8}\n", "tokens", "kernel",
-             "pass", "MB", "ms", "GB/s", "copy ms", "copy GB/s", "vs copy");
-  std::vector<std::string> labels;
-  std::vector<double> ratios;
-  for (const Row& r : rows) {
-    const double gbps = r.bytes / (r.t.median_ms * 1e6), copy = r.bytes / (r.copy.median_ms * 1e6);
-    fmt::print(text, "{:>6} {:>20} {:>4} {:>8.1f} {:>8.3f} {:>7.1f} {:>8.3f} {:>8.1f} {:>7.0f}%\n",
-               r.tokens, r.kernel, r.pass, r.bytes / 1e6, r.t.median_ms, gbps, r.copy.median_ms,
-               copy, 100.0 * gbps / copy);
-    labels.push_back(fmt::format("T={} {} {}", r.tokens, r.kernel, r.pass));
-    ratios.push_back(100.0 * gbps / copy);
-  }
-  fmt::print(text,
-             "\nms: median of {} runs after {} warm-up, each call alternating with a copy of the "
-             "same bytes (half read, half written) split over all threads. Bytes are the nominal "
-             "sizes of the tensors read and written: route fwd logits + probs (f32) + "
-             "routing_map + topk indices and weights; bwd logits + topk indices + d_topk_weights "
-             "+ d_logits.\n\nrate as a share of the copy's:\n{}",
-             o.reps, o.warmup, ascii_bars(labels, ratios, "%"));
+  print_copy_table(text, rows, o.warmup, o.reps,
+                   "Bytes are the nominal sizes of the tensors read and written: route fwd logits "
+                   "+ probs (f32) + routing_map + topk indices and weights; bwd logits + topk "
+                   "indices + d_topk_weights + d_logits.");
 
   if (o.json) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const Row& r : rows) {
-      const double gbps = r.bytes / (r.t.median_ms * 1e6);
-      const double copy = r.bytes / (r.copy.median_ms * 1e6);
-      arr.push_back({{"op", "router"},
-                     {"kernel", r.kernel},
-                     {"pass", r.pass},
-                     {"preset", p->name},
-                     {"tokens", r.tokens},
-                     {"E", E},
-                     {"k", k},
-                     {"dtype", std::string(dtype_name(in))},
-                     {"bytes", r.bytes},
-                     {"ms", r.t.median_ms},
-                     {"min_ms", r.t.min_ms},
-                     {"gbps", gbps},
-                     {"memcpy_ms", r.copy.median_ms},
-                     {"memcpy_gbps", copy},
-                     {"ratio_to_memcpy", gbps / copy}});
+    for (const CopyRow& r : rows) {
+      nlohmann::json j = copy_row_json(r);
+      j.update({{"op", "router"},
+                {"preset", p->name},
+                {"E", E},
+                {"k", k},
+                {"dtype", std::string(dtype_name(in))}});
+      arr.push_back(j);
     }
     fmt::print("{}\n", arr.dump(1));
   }

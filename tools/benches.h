@@ -9,5 +9,7 @@ namespace moekit::tools {
 void register_bench_ragged_dot(CLI::App& bench);
 // Adds `router` under the `bench` subcommand (tools/bench_router.cpp).
 void register_bench_router(CLI::App& bench);
+// Adds `permute` under the `bench` subcommand (tools/bench_permute.cpp).
+void register_bench_permute(CLI::App& bench);
 
 }  // namespace moekit::tools

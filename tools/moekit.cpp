@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   moekit::tools::register_bench_ragged_dot(*bench);
   moekit::tools::register_bench_router(*bench);
+  moekit::tools::register_bench_permute(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

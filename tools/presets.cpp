@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
 
 namespace moekit::tools {
 
@@ -45,6 +47,32 @@ std::string preset_names() {
   std::vector<std::string> names;
   for (const auto& p : presets()) names.push_back(p.name);
   return fmt::format("{}", fmt::join(names, ", "));
+}
+
+RouteOptions preset_route_options(const Preset& p, uint64_t seed, std::vector<float>& bias) {
+  RouteOptions ro;
+  if (p.score == "softmax") {
+    ro.score = RouterScore::kSoftmax;
+  } else if (p.score == "sigmoid") {
+    ro.score = RouterScore::kSigmoid;
+  } else if (p.score == "sqrtsoftplus") {
+    ro.score = RouterScore::kSqrtSoftplus;
+  } else {
+    throw std::runtime_error("presets.json: unknown score '" + p.score + "'");
+  }
+  ro.k = static_cast<int32_t>(p.k);
+  ro.pre_softmax = p.pre_softmax;
+  ro.num_groups = static_cast<int32_t>(p.num_groups);
+  ro.group_topk = static_cast<int32_t>(p.group_topk);
+  ro.scaling_factor = static_cast<float>(p.scaling_factor);
+  bias.clear();
+  if (p.expert_bias) {
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+    for (int64_t e = 0; e < p.E; ++e) bias.push_back(u(rng));
+  }
+  ro.expert_bias = bias;
+  return ro;
 }
 
 }  // namespace moekit::tools

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "moekit/router.h"
+
 namespace moekit::tools {
 
 struct Preset {
@@ -25,6 +27,11 @@ struct Preset {
 const std::vector<Preset>& presets();
 // nullptr when no preset has that name.
 const Preset* find_preset(std::string_view name);
-std::string preset_names();  // "a, b, c" for help and error texts
+std::string preset_names();
+
+// The preset's router options. Its expert bias, when it has one, is drawn once from seed into
+// `bias` (small against the scores, as after training); the options point into it.
+RouteOptions preset_route_options(const Preset& p, uint64_t seed,
+                                  std::vector<float>& bias);  // "a, b, c" for help and error texts
 
 }  // namespace moekit::tools

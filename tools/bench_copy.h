@@ -1,0 +1,49 @@
+// Timing memory-bound kernels against a copy of the same bytes: each kernel call alternates,
+// run by run, with a copy of the same number of bytes (half read, half written) split over all
+// threads, so that the ratio is taken under the same machine state. Shared by the router and
+// permute benches.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+
+namespace moekit::tools {
+
+// One timed call and the nominal bytes it reads and writes.
+struct CopyCase {
+  std::string kernel, pass;
+  double bytes;
+  std::function<void()> run;
+};
+
+struct CopyRow {
+  std::string kernel, pass;
+  int64_t tokens;
+  double bytes;
+  Timing t, copy;
+  double gbps() const { return bytes / (t.median_ms * 1e6); }
+  double copy_gbps() const { return bytes / (copy.median_ms * 1e6); }
+};
+
+// Times every case beside a copy of its bytes, stepping `progress` with `what` (e.g. the preset
+// and token count) in the label; appends one row per case.
+void time_against_copy(const std::vector<CopyCase>& cases, int64_t tokens, const std::string& what,
+                       int warmup, int reps, uint64_t seed, Progress& progress,
+                       std::vector<CopyRow>& rows);
+
+// The table (ms, GB/s, the copy's, the ratio), the note on how it was taken, and a bar chart of
+// the ratios. `bytes_note` says what the bytes of each case are.
+void print_copy_table(std::FILE* out, const std::vector<CopyRow>& rows, int warmup, int reps,
+                      const std::string& bytes_note);
+
+// The keys every JSON object of such a bench carries: kernel, pass, tokens, bytes, ms, min_ms,
+// gbps, memcpy_ms, memcpy_gbps, ratio_to_memcpy.
+nlohmann::json copy_row_json(const CopyRow& r);
+
+}  // namespace moekit::tools

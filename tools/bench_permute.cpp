@@ -1,0 +1,133 @@
+// moekit bench permute: times permute and unpermute, forward and backward, on a preset's rows
+// [T, H] and its own routing (SPEC.md section 6: the router of the preset on random logits, from
+// topk_indices), each beside a copy of the same number of bytes with both cores, run by run in
+// the same process. GB/s counts the nominal bytes of the tensors each call reads and writes.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_common.h"
+#include "bench_copy.h"
+#include "benches.h"
+#include "moekit/permute.h"
+#include "moekit/router.h"
+#include "presets.h"
+
+namespace moekit::tools {
+namespace {
+
+struct Options {
+  std::string preset = "qwen3-30b-a3b";
+  std::vector<int64_t> tokens{4096};
+  std::string dtype = "bf16";
+  bool json = false;
+  int warmup = 3, reps = 15;
+  uint64_t seed = 42;
+};
+
+int run(const Options& o) {
+  const Preset* p = find_preset(o.preset);
+  if (!p) {
+    throw CLI::ValidationError("--preset",
+                               "unknown preset '" + o.preset + "'; known: " + preset_names());
+  }
+  const DType dt = parse_dtype(o.dtype);
+  const int64_t E = p->E, H = p->H;
+  const int32_t k = static_cast<int32_t>(p->k);
+  std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
+  fmt::print(text, "moekit bench permute  preset={} (H={} E={} k={})  rows={}  {}  {}\n", p->name,
+             H, E, k, dtype_name(dt), machine_description(), today_iso());
+
+  std::vector<float> bias;
+  const RouteOptions ro = preset_route_options(*p, o.seed, bias);
+  const size_t kCases = 4;
+  Progress progress(static_cast<int>(o.tokens.size() * kCases));
+  std::vector<CopyRow> rows;
+  for (int64_t T : o.tokens) {
+    const int64_t N = T * k;
+    const size_t es = dtype_size(dt);
+    // The routing: the preset's router on random logits.
+    Buffer logits(T * E * 4), idx(N * 4), w(N * 4);
+    fill_uniform(logits.data(), DType::kF32, T * E, o.seed + 1);
+    const TensorView idx_v(idx.data(), DType::kI32, {T, k});
+    const TensorView w_v(w.data(), DType::kF32, {T, k});
+    check(route(ConstTensorView(logits.data(), DType::kF32, {T, E}), ro, {{}, {}, idx_v, w_v}));
+
+    Buffer x(T * H * es), x_perm(N * H * es), p_perm(N * 4), tpe(E * 4), row_map(2 * N * 4);
+    Buffer out(T * H * es), d_probs(N * 4), d_y(N * H * es);
+    fill_uniform(x.data(), dt, T * H, o.seed + 2);
+    const ConstTensorView x_v(x.data(), dt, {T, H});
+    const TensorView x_perm_v(x_perm.data(), dt, {N, H}), p_perm_v(p_perm.data(), DType::kF32, {N});
+    const TensorView row_map_v(row_map.data(), DType::kI32, {2, T, k});
+    const TensorView out_v(out.data(), dt, {T, H}), d_probs_v(d_probs.data(), DType::kF32, {T, k});
+    const TensorView d_y_v(d_y.data(), dt, {N, H});
+    const PermuteOutputs perm{
+        x_perm_v, p_perm_v, TensorView(tpe.data(), DType::kI32, {E}), row_map_v, {}};
+    check(permute(x_v, idx_v, w_v, {}, perm));
+
+    // Nominal bytes: the [T, H] side, the [N, H] side, and the small per-slot tensors.
+    const double small = static_cast<double>(N) * 4;  // one i32 or f32 per slot
+    const double tokens_side = static_cast<double>(T * H * es), rows_side = tokens_side * k;
+    const std::vector<CopyCase> cases = {
+        {"permute", "fwd", tokens_side + rows_side + 5 * small,
+         [&] { check(permute(x_v, idx_v, w_v, {}, perm)); }},
+        {"permute", "bwd", rows_side + tokens_side + 4 * small,
+         [&] { check(permute_backward(x_perm_v, p_perm_v, row_map_v, out_v, d_probs_v)); }},
+        {"unpermute", "fwd", rows_side + tokens_side + 2 * small,
+         [&] { check(unpermute(x_perm_v, row_map_v, w_v, out_v)); }},
+        // With the merging-probs gradient: reads y_perm and d_out, writes d_y_perm and d_probs.
+        {"unpermute", "bwd", tokens_side + 2 * rows_side + 3 * small,
+         [&] { check(unpermute_backward(out_v, x_perm_v, row_map_v, w_v, d_y_v, d_probs_v)); }},
+    };
+    if (cases.size() != kCases) throw std::logic_error("bench permute: kCases is out of date");
+    time_against_copy(cases, T, fmt::format("{} T={}", p->name, T), o.warmup, o.reps, o.seed + 3,
+                      progress, rows);
+  }
+  progress.finish();
+  print_copy_table(text, rows, o.warmup, o.reps,
+                   fmt::format("Bytes are the nominal sizes of the tensors read and written "
+                               "(rows {}): permute fwd x + x_perm + indices, probs, row map; bwd "
+                               "d_x_perm + d_x + per-slot tensors; unpermute fwd y_perm + out + "
+                               "row map, weights; bwd d_out + y_perm + d_y_perm + per-slot "
+                               "tensors.",
+                               dtype_name(dt)));
+  if (o.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const CopyRow& r : rows) {
+      nlohmann::json j = copy_row_json(r);
+      j.update({{"op", r.kernel},
+                {"preset", p->name},
+                {"H", H},
+                {"E", E},
+                {"k", k},
+                {"dtype", std::string(dtype_name(dt))}});
+      arr.push_back(j);
+    }
+    fmt::print("{}\n", arr.dump(1));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_permute(CLI::App& bench) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand(
+      "permute", "Time permute and unpermute, forward and backward, against a copy");
+  cmd->add_option("--preset", opts->preset, "Model preset: " + preset_names())
+      ->capture_default_str();
+  cmd->add_option("--tokens", opts->tokens, "Token count(s), e.g. 1024,4096")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype, "Row dtype: f32 | bf16")->capture_default_str();
+  cmd->add_flag("--json", opts->json, "Print a JSON array of the timed cases on stdout");
+  cmd->add_option("--warmup", opts->warmup, "Untimed runs per case")->capture_default_str();
+  cmd->add_option("--reps", opts->reps, "Timed runs per case (median reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Seed for the logits and rows")->capture_default_str();
+  cmd->callback([opts] { run(*opts); });
+}
+
+}  // namespace moekit::tools
