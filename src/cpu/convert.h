@@ -1,12 +1,27 @@
-// Internal: element access for f32 / bf16 buffers, and whole rows converted to f32 and back.
+// Internal: rows of views, element access for f32 / bf16 buffers, and whole rows converted to f32
+// and back.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
 #include "moekit/dtype.h"
+#include "moekit/view.h"
 
 namespace moekit::detail {
+
+// Row r of a view (rows stride[0] elements apart), as bytes: const for a ConstTensorView.
+inline const char* row_ptr(const ConstTensorView& v, int64_t r) {
+  return static_cast<const char*>(v.data) +
+         r * v.stride[0] * static_cast<int64_t>(dtype_size(v.dtype));
+}
+inline char* row_ptr(const TensorView& v, int64_t r) {
+  return static_cast<char*>(v.data) + r * v.stride[0] * static_cast<int64_t>(dtype_size(v.dtype));
+}
+
+// An element as f32, by its storage type (for loops templated on it).
+inline float as_float(float v) { return v; }
+inline float as_float(bf16_bits v) { return bf16_to_float(v); }
 
 inline float load_as_float(const void* base, DType t, int64_t i) {
   return t == DType::kF32 ? static_cast<const float*>(base)[i]

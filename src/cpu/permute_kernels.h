@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/convert.h"
 #include "moekit/permute.h"
 
 namespace moekit::detail {
@@ -13,8 +14,7 @@ namespace moekit::detail {
 // Expert of slot s of token t: topk_indices[t, s] (validated in [0, E)), or s where the routing
 // map is 1; -1 where it is 0.
 inline int32_t slot_expert(const ConstTensorView& routing, int64_t t, int64_t s) {
-  const auto* row = static_cast<const char*>(routing.data) +
-                    t * routing.stride[0] * static_cast<int64_t>(dtype_size(routing.dtype));
+  const char* row = row_ptr(routing, t);
   if (routing.dtype == DType::kI32) return reinterpret_cast<const int32_t*>(row)[s];
   return reinterpret_cast<const uint8_t*>(row)[s] ? static_cast<int32_t>(s) : -1;
 }

@@ -12,13 +12,6 @@
 namespace moekit::detail {
 namespace {
 
-template <typename View>
-auto elem(const View& v, int64_t i, int64_t j = 0) {
-  using Byte = std::conditional_t<std::is_same_v<View, TensorView>, char, const char>;
-  return static_cast<Byte*>(v.data) +
-         (i * v.stride[0] + j) * static_cast<int64_t>(dtype_size(v.dtype));
-}
-
 int32_t* row_map_at(const TensorView& m, int plane, int64_t t, int64_t s) {
   return static_cast<int32_t*>(m.data) + plane * m.stride[0] + t * m.stride[1] + s;
 }
@@ -27,7 +20,7 @@ int32_t row_map_row(const ConstTensorView& m, int64_t t, int64_t s) {
 }
 
 void zero_row(const TensorView& v, int64_t r, int64_t n) {
-  for (int64_t h = 0; h < n; ++h) store_float(elem(v, r), v.dtype, h, 0.0f);
+  for (int64_t h = 0; h < n; ++h) store_float(row_ptr(v, r), v.dtype, h, 0.0f);
 }
 
 }  // namespace
@@ -58,7 +51,7 @@ Status permute_ref(const PermuteProblem& p) {
       if (p.options.drop_policy == DropPolicy::kProbs) {
         // Highest prob first (NaN last); stable, so equal probs keep (token, slot) order.
         auto prob = [&](const Slot& a) {
-          const float v = load_as_float(elem(p.probs, a.t), p.probs.dtype, a.s);
+          const float v = load_as_float(row_ptr(p.probs, a.t), p.probs.dtype, a.s);
           return v == v ? v : -HUGE_VALF;
         };
         std::stable_sort(kept.begin(), kept.end(),
@@ -77,13 +70,13 @@ Status permute_ref(const PermuteProblem& p) {
       *row_map_at(out.row_map, 0, sl.t, sl.s) = static_cast<int32_t>(row + i);
       if (out.x.data) {
         for (int64_t h = 0; h < p.H; ++h) {
-          store_float(elem(out.x, row + i), out.x.dtype, h,
-                      load_as_float(elem(p.x, sl.t), p.x.dtype, h));
+          store_float(row_ptr(out.x, row + i), out.x.dtype, h,
+                      load_as_float(row_ptr(p.x, sl.t), p.x.dtype, h));
         }
       }
       if (out.probs.data) {
         store_float(out.probs.data, out.probs.dtype, (row + i) * out.probs.stride[0],
-                    load_as_float(elem(p.probs, sl.t), p.probs.dtype, sl.s));
+                    load_as_float(row_ptr(p.probs, sl.t), p.probs.dtype, sl.s));
       }
     }
     for (int64_t r = row + n_kept; r < row + block; ++r) {
@@ -117,13 +110,15 @@ Status combine_ref(const CombineProblem& p) {
         const float v = r < 0 ? 0.0f
                               : load_as_float(p.row_values.data, p.row_values.dtype,
                                               r * p.row_values.stride[0]);
-        store_float(elem(p.slot_values, t), p.slot_values.dtype, s, v);
+        store_float(row_ptr(p.slot_values, t), p.slot_values.dtype, s, v);
       }
       if (r < 0) continue;
-      const float w = p.weights.data ? load_as_float(elem(p.weights, t), p.weights.dtype, s) : 1.0f;
-      for (int64_t h = 0; h < H; ++h) acc[h] += w * load_as_float(elem(p.rows, r), p.rows.dtype, h);
+      const float w =
+          p.weights.data ? load_as_float(row_ptr(p.weights, t), p.weights.dtype, s) : 1.0f;
+      for (int64_t h = 0; h < H; ++h)
+        acc[h] += w * load_as_float(row_ptr(p.rows, r), p.rows.dtype, h);
     }
-    for (int64_t h = 0; h < H; ++h) store_float(elem(p.out, t), p.out.dtype, h, acc[h]);
+    for (int64_t h = 0; h < H; ++h) store_float(row_ptr(p.out, t), p.out.dtype, h, acc[h]);
   }
   return {};
 }
@@ -140,14 +135,14 @@ Status scatter_ref(const ScatterProblem& p) {
       float dw = 0.0f;
       if (r >= 0) {
         const float w =
-            p.weights.data ? load_as_float(elem(p.weights, t), p.weights.dtype, s) : 1.0f;
+            p.weights.data ? load_as_float(row_ptr(p.weights, t), p.weights.dtype, s) : 1.0f;
         for (int64_t h = 0; h < H; ++h) {
-          const float g = load_as_float(elem(p.d_out, t), p.d_out.dtype, h);
-          store_float(elem(p.d_y_perm, r), p.d_y_perm.dtype, h, w * g);
-          if (p.d_weights.data) dw += load_as_float(elem(p.y_perm, r), p.y_perm.dtype, h) * g;
+          const float g = load_as_float(row_ptr(p.d_out, t), p.d_out.dtype, h);
+          store_float(row_ptr(p.d_y_perm, r), p.d_y_perm.dtype, h, w * g);
+          if (p.d_weights.data) dw += load_as_float(row_ptr(p.y_perm, r), p.y_perm.dtype, h) * g;
         }
       }
-      if (p.d_weights.data) store_float(elem(p.d_weights, t), DType::kF32, s, dw);
+      if (p.d_weights.data) store_float(row_ptr(p.d_weights, t), DType::kF32, s, dw);
     }
   }
   return {};
@@ -157,7 +152,8 @@ Status sort_chunks_ref(const SortChunksProblem& p) {
   const int64_t N = p.x.shape[0], H = p.x.shape[1];
   auto copy = [&](int64_t from, int64_t to) {
     for (int64_t h = 0; h < H; ++h) {
-      store_float(elem(p.out, to), p.out.dtype, h, load_as_float(elem(p.x, from), p.x.dtype, h));
+      store_float(row_ptr(p.out, to), p.out.dtype, h,
+                  load_as_float(row_ptr(p.x, from), p.x.dtype, h));
     }
     if (p.probs.data) {
       store_float(p.out_probs.data, p.out_probs.dtype, to * p.out_probs.stride[0],

@@ -18,28 +18,8 @@
 namespace moekit::detail {
 namespace {
 
-template <typename View>
-auto row_ptr(const View& v, int64_t r) {
-  using Byte = std::conditional_t<std::is_same_v<View, TensorView>, char, const char>;
-  return static_cast<Byte*>(v.data) + r * v.stride[0] * static_cast<int64_t>(dtype_size(v.dtype));
-}
-
-// Outputs larger than this are written with non-temporal stores.
-constexpr int64_t kStreamBytes = 4 << 20;
 // Below this many bytes moved, one thread.
 constexpr int64_t kParallelBytes = 1 << 16;
-
-bool large(const ConstTensorView& v) {
-  return v.data != nullptr && v.numel() * static_cast<int64_t>(dtype_size(v.dtype)) >= kStreamBytes;
-}
-
-void copy_row(void* dst, const void* src, size_t bytes, bool stream) {
-  if (stream) {
-    stream_bytes(dst, src, bytes);
-  } else {
-    std::memcpy(dst, src, bytes);
-  }
-}
 
 // A zeroed row of `bytes`, for streaming zeros (grown per thread, only ever zero).
 const void* zeros(size_t bytes) {
@@ -55,14 +35,6 @@ float* scratch_row(int64_t n) {
   return buf.data();
 }
 
-// Asks for the cache lines of `bytes` at p (nullptr: nothing). Each permuted row starts its own
-// run of pages at an unrelated address, where the hardware prefetchers start cold; the caller
-// asks for the next row while it works on this one.
-void prefetch_bytes(const void* p, size_t bytes) {
-  if (!p) return;
-  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b);
-}
-
 // The row loops below are compiled for AVX-512, AVX2 and the baseline, picked at load time.
 #define MOEKIT_ROW_LOOP \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -70,17 +42,10 @@ void prefetch_bytes(const void* p, size_t bytes) {
 // acc[0, n) (+)= w * row[0, n), row f32 | bf16.
 template <typename In>
 MOEKIT_ROW_LOOP void axpy_typed(float* acc, float w, const In* x, int64_t n, bool first) {
-  auto f = [](In v) {
-    if constexpr (std::is_same_v<In, float>) {
-      return v;
-    } else {
-      return bf16_to_float(v);
-    }
-  };
   if (first) {
-    for (int64_t h = 0; h < n; ++h) acc[h] = w * f(x[h]);
+    for (int64_t h = 0; h < n; ++h) acc[h] = w * as_float(x[h]);
   } else {
-    for (int64_t h = 0; h < n; ++h) acc[h] += w * f(x[h]);
+    for (int64_t h = 0; h < n; ++h) acc[h] += w * as_float(x[h]);
   }
 }
 void axpy_row(float* acc, float w, const void* row, DType t, int64_t n, bool first) {
@@ -95,20 +60,13 @@ void axpy_row(float* acc, float w, const void* row, DType t, int64_t n, bool fir
 // the sum vectorises without reassociation flags.
 template <typename In>
 MOEKIT_ROW_LOOP float dot_typed(const In* x, const float* g, int64_t n) {
-  auto f = [](In v) {
-    if constexpr (std::is_same_v<In, float>) {
-      return v;
-    } else {
-      return bf16_to_float(v);
-    }
-  };
   constexpr int64_t kLanes = 16;
   float part[kLanes] = {};
   int64_t h = 0;
   for (; h + kLanes <= n; h += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) part[j] += f(x[h + j]) * g[h + j];
+    for (int64_t j = 0; j < kLanes; ++j) part[j] += as_float(x[h + j]) * g[h + j];
   }
-  for (; h < n; ++h) part[h % kLanes] += f(x[h]) * g[h];
+  for (; h < n; ++h) part[h % kLanes] += as_float(x[h]) * g[h];
   float sum = 0.0f;
   for (float v : part) sum += v;
   return sum;
@@ -181,7 +139,7 @@ Status permute_threaded(const PermuteProblem& p) {
   }
 
   const int64_t row_bytes = p.H * static_cast<int64_t>(out.x.data ? dtype_size(out.x.dtype) : 0);
-  const bool stream = large(out.x);
+  const bool stream = worth_streaming(out.x);
   const int threads =
       T * S * (row_bytes + 8) >= kParallelBytes ? std::max(1, omp_get_max_threads()) : 1;
   // [thread][expert]: routed slots, then first routed rank; kept slots, then first row.
@@ -245,7 +203,7 @@ Status permute_threaded(const PermuteProblem& p) {
         rows_out[t * out.row_map.stride[1] + s] = row;
         experts_out[t * out.row_map.stride[1] + s] = e;
         if (row < 0) continue;
-        if (src) copy_row(row_ptr(out.x, row), src, row_bytes, stream);
+        if (src) write_row(row_ptr(out.x, row), src, row_bytes, stream);
         if (out.probs.data) {
           store_float(out.probs.data, out.probs.dtype, row * out.probs.stride[0],
                       load_as_float(row_ptr(p.probs, t), p.probs.dtype, s));
@@ -260,7 +218,7 @@ Status permute_threaded(const PermuteProblem& p) {
         const int64_t begin = e < E ? layout.start[e] + layout.kept[e] : layout.needed;
         const int64_t end = e < E ? layout.start[e] + layout.rows[e] : N;
         for (int64_t r = begin; r < end; ++r) {
-          copy_row(row_ptr(out.x, r), zeros(row_bytes), row_bytes, stream);
+          write_row(row_ptr(out.x, r), zeros(row_bytes), row_bytes, stream);
           if (out.probs.data)
             store_float(out.probs.data, out.probs.dtype, r * out.probs.stride[0], 0);
         }
@@ -285,7 +243,7 @@ Status permute_threaded(const PermuteProblem& p) {
 Status combine_threaded(const CombineProblem& p) {
   const int64_t T = p.row_map.shape[1], S = p.row_map.shape[2], H = p.out.shape[1];
   const auto* rows = static_cast<const int32_t*>(p.row_map.data);
-  const bool stream = large(p.out);
+  const bool stream = worth_streaming(p.out);
   const size_t out_bytes = H * dtype_size(p.out.dtype);
   const bool parallel = T * S * H >= kParallelBytes;
   const size_t row_bytes = H * dtype_size(p.rows.dtype);
@@ -322,10 +280,10 @@ Status combine_threaded(const CombineProblem& p) {
       }
       if (first) std::fill(acc, acc + H, 0.0f);
       if (p.out.dtype == DType::kF32) {
-        copy_row(row_ptr(p.out, t), acc, out_bytes, stream);
+        write_row(row_ptr(p.out, t), acc, out_bytes, stream);
       } else {
         store_row_from_float(acc, H, acc + H, p.out.dtype);
-        copy_row(row_ptr(p.out, t), acc + H, out_bytes, stream);
+        write_row(row_ptr(p.out, t), acc + H, out_bytes, stream);
       }
     }
     stream_fence();
@@ -337,7 +295,7 @@ Status scatter_threaded(const ScatterProblem& p) {
   const int64_t T = p.row_map.shape[1], S = p.row_map.shape[2], H = p.d_out.shape[1];
   const int64_t N = p.d_y_perm.shape[0];
   const auto* rows = static_cast<const int32_t*>(p.row_map.data);
-  const bool stream = large(p.d_y_perm);
+  const bool stream = worth_streaming(p.d_y_perm);
   const size_t out_bytes = H * dtype_size(p.d_y_perm.dtype);
   const bool copy_as_is = !p.weights.data && p.d_out.dtype == p.d_y_perm.dtype;
   const size_t y_bytes = p.y_perm.data ? H * dtype_size(p.y_perm.dtype) : 0;
@@ -363,18 +321,18 @@ Status scatter_threaded(const ScatterProblem& p) {
         }
         if (r < 0) continue;
         if (copy_as_is) {
-          copy_row(row_ptr(p.d_y_perm, r), g, out_bytes, stream);
+          write_row(row_ptr(p.d_y_perm, r), g, out_bytes, stream);
           continue;
         }
         const float w =
             p.weights.data ? load_as_float(row_ptr(p.weights, t), p.weights.dtype, s) : 1.0f;
         scale_row(buf, w, H, buf + H, p.d_y_perm.dtype);
-        copy_row(row_ptr(p.d_y_perm, r), buf + H, out_bytes, stream);
+        write_row(row_ptr(p.d_y_perm, r), buf + H, out_bytes, stream);
       }
     }
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < N; ++r) {
-      if (!p.used[r]) copy_row(row_ptr(p.d_y_perm, r), zeros(out_bytes), out_bytes, stream);
+      if (!p.used[r]) write_row(row_ptr(p.d_y_perm, r), zeros(out_bytes), out_bytes, stream);
     }
     stream_fence();
   }
@@ -385,7 +343,7 @@ Status sort_chunks_threaded(const SortChunksProblem& p) {
   const int64_t N = p.x.shape[0], H = p.x.shape[1];
   const int64_t C = static_cast<int64_t>(p.size.size());
   const size_t row_bytes = H * dtype_size(p.x.dtype);
-  const bool stream = large(p.out);
+  const bool stream = worth_streaming(p.out);
   const bool parallel = N * static_cast<int64_t>(row_bytes) >= kParallelBytes;
   // Chunk C is the rows past the chunks, copied in place.
   auto chunk = [&](int64_t c, int64_t* src, int64_t* dst, int64_t* n) {
@@ -400,7 +358,7 @@ Status sort_chunks_threaded(const SortChunksProblem& p) {
       int64_t src, dst, n;
       chunk(c, &src, &dst, &n);
       for (int64_t i = 0; i < n; ++i) {
-        copy_row(row_ptr(p.out, dst + i), row_ptr(p.x, src + i), row_bytes, stream);
+        write_row(row_ptr(p.out, dst + i), row_ptr(p.x, src + i), row_bytes, stream);
         if (p.probs.data) {
           store_float(p.out_probs.data, p.out_probs.dtype, (dst + i) * p.out_probs.stride[0],
                       load_as_float(p.probs.data, p.probs.dtype, (src + i) * p.probs.stride[0]));

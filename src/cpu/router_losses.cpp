@@ -11,19 +11,12 @@ namespace {
 
 constexpr int64_t kMinElementsForThreads = 1 << 15;
 
-const char* row_bytes(const ConstTensorView& v, int64_t t) {
-  return static_cast<const char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype);
-}
-char* row_bytes(const TensorView& v, int64_t t) {
-  return static_cast<char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype);
-}
-
 // tokens_per_expert [B, E] (or [E]) as f32 rows, times `scale`.
 std::vector<float> counts_as_float(const ConstTensorView& tpe, float scale) {
   const int64_t B = tpe.rank == 2 ? tpe.shape[0] : 1, E = tpe.shape[tpe.rank - 1];
   std::vector<float> out(B * E);
   for (int64_t b = 0; b < B; ++b) {
-    const auto* row = reinterpret_cast<const int32_t*>(row_bytes(tpe, b));
+    const auto* row = reinterpret_cast<const int32_t*>(row_ptr(tpe, b));
     for (int64_t e = 0; e < E; ++e) out[b * E + e] = static_cast<float>(row[e]) * scale;
   }
   return out;
@@ -31,9 +24,9 @@ std::vector<float> counts_as_float(const ConstTensorView& tpe, float scale) {
 
 // Row t of a [T, E] f32 | bf16 tensor as f32: the row itself when f32, else converted into buf.
 const float* row_f32(const ConstTensorView& v, int64_t t, std::vector<float>& buf) {
-  if (v.dtype == DType::kF32) return reinterpret_cast<const float*>(row_bytes(v, t));
+  if (v.dtype == DType::kF32) return reinterpret_cast<const float*>(row_ptr(v, t));
   buf.resize(v.shape[1]);
-  load_row_as_float(row_bytes(v, t), v.dtype, v.shape[1], buf.data());
+  load_row_as_float(row_ptr(v, t), v.dtype, v.shape[1], buf.data());
   return buf.data();
 }
 
@@ -72,7 +65,7 @@ void balance_loss_backward(const ConstTensorView& tpe, float scale, const Tensor
   const int64_t rows_per_seq = T / B;
 #pragma omp parallel for schedule(static) if (T * E >= kMinElementsForThreads)
   for (int64_t t = 0; t < T; ++t) {
-    store_row_from_float(rows.data() + (t / rows_per_seq) * E, E, row_bytes(d_scores, t),
+    store_row_from_float(rows.data() + (t / rows_per_seq) * E, E, row_ptr(d_scores, t),
                          d_scores.dtype);
   }
 }
@@ -105,7 +98,7 @@ void z_loss_backward_rows(const ConstTensorView& logits, float scale, const Tens
       // scale * lse * softmax = (scale * lse / sum) * exp(x - max)
       const float a = scale * lse / sum;
       for (int64_t e = 0; e < E; ++e) exps[e] *= a;
-      store_row_from_float(exps.data(), E, row_bytes(d_logits, t), d_logits.dtype);
+      store_row_from_float(exps.data(), E, row_ptr(d_logits, t), d_logits.dtype);
     }
   }
 }

@@ -56,18 +56,16 @@ std::vector<int32_t> top_indices(const std::vector<float>& key, const std::vecto
 
 std::vector<float> load_row(const ConstTensorView& v, int64_t t) {
   std::vector<float> row(v.shape[1]);
-  const char* base = static_cast<const char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype);
-  for (int64_t e = 0; e < v.shape[1]; ++e) row[e] = load_as_float(base, v.dtype, e);
+  for (int64_t e = 0; e < v.shape[1]; ++e) row[e] = load_as_float(row_ptr(v, t), v.dtype, e);
   return row;
 }
 
 void store(const TensorView& v, int64_t t, int64_t j, float x) {
-  store_float(static_cast<char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype), v.dtype, j, x);
+  store_float(row_ptr(v, t), v.dtype, j, x);
 }
 
 float load(const ConstTensorView& v, int64_t t, int64_t j) {
-  return load_as_float(static_cast<const char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype),
-                       v.dtype, j);
+  return load_as_float(row_ptr(v, t), v.dtype, j);
 }
 
 }  // namespace

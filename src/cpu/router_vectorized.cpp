@@ -13,13 +13,6 @@
 namespace moekit::detail {
 namespace {
 
-// Row t of a [T, n] tensor, as bytes.
-template <typename View>
-auto row_ptr(const View& v, int64_t t) {
-  using Byte = std::conditional_t<std::is_same_v<View, TensorView>, char, const char>;
-  return static_cast<Byte*>(v.data) + t * v.stride[0] * static_cast<int64_t>(dtype_size(v.dtype));
-}
-
 // Parallel over rows when there is enough work to pay for waking the threads.
 constexpr int64_t kMinElementsPerThread = 1 << 14;
 
@@ -119,24 +112,6 @@ Scratch& thread_scratch(int64_t E, int32_t k, int32_t groups) {
   return scratch;
 }
 
-// Outputs larger than this are written with non-temporal stores: they do not fit in the caches
-// anyway, and streaming them saves reading every line before overwriting it.
-constexpr int64_t kStreamBytes = 4 << 20;
-
-// Decided once per call, not per row.
-bool worth_streaming(const ConstTensorView& v) {
-  return v.data != nullptr && v.numel() * static_cast<int64_t>(dtype_size(v.dtype)) >= kStreamBytes;
-}
-
-// Writes a finished row: `bytes` from src to dst, streamed or plain.
-void write_row(void* dst, const void* src, size_t bytes, bool stream) {
-  if (stream) {
-    stream_bytes(dst, src, bytes);
-  } else {
-    std::memcpy(dst, src, bytes);
-  }
-}
-
 // A sparse row: zeros with `count` values at `at`, in dtype t, written to dst in one pass.
 void write_sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* values,
                       int32_t count, bool stream, Scratch& s) {
@@ -152,10 +127,7 @@ void write_sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const fl
 // Asks for row t of v ahead of its use (rows are processed in order; the hardware prefetcher
 // does not see across the per-row work soon enough).
 void prefetch_row(const ConstTensorView& v, int64_t t) {
-  if (t >= v.shape[0]) return;
-  const char* row = static_cast<const char*>(v.data) + t * v.stride[0] * dtype_size(v.dtype);
-  const int64_t bytes = v.shape[1] * static_cast<int64_t>(dtype_size(v.dtype));
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+  if (t < v.shape[0]) prefetch_bytes(row_ptr(v, t), v.shape[1] * dtype_size(v.dtype));
 }
 
 // Loads row t of a [T, E] f32 | bf16 tensor as f32. Returns a pointer to it: the tensor's own row
@@ -235,7 +207,7 @@ void choose_experts(const RouteOptions& o, int64_t E, Scratch& s) {
   }
 }
 
-// Which outputs of a call are streamed (see kStreamBytes).
+// Which outputs of a call are streamed (see worth_streaming).
 struct Streaming {
   bool probs = false, map = false, d_logits = false;
 };
