@@ -45,17 +45,6 @@ constexpr Implementation<PermuteImpl, detail::SortChunksProblem> kSortChunksImpl
     {PermuteImpl::kReference, detail::sort_chunks_ref},
 };
 
-Status check_impl(const char* op, PermuteImpl impl) {
-  switch (impl) {
-    case PermuteImpl::kAuto:
-    case PermuteImpl::kThreaded:
-    case PermuteImpl::kReference:
-      return {};
-  }
-  return Status::invalid_argument(op, "impl", std::to_string(static_cast<int>(impl)),
-                                  "not a PermuteImpl");
-}
-
 // ceil(T * k / E * capacity_factor), or -1 without a capacity.
 int64_t capacity_of(int64_t T, int64_t k, int64_t E, double capacity_factor) {
   if (capacity_factor == 0.0) return -1;
@@ -66,7 +55,6 @@ int64_t capacity_of(int64_t T, int64_t k, int64_t E, double capacity_factor) {
 int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 Status check_options(const char* op, const PermuteOptions& o) {
-  MOEKIT_RETURN_IF_ERROR(check_impl(op, o.impl));
   if (o.align_size < 1) {
     return Status::invalid_argument(op, "align_size", std::to_string(o.align_size),
                                     "must be >= 1 (1: no padding)");
@@ -283,7 +271,6 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
 Status unpermute(ConstTensorView y_perm, ConstTensorView row_map, ConstTensorView merging_probs,
                  TensorView out, PermuteImpl impl) {
   const char* op = "unpermute";
-  MOEKIT_RETURN_IF_ERROR(check_impl(op, impl));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "y_perm", y_perm, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "y_perm", y_perm.dtype));
   MOEKIT_RETURN_IF_ERROR(check_row_map(op, row_map, y_perm.shape[0]));
@@ -300,7 +287,6 @@ Status permute_backward(ConstTensorView d_x_perm, ConstTensorView d_probs_perm,
                         ConstTensorView row_map, TensorView d_x, TensorView d_probs,
                         PermuteImpl impl) {
   const char* op = "permute_backward";
-  MOEKIT_RETURN_IF_ERROR(check_impl(op, impl));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_x_perm", d_x_perm, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_x_perm", d_x_perm.dtype));
   const int64_t N = d_x_perm.shape[0];
@@ -326,7 +312,6 @@ Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTe
                           ConstTensorView merging_probs, TensorView d_y_perm,
                           TensorView d_merging_probs, PermuteImpl impl) {
   const char* op = "unpermute_backward";
-  MOEKIT_RETURN_IF_ERROR(check_impl(op, impl));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_y_perm", d_y_perm, 2));
   const int64_t N = d_y_perm.shape[0];
   MOEKIT_RETURN_IF_ERROR(check_row_map(op, row_map, N));
@@ -374,7 +359,6 @@ Status sort_chunks_by_index(ConstTensorView x, ConstTensorView split_sizes,
                             ConstTensorView sorted_index, bool inverse, TensorView out,
                             ConstTensorView probs, TensorView out_probs, PermuteImpl impl) {
   const char* op = "sort_chunks_by_index";
-  MOEKIT_RETURN_IF_ERROR(check_impl(op, impl));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "x", x, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "x", x.dtype));
   const int64_t N = x.shape[0];

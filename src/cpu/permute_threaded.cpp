@@ -28,7 +28,9 @@ const void* zeros(size_t bytes) {
   return z.data();
 }
 
-// Thread-local f32 scratch row.
+// Thread-local f32 scratch, one per call site (kSite), so that each is sized by its own requests
+// alone and AddressSanitizer sees one that asks for too little.
+template <int kSite>
 float* scratch_row(int64_t n) {
   thread_local std::vector<float> buf;
   if (buf.size() < static_cast<size_t>(n)) buf.resize(n);
@@ -122,7 +124,10 @@ Status permute_threaded(const PermuteProblem& p) {
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t s = 0; s < S; ++s) {
         const int32_t e = slot_expert(p.routing, t, s);
-        if (e >= 0) keys[e].push_back({prob_key(p.probs, t, s), t * S + s});
+        // Only an expert that keeps `capacity` may have routed more than that.
+        if (e >= 0 && layout.kept[e] == p.capacity) {
+          keys[e].push_back({prob_key(p.probs, t, s), t * S + s});
+        }
       }
     }
     for (int64_t e = 0; e < E; ++e) {
@@ -259,7 +264,7 @@ Status combine_threaded(const CombineProblem& p) {
   };
 #pragma omp parallel if (parallel)
   {
-    float* acc = scratch_row(2 * H);  // [H] f32 sums, then [H] of the output row
+    float* acc = scratch_row<0>(2 * H);  // [H] f32 sums, then [H] of the output row
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       bool first = true;
@@ -302,7 +307,7 @@ Status scatter_threaded(const ScatterProblem& p) {
   const bool parallel = (T * S + N) * H >= kParallelBytes;
 #pragma omp parallel if (parallel)
   {
-    float* buf = scratch_row(2 * H);  // d_out[t] f32 | the output row (f32 | bf16)
+    float* buf = scratch_row<1>(2 * H);  // d_out[t] f32 | the output row (f32 | bf16)
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const char* g = row_ptr(p.d_out, t);

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -163,7 +164,7 @@ TEST_P(PermuteGrid, MatchesOracleForwardBackwardAndAdjoints) {
   std::mt19937 rng(static_cast<uint32_t>(c.T * 131 + c.E * 17 + c.k * 7 + c.H));
   const auto experts = make_routing(c, rng);
   HostTensor routing(c.map_form ? DType::kBool : DType::kI32, {c.T, S}, /*row_pad=*/1);
-  HostTensor probs(DType::kF32, {c.T, S});
+  HostTensor probs(c.dtype, {c.T, S});               // eighths: exact in bf16 too
   std::uniform_int_distribution<int> eighths(1, 8);  // ties on purpose
   for (int64_t t = 0; t < c.T; ++t) {
     if (c.map_form) {
@@ -183,7 +184,7 @@ TEST_P(PermuteGrid, MatchesOracleForwardBackwardAndAdjoints) {
 
   for (PermuteImpl impl : kImpls) {
     SCOPED_TRACE(impl == PermuteImpl::kThreaded ? "threaded" : "reference");
-    HostTensor x_perm(c.dtype, {N, c.H}, 2), p_perm(DType::kF32, {N}), tpe(DType::kI32, {c.E}),
+    HostTensor x_perm(c.dtype, {N, c.H}, 2), p_perm(c.dtype, {N}), tpe(DType::kI32, {c.E}),
         pad(DType::kI32, {c.E}), row_map(DType::kI32, {2, c.T, S});
     x_perm.fill(-9.0f);
     p_perm.fill(-9.0f);
@@ -228,6 +229,16 @@ TEST_P(PermuteGrid, MatchesOracleForwardBackwardAndAdjoints) {
         ASSERT_NEAR(out1.get({t, h}), sum1, 1e-5) << t << "," << h;
       }
     }
+    if (c.dtype == DType::kBF16) {
+      // An output in the rows' dtype holds the f32 result rounded once.
+      HostTensor out_b(DType::kBF16, {c.T, c.H});
+      ASSERT_TRUE(unpermute(y.in(), row_map.in(), probs.in(), out_b.mut(), impl).ok());
+      for (int64_t t = 0; t < c.T; ++t) {
+        for (int64_t h = 0; h < c.H; ++h) {
+          ASSERT_EQ(out_b.get({t, h}), bf16_to_float(float_to_bf16(out.get({t, h})))) << t;
+        }
+      }
+    }
 
     // Backward passes, by the adjoint identities <A v, g> = <v, A^T g>, in double:
     // permute (x -> x_perm, probs -> p_perm) and unpermute (y, w -> out).
@@ -267,6 +278,20 @@ TEST_P(PermuteGrid, MatchesOracleForwardBackwardAndAdjoints) {
       }
     }
     ASSERT_NEAR(out_g, y_dy, 1e-4 * (1 + std::fabs(out_g)));
+    if (c.dtype == DType::kBF16) {
+      HostTensor g_out_b(DType::kBF16, {c.T, c.H}), dy_b(DType::kBF16, {N, c.H}),
+          dy_f(DType::kF32, {N, c.H});
+      g_out_b.fill_random(rng);
+      ASSERT_TRUE(
+          unpermute_backward(g_out_b.in(), {}, row_map.in(), probs.in(), dy_b.mut(), {}, impl)
+              .ok());
+      ASSERT_TRUE(
+          unpermute_backward(g_out_b.in(), {}, row_map.in(), probs.in(), dy_f.mut(), {}, impl)
+              .ok());
+      for (int64_t i = 0; i < N * c.H; ++i) {
+        ASSERT_EQ(dy_b.get_flat(i), bf16_to_float(float_to_bf16(dy_f.get_flat(i)))) << i;
+      }
+    }
     // d merging_probs[t, s] = <y_perm[row], g_out[t]>.
     for (int64_t t = 0; t < c.T; ++t) {
       for (int64_t s = 0; s < S; ++s) {
@@ -491,6 +516,59 @@ TEST(SortChunks, ReordersChunksAndTheInverseUndoesIt) {
     for (int64_t r = 0; r < N; ++r) {
       ASSERT_EQ(back_p.get({r}), probs.get({r}));
       for (int64_t h = 0; h < H; ++h) ASSERT_EQ(back.get({r, h}), x.get({r, h}));
+    }
+  }
+}
+
+TEST(Permute, Bf16GradientRowsRoundToNearestEvenAndKeepNaN) {
+  // unpermute_backward's bf16 rows: w * d_out rounded as float_to_bf16 does, where rounding is
+  // easy to get wrong. With w = 1 + 2^-8: 1 * w is a tie (to even: down), 3 * w rounds up, the
+  // largest finite bf16 times w overflows to inf; inf, NaN, signed zeros and a subnormal too.
+  // A weight of NaN with every payload bit set: rounding its bits up would carry into the sign.
+  for (const float w : {1.0f + 0x1p-8f, std::bit_cast<float>(0x7fffffffu)}) {
+    const float vals[] = {1.0f,       -1.0f, 3.0f, 0x1.fep127f, -0x1.fep127f, HUGE_VALF,
+                          -HUGE_VALF, NAN,   0.0f, -0.0f,       0x1p-130f,    0.1f};
+    const int64_t H = sizeof(vals) / sizeof(vals[0]);
+    HostTensor d_out(DType::kBF16, {1, H}), row_map(DType::kI32, {2, 1, 1}),
+        wt(DType::kF32, {1, 1});
+    for (int64_t h = 0; h < H; ++h) d_out.set({0, h}, vals[h]);
+    row_map.set({0, 0, 0}, 0);
+    row_map.set({1, 0, 0}, 0);
+    wt.set({0, 0}, w);
+    for (PermuteImpl impl : kImpls) {
+      HostTensor d_y(DType::kBF16, {1, H});
+      ASSERT_TRUE(
+          unpermute_backward(d_out.in(), {}, row_map.in(), wt.in(), d_y.mut(), {}, impl).ok());
+      const auto* g = reinterpret_cast<const bf16_bits*>(d_out.bytes.data());
+      const auto* got = reinterpret_cast<const bf16_bits*>(d_y.bytes.data());
+      for (int64_t h = 0; h < H; ++h) {
+        // NaN times NaN: which payload survives is the compiler's choice of operand order.
+        if (std::isnan(w) && std::isnan(vals[h])) continue;
+        EXPECT_EQ(got[h], float_to_bf16(w * bf16_to_float(g[h]))) << h;
+      }
+    }
+  }
+}
+
+TEST(SortChunks, NoChunksAndOneChunkOfEveryRowCopyInPlace) {
+  const int64_t N = 9, H = 3;
+  std::mt19937 rng(2);
+  HostTensor x(DType::kF32, {N, H});
+  x.fill_random(rng);
+  HostTensor none(DType::kI32, {0}), one(DType::kI32, {1}), zero(DType::kI32, {1});
+  one.set({0}, static_cast<double>(N));
+  zero.set({0}, 0);
+  for (PermuteImpl impl : kImpls) {
+    for (bool inverse : {false, true}) {
+      HostTensor a(DType::kF32, {N, H}), b(DType::kF32, {N, H});
+      ASSERT_TRUE(
+          sort_chunks_by_index(x.in(), none.in(), none.in(), inverse, a.mut(), {}, {}, impl).ok());
+      ASSERT_TRUE(
+          sort_chunks_by_index(x.in(), one.in(), zero.in(), inverse, b.mut(), {}, {}, impl).ok());
+      for (int64_t i = 0; i < N * H; ++i) {
+        ASSERT_EQ(a.get_flat(i), x.get_flat(i));
+        ASSERT_EQ(b.get_flat(i), x.get_flat(i));
+      }
     }
   }
 }
