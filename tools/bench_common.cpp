@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "presets.h"
+
 namespace moekit::tools {
 
 Buffer::Buffer(size_t bytes) : bytes_(bytes) {
@@ -163,6 +165,21 @@ std::string today_iso() {
   char buf[16];
   std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
   return buf;
+}
+
+void add_bench_options(CLI::App& cmd, BenchOptions& o, const std::string& dtype_help) {
+  cmd.add_option("--preset", o.preset, "Model preset: " + preset_names())->capture_default_str();
+  cmd.add_option("--tokens", o.tokens, "Token count(s), comma-separated (e.g. 1024,4096)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--dtype", o.dtype, dtype_help)->capture_default_str();
+  cmd.add_flag("--json", o.json, "Print a JSON array of the timed cases on stdout");
+  cmd.add_option("--warmup", o.warmup, "Untimed runs per case")->capture_default_str();
+  cmd.add_option("--reps", o.reps, "Timed runs per case (median reported)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--seed", o.seed, "Seed for the generated data")->capture_default_str();
 }
 
 }  // namespace moekit::tools

@@ -12,7 +12,25 @@
 #include "moekit/dtype.h"
 #include "moekit/status.h"
 
+namespace CLI {
+class App;
+}
+
 namespace moekit::tools {
+
+// The options every `moekit bench OP` takes; a bench's own options derive from it.
+struct BenchOptions {
+  std::string preset;
+  std::vector<int64_t> tokens;
+  std::string dtype;
+  bool json = false;
+  int warmup = 3, reps = 15;
+  uint64_t seed = 42;
+};
+
+// Adds --preset, --tokens, --dtype, --json, --warmup, --reps and --seed to cmd, bound to o, whose
+// values on entry are the defaults shown. dtype_help says what --dtype applies to.
+void add_bench_options(CLI::App& cmd, BenchOptions& o, const std::string& dtype_help);
 
 // A 64-byte aligned heap buffer.
 class Buffer {

@@ -16,16 +16,7 @@
 namespace moekit::tools {
 namespace {
 
-struct Options {
-  std::string preset = "qwen3-30b-a3b";
-  std::vector<int64_t> tokens{4096};
-  std::string dtype = "bf16";
-  bool json = false;
-  int warmup = 3, reps = 15;
-  uint64_t seed = 42;
-};
-
-int run(const Options& o) {
+int run(const BenchOptions& o) {
   const Preset* p = find_preset(o.preset);
   if (!p) {
     throw CLI::ValidationError("--preset",
@@ -111,22 +102,10 @@ int run(const Options& o) {
 }  // namespace
 
 void register_bench_permute(CLI::App& bench) {
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<BenchOptions>(BenchOptions{"qwen3-30b-a3b", {4096}, "bf16"});
   CLI::App* cmd = bench.add_subcommand(
       "permute", "Time permute and unpermute, forward and backward, against a copy");
-  cmd->add_option("--preset", opts->preset, "Model preset: " + preset_names())
-      ->capture_default_str();
-  cmd->add_option("--tokens", opts->tokens, "Token count(s), e.g. 1024,4096")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--dtype", opts->dtype, "Row dtype: f32 | bf16")->capture_default_str();
-  cmd->add_flag("--json", opts->json, "Print a JSON array of the timed cases on stdout");
-  cmd->add_option("--warmup", opts->warmup, "Untimed runs per case")->capture_default_str();
-  cmd->add_option("--reps", opts->reps, "Timed runs per case (median reported)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--seed", opts->seed, "Seed for the logits and rows")->capture_default_str();
+  add_bench_options(*cmd, *opts, "Row dtype: f32 | bf16");
   cmd->callback([opts] { run(*opts); });
 }
 

@@ -16,17 +16,11 @@
 namespace moekit::tools {
 namespace {
 
-struct Options {
-  std::string preset = "qwen3-30b-a3b";
-  std::vector<int64_t> tokens{4096};
-  std::string dtype = "bf16";
+struct Options : BenchOptions {
   std::string out_dtype;  // empty: the input dtype
   int shards = 1;
   int shard = -1;  // which shard's call to time; -1: the middle one
-  bool json = false;
-  int warmup = 2, reps = 5;
   double imbalance = 0.25;
-  uint64_t seed = 42;
   double mem_limit_gib = 12;
 };
 
@@ -262,26 +256,19 @@ void register_bench_ragged_dot(CLI::App& bench) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand(
       "ragged_dot", "Time ragged_dot (forward, input and weight gradient) against dense oneDNN");
-  cmd->add_option("--preset", opts->preset, "Model preset: " + preset_names())
-      ->capture_default_str();
-  cmd->add_option("--tokens", opts->tokens, "Token count(s); a list (e.g. 256,1024) draws a chart")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--dtype", opts->dtype, "Input dtype: bf16 | f32")->capture_default_str();
+  opts->preset = "qwen3-30b-a3b";
+  opts->tokens = {4096};
+  opts->dtype = "bf16";
+  opts->warmup = 2;
+  opts->reps = 5;
+  add_bench_options(*cmd, *opts, "Input dtype: bf16 | f32");
   cmd->add_option("--out-dtype", opts->out_dtype, "Output dtype: bf16 | f32 (default: --dtype)");
   cmd->add_option("--ep-shards", opts->shards, "Also time one of S expert-parallel shards")
       ->capture_default_str();
   cmd->add_option("--shard", opts->shard, "Which shard to time (default: S/2)");
-  cmd->add_flag("--json", opts->json, "Print a JSON array of the timed cases on stdout");
-  cmd->add_option("--warmup", opts->warmup, "Untimed runs per case")->capture_default_str();
-  cmd->add_option("--reps", opts->reps, "Timed runs per case (median reported)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
-  cmd->add_option("--seed", opts->seed, "Seed for data and group sizes")->capture_default_str();
   cmd->add_option("--mem-limit-gib", opts->mem_limit_gib,
                   "Run a subset of experts when buffers would exceed this")
       ->capture_default_str();

@@ -17,15 +17,6 @@
 namespace moekit::tools {
 namespace {
 
-struct Options {
-  std::string preset = "deepseek-v3";
-  std::vector<int64_t> tokens{16384};
-  std::string dtype = "f32";
-  bool json = false;
-  int warmup = 3, reps = 15;
-  uint64_t seed = 42;
-};
-
 std::string routing_description(const Preset& p) {
   std::string s = p.score;
   if (p.score == "softmax") s += p.pre_softmax ? " pre" : " post";
@@ -35,7 +26,7 @@ std::string routing_description(const Preset& p) {
   return s;
 }
 
-int run(const Options& o) {
+int run(const BenchOptions& o) {
   const Preset* p = find_preset(o.preset);
   if (!p) {
     throw CLI::ValidationError("--preset",
@@ -139,22 +130,10 @@ int run(const Options& o) {
 }  // namespace
 
 void register_bench_router(CLI::App& bench) {
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<BenchOptions>(BenchOptions{"deepseek-v3", {16384}, "f32"});
   CLI::App* cmd = bench.add_subcommand(
       "router", "Time the router and its losses against a copy of the same bytes");
-  cmd->add_option("--preset", opts->preset, "Model preset: " + preset_names())
-      ->capture_default_str();
-  cmd->add_option("--tokens", opts->tokens, "Token count(s), e.g. 4096,16384")
-      ->delimiter(',')
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--dtype", opts->dtype, "Logits dtype: f32 | bf16")->capture_default_str();
-  cmd->add_flag("--json", opts->json, "Print a JSON array of the timed cases on stdout");
-  cmd->add_option("--warmup", opts->warmup, "Untimed runs per case")->capture_default_str();
-  cmd->add_option("--reps", opts->reps, "Timed runs per case (median reported)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--seed", opts->seed, "Seed for the logits and the bias")->capture_default_str();
+  add_bench_options(*cmd, *opts, "Logits dtype: f32 | bf16");
   cmd->callback([opts] { run(*opts); });
 }
 
