@@ -76,6 +76,16 @@ Status combine_ref(const CombineProblem& p);
 Status scatter_ref(const ScatterProblem& p);
 Status sort_chunks_ref(const SortChunksProblem& p);
 
+// out[0, H) = the sum over j < n, in order, of w[j] * rows[j][0, H) (w null: weights 1), in f32;
+// rows f32 | bf16 (all of rows_t), out f32 | bf16 (rounded once). n = 0 gives zeros. Vector code
+// (permute_simd.cpp) that reads the n rows side by side.
+void combine_rows(const void* const* rows, const float* w, int64_t n, DType rows_t, int64_t H,
+                  void* out, DType out_t);
+// out[j] = <rows[j][0, H), g[0, H)> in f32 for j < n; rows f32 | bf16. The rows are read side by
+// side, up to 8 at a time.
+void dot_rows(const void* const* rows, int64_t n, DType rows_t, const float* g, int64_t H,
+              float* out);
+
 Status permute_threaded(const PermuteProblem& p);
 Status combine_threaded(const CombineProblem& p);
 Status scatter_threaded(const ScatterProblem& p);

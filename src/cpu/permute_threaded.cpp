@@ -2,7 +2,7 @@
 // thread; a counting pass gives every (thread, expert) pair its first row, so that the rows come
 // out in (token, slot) order inside each expert with no second sort, and each row is copied once,
 // streamed when the output is larger than the caches. Combine and its gradient: one token per
-// iteration, its k rows summed in f32 in a thread-local row.
+// iteration, its k rows read side by side by the vector kernels of permute_simd.cpp.
 #include <omp.h>
 
 #include <algorithm>
@@ -37,46 +37,9 @@ float* scratch_row(int64_t n) {
   return buf.data();
 }
 
-// The row loops below are compiled for AVX-512, AVX2 and the baseline, picked at load time.
+// The row loop below is compiled for AVX-512, AVX2 and the baseline, picked at load time.
 #define MOEKIT_ROW_LOOP \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-// acc[0, n) (+)= w * row[0, n), row f32 | bf16.
-template <typename In>
-MOEKIT_ROW_LOOP void axpy_typed(float* acc, float w, const In* x, int64_t n, bool first) {
-  if (first) {
-    for (int64_t h = 0; h < n; ++h) acc[h] = w * as_float(x[h]);
-  } else {
-    for (int64_t h = 0; h < n; ++h) acc[h] += w * as_float(x[h]);
-  }
-}
-void axpy_row(float* acc, float w, const void* row, DType t, int64_t n, bool first) {
-  if (t == DType::kF32) {
-    axpy_typed(acc, w, static_cast<const float*>(row), n, first);
-  } else {
-    axpy_typed(acc, w, static_cast<const bf16_bits*>(row), n, first);
-  }
-}
-
-// <x, g> in f32 over n, x f32 | bf16, in 16 interleaved partial sums (a vector's worth), so that
-// the sum vectorises without reassociation flags.
-template <typename In>
-MOEKIT_ROW_LOOP float dot_typed(const In* x, const float* g, int64_t n) {
-  constexpr int64_t kLanes = 16;
-  float part[kLanes] = {};
-  int64_t h = 0;
-  for (; h + kLanes <= n; h += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) part[j] += as_float(x[h + j]) * g[h + j];
-  }
-  for (; h < n; ++h) part[h % kLanes] += as_float(x[h]) * g[h];
-  float sum = 0.0f;
-  for (float v : part) sum += v;
-  return sum;
-}
-float dot_row(const void* x, DType t, const float* g, int64_t n) {
-  return t == DType::kF32 ? dot_typed(static_cast<const float*>(x), g, n)
-                          : dot_typed(static_cast<const bf16_bits*>(x), g, n);
-}
 
 // out[0, n) = w * g[0, n) in f32 | bf16 (rounded to nearest even, NaN kept quiet, as
 // float_to_bf16, written without branches so that it vectorises).
@@ -245,51 +208,61 @@ Status permute_threaded(const PermuteProblem& p) {
   return {};
 }
 
+// A token's routed slots, in slot order: their row in the permuted buffer, and their weight (1
+// where there are no weights). One per thread, reused token after token.
+struct TokenSlots {
+  std::vector<int32_t> slot, row;
+  std::vector<float> w;
+  std::vector<const void*> addr;  // rows' addresses, filled by the caller where it needs them
+  int64_t n = 0;
+
+  void gather(const int32_t* slot_rows, int64_t S, const ConstTensorView& weights, int64_t t) {
+    slot.resize(S);
+    row.resize(S);
+    w.resize(S);
+    addr.resize(S);
+    n = 0;
+    for (int64_t s = 0; s < S; ++s) {
+      if (slot_rows[s] < 0) continue;
+      slot[n] = static_cast<int32_t>(s);
+      row[n] = slot_rows[s];
+      w[n] = weights.data ? load_as_float(row_ptr(weights, t), weights.dtype, s) : 1.0f;
+      ++n;
+    }
+  }
+  const void* const* addresses_in(const ConstTensorView& rows) {
+    for (int64_t j = 0; j < n; ++j) addr[j] = row_ptr(rows, row[j]);
+    return addr.data();
+  }
+};
+
 Status combine_threaded(const CombineProblem& p) {
   const int64_t T = p.row_map.shape[1], S = p.row_map.shape[2], H = p.out.shape[1];
   const auto* rows = static_cast<const int32_t*>(p.row_map.data);
   const bool stream = worth_streaming(p.out);
   const size_t out_bytes = H * dtype_size(p.out.dtype);
   const bool parallel = T * S * H >= kParallelBytes;
-  const size_t row_bytes = H * dtype_size(p.rows.dtype);
-  // The row after slot s of token t: the token's next routed slot, else the next token's first.
-  auto next_row = [&](int64_t t, int64_t s) -> const void* {
-    for (int64_t u = t, j = s + 1; u < T && u <= t + 1; ++u, j = 0) {
-      for (; j < S; ++j) {
-        const int32_t r = rows[u * p.row_map.stride[1] + j];
-        if (r >= 0) return row_ptr(p.rows, r);
-      }
-    }
-    return nullptr;
-  };
 #pragma omp parallel if (parallel)
   {
-    float* acc = scratch_row<0>(2 * H);  // [H] f32 sums, then [H] of the output row
+    thread_local TokenSlots slots;
+    char* staged = reinterpret_cast<char*>(scratch_row<0>((out_bytes + 3) / 4));  // streamed out
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-      bool first = true;
-      for (int64_t s = 0; s < S; ++s) {
-        const int32_t r = rows[t * p.row_map.stride[1] + s];
-        if (p.slot_values.data) {
+      const int32_t* slot_rows = rows + t * p.row_map.stride[1];
+      slots.gather(slot_rows, S, p.weights, t);
+      if (p.slot_values.data) {
+        for (int64_t s = 0; s < S; ++s) {
+          const int32_t r = slot_rows[s];
           const float v = r < 0 ? 0.0f
                                 : load_as_float(p.row_values.data, p.row_values.dtype,
                                                 r * p.row_values.stride[0]);
           store_float(row_ptr(p.slot_values, t), p.slot_values.dtype, s, v);
         }
-        if (r < 0) continue;
-        prefetch_bytes(next_row(t, s), row_bytes);
-        const float w =
-            p.weights.data ? load_as_float(row_ptr(p.weights, t), p.weights.dtype, s) : 1.0f;
-        axpy_row(acc, w, row_ptr(p.rows, r), p.rows.dtype, H, first);
-        first = false;
       }
-      if (first) std::fill(acc, acc + H, 0.0f);
-      if (p.out.dtype == DType::kF32) {
-        write_row(row_ptr(p.out, t), acc, out_bytes, stream);
-      } else {
-        store_row_from_float(acc, H, acc + H, p.out.dtype);
-        write_row(row_ptr(p.out, t), acc + H, out_bytes, stream);
-      }
+      char* dst = stream ? staged : row_ptr(p.out, t);
+      combine_rows(slots.addresses_in(p.rows), p.weights.data ? slots.w.data() : nullptr, slots.n,
+                   p.rows.dtype, H, dst, p.out.dtype);
+      if (stream) write_row(row_ptr(p.out, t), staged, out_bytes, true);
     }
     stream_fence();
   }
@@ -303,36 +276,33 @@ Status scatter_threaded(const ScatterProblem& p) {
   const bool stream = worth_streaming(p.d_y_perm);
   const size_t out_bytes = H * dtype_size(p.d_y_perm.dtype);
   const bool copy_as_is = !p.weights.data && p.d_out.dtype == p.d_y_perm.dtype;
-  const size_t y_bytes = p.y_perm.data ? H * dtype_size(p.y_perm.dtype) : 0;
   const bool parallel = (T * S + N) * H >= kParallelBytes;
 #pragma omp parallel if (parallel)
   {
+    thread_local TokenSlots slots;
+    thread_local std::vector<float> dots;
     float* buf = scratch_row<1>(2 * H);  // d_out[t] f32 | the output row (f32 | bf16)
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const char* g = row_ptr(p.d_out, t);
+      slots.gather(rows + t * p.row_map.stride[1], S, p.weights, t);
       if (!copy_as_is || p.d_weights.data) load_row_as_float(g, p.d_out.dtype, H, buf);
-      for (int64_t s = 0; s < S; ++s) {
-        const int32_t r = rows[t * p.row_map.stride[1] + s];
-        if (p.d_weights.data) {
-          float dw = 0.0f;
-          if (r >= 0) {
-            if (s + 1 < S && rows[t * p.row_map.stride[1] + s + 1] >= 0) {
-              prefetch_bytes(row_ptr(p.y_perm, rows[t * p.row_map.stride[1] + s + 1]), y_bytes);
-            }
-            dw = dot_row(row_ptr(p.y_perm, r), p.y_perm.dtype, buf, H);
-          }
-          store_float(row_ptr(p.d_weights, t), DType::kF32, s, dw);
-        }
-        if (r < 0) continue;
+      if (p.d_weights.data) {
+        // d_weights[t, s] = <y_perm[row], d_out[t]>, 0 for the slots not routed.
+        dots.resize(S);
+        dot_rows(slots.addresses_in(p.y_perm), slots.n, p.y_perm.dtype, buf, H, dots.data());
+        auto* dw = reinterpret_cast<float*>(row_ptr(p.d_weights, t));
+        for (int64_t s = 0; s < S; ++s) dw[s] = 0.0f;
+        for (int64_t j = 0; j < slots.n; ++j) dw[slots.slot[j]] = dots[j];
+      }
+      for (int64_t j = 0; j < slots.n; ++j) {
+        char* dst = row_ptr(p.d_y_perm, slots.row[j]);
         if (copy_as_is) {
-          write_row(row_ptr(p.d_y_perm, r), g, out_bytes, stream);
-          continue;
+          write_row(dst, g, out_bytes, stream);
+        } else {
+          scale_row(buf, slots.w[j], H, buf + H, p.d_y_perm.dtype);
+          write_row(dst, buf + H, out_bytes, stream);
         }
-        const float w =
-            p.weights.data ? load_as_float(row_ptr(p.weights, t), p.weights.dtype, s) : 1.0f;
-        scale_row(buf, w, H, buf + H, p.d_y_perm.dtype);
-        write_row(row_ptr(p.d_y_perm, r), buf + H, out_bytes, stream);
       }
     }
 #pragma omp for schedule(static)

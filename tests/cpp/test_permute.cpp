@@ -2,6 +2,7 @@
 // (all routed slots sorted stably by expert, capacity applied per expert), adjoint identities
 // for the backward passes, round trips, and every invalid input named with nothing written.
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -338,6 +339,12 @@ std::vector<Case> grid() {
     cases.push_back({5, 8, 2, H});
     cases.push_back({1000, 128, 8, H, false, DType::kBF16});
   }
+  // More routed slots per token than the vector kernels take at once (8), and a hidden size
+  // with whole vector blocks and a tail.
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    cases.push_back({77, 16, 13, 100, true, t});
+    cases.push_back({77, 32, 11, 100, false, t});
+  }
   Case one{1000, 8, 1, 7};
   one.spread = Spread::kAllOne;
   cases.push_back(one);
@@ -520,18 +527,20 @@ TEST(SortChunks, ReordersChunksAndTheInverseUndoesIt) {
   }
 }
 
-TEST(Permute, Bf16GradientRowsRoundToNearestEvenAndKeepNaN) {
-  // unpermute_backward's bf16 rows: w * d_out rounded as float_to_bf16 does, where rounding is
-  // easy to get wrong. With w = 1 + 2^-8: 1 * w is a tie (to even: down), 3 * w rounds up, the
-  // largest finite bf16 times w overflows to inf; inf, NaN, signed zeros and a subnormal too.
-  // A weight of NaN with every payload bit set: rounding its bits up would carry into the sign.
+TEST(Permute, Bf16RowsRoundToNearestEvenAndKeepNaN) {
+  // The bf16 rows of unpermute_backward (w * d_out) and of unpermute (0 + w * y, one slot): rounded
+  // as float_to_bf16 does, where rounding is easy to get wrong. With w = 1 + 2^-8: 1 * w is a tie
+  // (to even: down), 3 * w rounds up, the largest finite bf16 times w overflows to inf; inf, NaN,
+  // signed zeros and a subnormal too. A weight of NaN with every payload bit set: rounding its
+  // bits up would carry into the sign. The values repeat over 9 x 12 lanes, so that the vector
+  // kernels see them in whole blocks and in the tail.
   for (const float w : {1.0f + 0x1p-8f, std::bit_cast<float>(0x7fffffffu)}) {
     const float vals[] = {1.0f,       -1.0f, 3.0f, 0x1.fep127f, -0x1.fep127f, HUGE_VALF,
                           -HUGE_VALF, NAN,   0.0f, -0.0f,       0x1p-130f,    0.1f};
-    const int64_t H = sizeof(vals) / sizeof(vals[0]);
+    const int64_t V = sizeof(vals) / sizeof(vals[0]), H = 9 * V;
     HostTensor d_out(DType::kBF16, {1, H}), row_map(DType::kI32, {2, 1, 1}),
         wt(DType::kF32, {1, 1});
-    for (int64_t h = 0; h < H; ++h) d_out.set({0, h}, vals[h]);
+    for (int64_t h = 0; h < H; ++h) d_out.set({0, h}, vals[h % V]);
     row_map.set({0, 0, 0}, 0);
     row_map.set({1, 0, 0}, 0);
     wt.set({0, 0}, w);
@@ -541,13 +550,83 @@ TEST(Permute, Bf16GradientRowsRoundToNearestEvenAndKeepNaN) {
           unpermute_backward(d_out.in(), {}, row_map.in(), wt.in(), d_y.mut(), {}, impl).ok());
       const auto* g = reinterpret_cast<const bf16_bits*>(d_out.bytes.data());
       const auto* got = reinterpret_cast<const bf16_bits*>(d_y.bytes.data());
+      HostTensor out(DType::kBF16, {1, H});
+      ASSERT_TRUE(unpermute(d_out.in(), row_map.in(), wt.in(), out.mut(), impl).ok());
+      const auto* combined = reinterpret_cast<const bf16_bits*>(out.bytes.data());
       for (int64_t h = 0; h < H; ++h) {
         // NaN times NaN: which payload survives is the compiler's choice of operand order.
-        if (std::isnan(w) && std::isnan(vals[h])) continue;
-        EXPECT_EQ(got[h], float_to_bf16(w * bf16_to_float(g[h]))) << h;
+        if (std::isnan(w) && std::isnan(vals[h % V])) continue;
+        const float product = w * bf16_to_float(g[h]);
+        EXPECT_EQ(got[h], float_to_bf16(product)) << h;
+        EXPECT_EQ(combined[h], float_to_bf16(0.0f + product)) << h;  // a sum: -0 becomes +0
       }
     }
   }
+}
+
+// The combine and dot kernels are compiled for every x86 target Highway knows, and the best the
+// CPU supports runs everywhere else in these tests. Here each supported target runs unpermute
+// and both backward passes against the reference: tokens routed to no expert, to every one (16,
+// more than the kernels take at once), and a hidden size with whole vector blocks and a tail.
+TEST(Permute, VectorKernelsAgreeWithTheReferenceOnEveryTarget) {
+  const int64_t T = 41, E = 16, H = 101;
+  std::mt19937 rng(17);
+  HostTensor map(DType::kBool, {T, E}), probs(DType::kF32, {T, E});
+  std::bernoulli_distribution coin(0.6);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t e = 0; e < E; ++e) map.set({t, e}, t == 0 ? 0 : t == 1 ? 1 : coin(rng));
+  }
+  probs.fill_random(rng);
+  const int64_t N = T * E;
+  HostTensor tpe(DType::kI32, {E}), row_map(DType::kI32, {2, T, E});
+  ASSERT_TRUE(permute({}, map.in(), {}, {}, {{}, {}, tpe.mut(), row_map.mut(), {}}).ok());
+  HostTensor y(DType::kBF16, {N, H}), d_out(DType::kBF16, {T, H}), d_probs_perm(DType::kF32, {N});
+  y.fill_random(rng);
+  d_out.fill_random(rng);
+  d_probs_perm.fill_random(rng);
+
+  struct Outputs {
+    HostTensor out{DType::kF32, {T, H}}, out_b{DType::kBF16, {T, H}}, d_y{DType::kBF16, {N, H}},
+        d_w{DType::kF32, {T, E}}, d_x{DType::kF32, {T, H}}, d_p{DType::kF32, {T, E}};
+  };
+  auto run = [&](PermuteImpl impl, Outputs& o) {
+    ASSERT_TRUE(unpermute(y.in(), row_map.in(), probs.in(), o.out.mut(), impl).ok());
+    ASSERT_TRUE(unpermute(y.in(), row_map.in(), probs.in(), o.out_b.mut(), impl).ok());
+    ASSERT_TRUE(unpermute_backward(d_out.in(), y.in(), row_map.in(), probs.in(), o.d_y.mut(),
+                                   o.d_w.mut(), impl)
+                    .ok());
+    ASSERT_TRUE(
+        permute_backward(y.in(), d_probs_perm.in(), row_map.in(), o.d_x.mut(), o.d_p.mut(), impl)
+            .ok());
+  };
+  Outputs want;
+  run(PermuteImpl::kReference, want);
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_GE(targets.size(), 2u);  // at least one vector target beside the baseline
+  for (const int64_t target : targets) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    Outputs got;
+    run(PermuteImpl::kThreaded, got);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        const double o = want.out.get({t, h});
+        ASSERT_NEAR(got.out.get({t, h}), o, 1e-5 * (1 + std::fabs(o))) << t << "," << h;
+        // bf16: the f32 sum rounded once, where the two sums' last bits may round apart.
+        ASSERT_NEAR(got.out_b.get({t, h}), o, 0x1p-8 * std::fabs(o) + 1e-5) << t << "," << h;
+        ASSERT_NEAR(got.d_x.get({t, h}), want.d_x.get({t, h}), 1e-5) << t << "," << h;
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        const double w = want.d_w.get({t, e});
+        ASSERT_NEAR(got.d_w.get({t, e}), w, 1e-5 * (1 + std::fabs(w))) << t << "," << e;
+        ASSERT_EQ(got.d_p.get({t, e}), want.d_p.get({t, e})) << t << "," << e;
+      }
+    }
+    for (int64_t i = 0; i < N * H; ++i) {
+      ASSERT_EQ(got.d_y.get_flat(i), want.d_y.get_flat(i)) << i;
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
 }
 
 TEST(SortChunks, NoChunksAndOneChunkOfEveryRowCopyInPlace) {
