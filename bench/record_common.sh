@@ -3,6 +3,12 @@
 # beside it. Callers set `op` and `build`, call start_report TITLE, then run NAME ARGS... .
 day=$(date -u +%Y-%m-%d)
 out=bench/results/$op-cpu-$day
+# A second recording on the same day goes beside the first (-2, -3, ...), never over it.
+n=1
+while [[ -e $out ]]; do
+  n=$((n + 1))
+  out=bench/results/$op-cpu-$day-$n
+done
 report=$out/README.md
 tool="$build/moekit"
 
