@@ -85,6 +85,9 @@ void combine_rows(const void* const* rows, const float* w, int64_t n, DType rows
 // side, up to 8 at a time.
 void dot_rows(const void* const* rows, int64_t n, DType rows_t, const float* g, int64_t H,
               float* out);
+// out[0, H) = w * g[0, H), out f32 | bf16 (rounded as combine_rows rounds); stream: written with
+// non-temporal stores where out is aligned for them (the caller fences).
+void scale_row(const float* g, float w, int64_t H, void* out, DType out_t, bool stream);
 
 Status permute_threaded(const PermuteProblem& p);
 Status combine_threaded(const CombineProblem& p);

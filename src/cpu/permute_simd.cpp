@@ -1,9 +1,9 @@
-// Vector row kernels for the permutation ops: the weighted sum of a token's rows (combine) and
-// the dot products of several rows with one (the merging-probs gradient). Both walk the rows side
-// by side, a few cache lines of each at a time, so that the k rows a token gathers from all over
-// the permuted buffer stream in together (the hardware prefetchers follow each) and the sums
-// stay in registers. Written once with Highway and compiled for every x86 target it knows; the
-// widest the CPU supports is picked at run time. Sums run in f32 in slot order; bf16 rows widen
+// Vector row kernels for the permutation ops: the weighted sum of a token's rows (combine), the
+// dot products of several rows with one (the merging-probs gradient) and a scaled row. Both walk
+// the rows side by side, a few cache lines of each at a time, so that the k rows a token gathers
+// from all over the permuted buffer stream in together (the hardware prefetchers follow each) and
+// the sums stay in registers. Written once with Highway and compiled for every x86 target it knows;
+// the widest the CPU supports is picked at run time. Sums run in f32 in slot order; bf16 rows widen
 // exactly and a bf16 output is rounded once, to nearest even, NaN kept quiet (as float_to_bf16).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/permute_simd.cpp"
@@ -41,20 +41,27 @@ HWY_INLINE V LoadLanes(D d, const void* row, size_t i) {
   }
 }
 
-// Stores v to lanes [i, i + N) of a row of f32 or bf16 bits.
-template <bool kBf16>
+// v as a vector of bf16 bits, rounded to nearest even, NaN kept quiet.
+HWY_INLINE hn::Vec<D16> RoundToBf16(V v) {
+  const DU du;
+  const auto u = hn::BitCast(du, v);
+  const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), odd)));
+  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x0040u));
+  const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
+  return hn::DemoteTo(D16(), hn::BitCast(DI(), bits));
+}
+
+// Stores v to lanes [i, i + N) of a row of f32 or bf16 bits; kStream: with a non-temporal store,
+// which needs the lanes aligned to their vector's size.
+template <bool kBf16, bool kStream = false>
 HWY_INLINE void StoreLanes(D d, V v, void* row, size_t i) {
   if constexpr (kBf16) {
-    const DU du;
-    const auto u = hn::BitCast(du, v);
-    const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-    const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), odd)));
-    const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x0040u));
-    const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
-    hn::StoreU(hn::DemoteTo(D16(), hn::BitCast(DI(), bits)), D16(),
-               static_cast<uint16_t*>(row) + i);
+    auto* p = static_cast<uint16_t*>(row) + i;
+    kStream ? hn::Stream(RoundToBf16(v), D16(), p) : hn::StoreU(RoundToBf16(v), D16(), p);
   } else {
-    hn::StoreU(v, d, static_cast<float*>(row) + i);
+    auto* p = static_cast<float*>(row) + i;
+    kStream ? hn::Stream(v, d, p) : hn::StoreU(v, d, p);
   }
 }
 
@@ -95,6 +102,36 @@ void CombineTyped(const void* const* rows, const float* w, size_t n, size_t H, v
   });
   for (size_t u = 0; u < kUnroll; ++u) StoreLanes<kOut>(d, acc[u], result, u * N);
   std::memcpy(static_cast<Out*>(out) + i, result, r * sizeof(Out));
+}
+
+// out[0, H) = w * g[0, H), f32 or rounded to bf16; kStream: the whole vectors with non-temporal
+// stores (out aligned to a vector of its type).
+template <bool kOut, bool kStream>
+void ScaleTyped(const float* g, float w, size_t H, void* out) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  const V wv = hn::Set(d, w);
+  size_t i = 0;
+  for (; i + N <= H; i += N) {
+    StoreLanes<kOut, kStream>(d, hn::Mul(wv, hn::LoadU(d, g + i)), out, i);
+  }
+  if (i == H) return;
+  using Out = std::conditional_t<kOut, uint16_t, float>;
+  HWY_ALIGN float g_tail[HWY_MAX_BYTES / sizeof(float)] = {};
+  HWY_ALIGN Out result[HWY_MAX_BYTES / sizeof(float)];
+  std::memcpy(g_tail, g + i, (H - i) * sizeof(float));
+  StoreLanes<kOut>(d, hn::Mul(wv, hn::Load(d, g_tail)), result, 0);
+  std::memcpy(static_cast<Out*>(out) + i, result, (H - i) * sizeof(Out));
+}
+
+void ScaleRow(const float* g, float w, size_t H, void* out, bool out_bf16, bool stream) {
+  // Non-temporal stores only where every whole vector of the row is aligned for them.
+  const size_t vector_bytes = hn::Lanes(D()) * (out_bf16 ? sizeof(uint16_t) : sizeof(float));
+  if (stream && reinterpret_cast<uintptr_t>(out) % vector_bytes == 0) {
+    out_bf16 ? ScaleTyped<true, true>(g, w, H, out) : ScaleTyped<false, true>(g, w, H, out);
+  } else {
+    out_bf16 ? ScaleTyped<true, false>(g, w, H, out) : ScaleTyped<false, false>(g, w, H, out);
+  }
 }
 
 // out[j] = <rows[j], g> over [0, H), j < M, the M rows read side by side in one pass over g, a
@@ -162,6 +199,7 @@ namespace moekit::detail {
 
 HWY_EXPORT(CombineRows);
 HWY_EXPORT(DotRows);
+HWY_EXPORT(ScaleRow);
 
 void combine_rows(const void* const* rows, const float* w, int64_t n, DType rows_t, int64_t H,
                   void* out, DType out_t) {
@@ -174,6 +212,10 @@ void dot_rows(const void* const* rows, int64_t n, DType rows_t, const float* g, 
               float* out) {
   HWY_DYNAMIC_DISPATCH(DotRows)
   (rows, static_cast<size_t>(n), rows_t == DType::kBF16, g, static_cast<size_t>(H), out);
+}
+
+void scale_row(const float* g, float w, int64_t H, void* out, DType out_t, bool stream) {
+  HWY_DYNAMIC_DISPATCH(ScaleRow)(g, w, static_cast<size_t>(H), out, out_t == DType::kBF16, stream);
 }
 
 }  // namespace moekit::detail

@@ -6,7 +6,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -35,27 +34,6 @@ float* scratch_row(int64_t n) {
   thread_local std::vector<float> buf;
   if (buf.size() < static_cast<size_t>(n)) buf.resize(n);
   return buf.data();
-}
-
-// The row loop below is compiled for AVX-512, AVX2 and the baseline, picked at load time.
-#define MOEKIT_ROW_LOOP \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-
-// out[0, n) = w * g[0, n) in f32 | bf16 (rounded to nearest even, NaN kept quiet, as
-// float_to_bf16, written without branches so that it vectorises).
-MOEKIT_ROW_LOOP void scale_row(const float* g, float w, int64_t n, void* out, DType t) {
-  if (t == DType::kF32) {
-    auto* o = static_cast<float*>(out);
-    for (int64_t h = 0; h < n; ++h) o[h] = w * g[h];
-    return;
-  }
-  auto* o = static_cast<bf16_bits*>(out);
-  for (int64_t h = 0; h < n; ++h) {
-    const uint32_t u = std::bit_cast<uint32_t>(w * g[h]);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x0040u;
-    o[h] = static_cast<bf16_bits>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-  }
 }
 
 // The (prob, position) order that the kProbs policy keeps by: higher prob first (NaN lowest),
@@ -281,7 +259,7 @@ Status scatter_threaded(const ScatterProblem& p) {
   {
     thread_local TokenSlots slots;
     thread_local std::vector<float> dots;
-    float* buf = scratch_row<1>(2 * H);  // d_out[t] f32 | the output row (f32 | bf16)
+    float* buf = scratch_row<1>(H);  // d_out[t] in f32
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
       const char* g = row_ptr(p.d_out, t);
@@ -300,8 +278,7 @@ Status scatter_threaded(const ScatterProblem& p) {
         if (copy_as_is) {
           write_row(dst, g, out_bytes, stream);
         } else {
-          scale_row(buf, slots.w[j], H, buf + H, p.d_y_perm.dtype);
-          write_row(dst, buf + H, out_bytes, stream);
+          scale_row(buf, slots.w[j], H, dst, p.d_y_perm.dtype, stream);
         }
       }
     }

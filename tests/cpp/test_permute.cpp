@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -627,6 +628,53 @@ TEST(Permute, VectorKernelsAgreeWithTheReferenceOnEveryTarget) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
+}
+
+// Outputs of 4 MiB and more are written with non-temporal stores, which need aligned rows: here
+// both unpermute's output and unpermute_backward's d_y_perm are that large, in 64-byte aligned
+// buffers, against the reference (which writes plainly).
+TEST(Permute, LargeAlignedOutputsAreStreamedAndEqualTheReference) {
+  const int64_t T = 2048, E = 16, H = 1024, N = 2 * T;
+  const int32_t k = 2;
+  std::mt19937 rng(23);
+  Case c{T, E, k, H};
+  const auto experts = make_routing(c, rng);
+  HostTensor idx(DType::kI32, {T, k}), w(DType::kF32, {T, k}), tpe(DType::kI32, {E}),
+      row_map(DType::kI32, {2, T, k}), y(DType::kBF16, {N, H}), d_out(DType::kBF16, {T, H});
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t s = 0; s < k; ++s) idx.set({t, s}, experts[t][s]);
+  }
+  w.fill_random(rng);
+  y.fill_random(rng);
+  d_out.fill_random(rng);
+  ASSERT_TRUE(permute({}, idx.in(), {}, {}, {{}, {}, tpe.mut(), row_map.mut(), {}}).ok());
+  struct Aligned {
+    explicit Aligned(size_t n) : p(static_cast<bf16_bits*>(std::aligned_alloc(64, 2 * n))) {}
+    ~Aligned() { std::free(p); }
+    bf16_bits* p;
+  };
+  Aligned out_ref(T * H), out(T * H), d_y_ref(N * H), d_y(N * H);
+  HostTensor dw_ref(DType::kF32, {T, k}), dw(DType::kF32, {T, k});
+  auto run = [&](PermuteImpl impl, bf16_bits* o, bf16_bits* dy, HostTensor& dwt) {
+    ASSERT_TRUE(
+        unpermute(y.in(), row_map.in(), w.in(), TensorView(o, DType::kBF16, {T, H}), impl).ok());
+    ASSERT_TRUE(unpermute_backward(d_out.in(), y.in(), row_map.in(), w.in(),
+                                   TensorView(dy, DType::kBF16, {N, H}), dwt.mut(), impl)
+                    .ok());
+  };
+  run(PermuteImpl::kReference, out_ref.p, d_y_ref.p, dw_ref);
+  run(PermuteImpl::kThreaded, out.p, d_y.p, dw);
+  for (int64_t i = 0; i < T * H; ++i) {
+    const float want = bf16_to_float(out_ref.p[i]);
+    // Two sums of two products: the last bits may round apart.
+    ASSERT_NEAR(bf16_to_float(out.p[i]), want, 0x1p-7 * std::fabs(want) + 1e-6) << i;
+  }
+  for (int64_t i = 0; i < N * H; ++i) ASSERT_EQ(d_y.p[i], d_y_ref.p[i]) << i;
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t s = 0; s < k; ++s) {
+      ASSERT_NEAR(dw.get({t, s}), dw_ref.get({t, s}), 1e-4 * (1 + std::fabs(dw_ref.get({t, s}))));
+    }
+  }
 }
 
 TEST(SortChunks, NoChunksAndOneChunkOfEveryRowCopyInPlace) {
