@@ -147,6 +147,31 @@ void parallel_copy(void* dst, const void* src, size_t bytes) {
   }
 }
 
+namespace {
+volatile uint64_t read_sink;  // where parallel_read's sum goes, so that the reads stay
+}  // namespace
+
+void parallel_read(const void* src, size_t bytes) {
+  uint64_t total = 0;
+#pragma omp parallel reduction(+ : total)
+  {
+    const size_t n = static_cast<size_t>(omp_get_num_threads()),
+                 i = static_cast<size_t>(omp_get_thread_num());
+    const size_t words = bytes / sizeof(uint64_t);
+    const size_t begin = words * i / n, end = words * (i + 1) / n;
+    const auto* w = static_cast<const uint64_t*>(src);
+    constexpr size_t kParts = 8;  // independent sums, so that the loop vectorises
+    uint64_t part[kParts] = {};
+    size_t j = begin;
+    for (; j + kParts <= end; j += kParts) {
+      for (size_t u = 0; u < kParts; ++u) part[u] += w[j + u];
+    }
+    for (; j < end; ++j) part[0] += w[j];
+    for (uint64_t v : part) total += v;
+  }
+  read_sink = total;
+}
+
 std::string machine_description() {
   std::string model = "unknown CPU";
   std::ifstream cpuinfo("/proc/cpuinfo");

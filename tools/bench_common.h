@@ -95,6 +95,11 @@ void check(const Status& s);
 // bandwidth reference the memory-bound kernels are measured against (both cores busy).
 void parallel_copy(void* dst, const void* src, size_t bytes);
 
+// Reads `bytes` at src (summing them as 64-bit words into a sink) with every OpenMP thread taking
+// one contiguous slice: the ceiling of a kernel that mostly reads, where a copy's mix of reads
+// and streamed writes can move more bytes per second than reads alone.
+void parallel_read(const void* src, size_t bytes);
+
 // "AMD EPYC (2 cores, 2 OpenMP threads)" from /proc/cpuinfo and the runtime.
 std::string machine_description();
 std::string today_iso();

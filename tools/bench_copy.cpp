@@ -11,36 +11,40 @@ void time_against_copy(const std::vector<CopyCase>& cases, int64_t tokens, const
                        std::vector<CopyRow>& rows) {
   size_t max_half = 0;
   for (const CopyCase& c : cases) max_half = std::max(max_half, static_cast<size_t>(c.bytes / 2));
-  Buffer src(max_half), dst(max_half);
-  fill_uniform(src.data(), DType::kBF16, static_cast<int64_t>(max_half / 2), seed);
+  Buffer src(2 * max_half), dst(max_half);
+  fill_uniform(src.data(), DType::kBF16, static_cast<int64_t>(max_half), seed);
   for (const CopyCase& c : cases) {
     progress.step(
         fmt::format("{} {} {} beside a copy of {:.1f} MB", what, c.kernel, c.pass, c.bytes / 1e6));
     const size_t half = static_cast<size_t>(c.bytes / 2);
     const auto t = time_interleaved(warmup, reps,
-                                    {c.run, [&] { parallel_copy(dst.data(), src.data(), half); }});
-    rows.push_back({c.kernel, c.pass, tokens, 2.0 * half, t[0], t[1]});
+                                    {c.run, [&] { parallel_copy(dst.data(), src.data(), half); },
+                                     [&] { parallel_read(src.data(), 2 * half); }});
+    rows.push_back({c.kernel, c.pass, tokens, 2.0 * half, t[0], t[1], t[2]});
   }
 }
 
 void print_copy_table(std::FILE* out, const std::vector<CopyRow>& rows, int warmup, int reps,
                       const std::string& bytes_note) {
-  fmt::print(out, "\n{:>6} {:>20} {:>4} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8}\n", "tokens", "kernel",
-             "pass", "MB", "ms", "GB/s", "copy ms", "copy GB/s", "vs copy");
+  fmt::print(out, "\n{:>6} {:>20} {:>4} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>9} {:>8}\n",
+             "tokens", "kernel", "pass", "MB", "ms", "GB/s", "copy ms", "copy GB/s", "vs copy",
+             "read GB/s", "vs read");
   std::vector<std::string> labels;
   std::vector<double> ratios;
   for (const CopyRow& r : rows) {
     const double ratio = 100.0 * r.gbps() / r.copy_gbps();
-    fmt::print(out, "{:>6} {:>20} {:>4} {:>8.1f} {:>8.3f} {:>7.1f} {:>8.3f} {:>8.1f} {:>7.0f}%\n",
+    fmt::print(out,
+               "{:>6} {:>20} {:>4} {:>8.1f} {:>8.3f} {:>7.1f} {:>8.3f} {:>8.1f} {:>7.0f}% {:>9.1f} "
+               "{:>7.0f}%\n",
                r.tokens, r.kernel, r.pass, r.bytes / 1e6, r.t.median_ms, r.gbps(), r.copy.median_ms,
-               r.copy_gbps(), ratio);
+               r.copy_gbps(), ratio, r.read_gbps(), 100.0 * r.gbps() / r.read_gbps());
     labels.push_back(fmt::format("T={} {} {}", r.tokens, r.kernel, r.pass));
     ratios.push_back(ratio);
   }
   fmt::print(out,
              "\nms: median of {} runs after {} warm-up, each call alternating with a copy of the "
-             "same bytes (half read, half written) split over all threads. {}\n\nrate as a share "
-             "of the copy's:\n{}",
+             "same bytes (half read, half written) and a read of them, each split over all "
+             "threads. {}\n\nrate as a share of the copy's:\n{}",
              reps, warmup, bytes_note, ascii_bars(labels, ratios, "%"));
 }
 
@@ -54,7 +58,9 @@ nlohmann::json copy_row_json(const CopyRow& r) {
           {"gbps", r.gbps()},
           {"memcpy_ms", r.copy.median_ms},
           {"memcpy_gbps", r.copy_gbps()},
-          {"ratio_to_memcpy", r.gbps() / r.copy_gbps()}};
+          {"ratio_to_memcpy", r.gbps() / r.copy_gbps()},
+          {"read_ms", r.read.median_ms},
+          {"read_gbps", r.read_gbps()}};
 }
 
 }  // namespace moekit::tools
