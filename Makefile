@@ -1,15 +1,16 @@
 # The two commands of the README. Both install what is missing first.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+VENV       ?= .venv
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: run test deps build test-cpp sanitize format format-check clean
+.PHONY: run test deps build test-cpp python test-python sanitize format format-check clean
 
 run: build
 	$(BUILD)/moekit bench ragged_dot --preset qwen3-30b-a3b --tokens 4096
 
-test: build test-cpp
+test: build test-cpp test-python
 
 deps:
 	@scripts/install-deps
@@ -20,6 +21,14 @@ build: deps
 
 test-cpp:
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# The Python package in $(VENV), built against the jax installed there (pyproject.toml).
+python: deps
+	scripts/python-env $(VENV)
+	$(VENV)/bin/pip install -q --no-build-isolation .
+
+test-python: python
+	$(VENV)/bin/python -m pytest -q tests/python
 
 # The C++ tests under AddressSanitizer and UndefinedBehaviorSanitizer (a build of its own).
 sanitize: deps
@@ -35,4 +44,4 @@ format-check:
 	clang-format --dry-run --Werror $(FORMAT_FILES)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-python

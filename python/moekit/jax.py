@@ -1,0 +1,154 @@
+"""The moekit CPU kernels as JAX functions.
+
+Each function is an XLA FFI call into the C++ kernels, differentiable through `jax.custom_vjp`
+whose backward calls the C++ backward kernels, and usable under `jax.jit`, `jax.grad`,
+`jax.vmap` (a batch runs as a loop of calls) and inside `jax.shard_map`. The handlers are
+registered for the CPU platform when this module is imported.
+
+Invalid shapes, dtypes and options raise `ValueError` or `TypeError` at trace time, naming the
+argument. Invalid data that only the values show (a negative group size, sizes that sum past the
+rows, an offset out of range when it is traced) raise at run time, when the result is computed,
+with the C++ library's message (``ragged_dot: group_sizes[3] = -2: ...``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moekit import _moekit_ffi
+
+__all__ = ["ragged_dot"]
+
+def _version(v):
+    return tuple(int(x) for x in v.split(".")[:3] if x.isdigit())
+
+
+if _version(jax.lib.__version__) < _version(_moekit_ffi.BUILT_WITH_JAXLIB):
+    raise ImportError(
+        f"moekit was built against the XLA FFI headers of jaxlib {_moekit_ffi.BUILT_WITH_JAXLIB}, "
+        f"newer than the jaxlib {jax.lib.__version__} running now; reinstall moekit "
+        f"(pip install --no-build-isolation .) with this jaxlib installed")
+
+for _name, _capsule in _moekit_ffi.registrations().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+_FLOAT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))
+
+
+def _ffi(name, shape, dtype, *args):
+    """One FFI call with one result; under vmap the batch runs as a loop of calls."""
+    call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
+    return call(*args)
+
+
+def _concrete_int(x):
+    """The value of a scalar that is known at trace time, else None."""
+    try:
+        return int(np.asarray(x).reshape(()))
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+            TypeError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# ragged_dot
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _ragged_dot(lhs, rhs, group_sizes, group_offset, out_dtype):
+    return _ffi("moekit_ragged_dot_fwd", (lhs.shape[0], rhs.shape[2]), out_dtype, lhs, rhs,
+                group_sizes, group_offset)
+
+
+def _ragged_dot_fwd(lhs, rhs, group_sizes, group_offset, out_dtype):
+    out = _ragged_dot(lhs, rhs, group_sizes, group_offset, out_dtype)
+    return out, (lhs, rhs, group_sizes, group_offset)
+
+
+def _ragged_dot_bwd(out_dtype, residuals, d_out):
+    lhs, rhs, group_sizes, group_offset = residuals
+    d_out = d_out.astype(lhs.dtype)  # the kernels take the cotangent in the inputs' dtype
+    d_lhs = _ffi("moekit_ragged_dot_dlhs", lhs.shape, lhs.dtype, d_out, rhs, group_sizes,
+                 group_offset)
+    d_rhs = _ffi("moekit_ragged_dot_drhs", rhs.shape, rhs.dtype, lhs, d_out, group_sizes,
+                 group_offset)
+    return d_lhs, d_rhs, None, None
+
+
+_ragged_dot.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
+
+
+def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
+               preferred_element_type=None):
+    """Grouped matrix multiply, `jax.lax.ragged_dot` with a working `group_offset`.
+
+    Rows of `lhs` are grouped by `group_sizes`: group j holds rows
+    ``start[j] .. start[j] + group_sizes[j]`` with ``start[j] = sum(group_sizes[:j])``. The
+    groups ``group_offset .. group_offset + E_loc - 1`` are local, and local group j multiplies
+    by ``rhs[j - group_offset]``. Every other row of the result (non-local groups, and rows at
+    or past ``sum(group_sizes)``) is exactly 0 and is never computed, so a shard holding a
+    quarter of the experts does a quarter of the work.
+
+    Args:
+      lhs: ``[m, K]`` float32 or bfloat16.
+      rhs: ``[E_loc, K, n]``, the dtype of `lhs`: the local groups' matrices.
+      group_sizes: ``[G]`` int32, ``G >= E_loc``, each >= 0, summing to at most m.
+      group_offset: the first local group, an int32 scalar or shape-(1,) array in
+        ``[0, G - E_loc]``; may be traced (e.g. ``axis_index * E_loc`` in `shard_map`). None:
+        0, and then G must equal E_loc, as in `jax.lax.ragged_dot`.
+      precision: accepted for signature compatibility; products always accumulate in float32.
+      preferred_element_type: the result dtype, float32 or the inputs' dtype (default).
+
+    Returns:
+      ``[m, n]`` in `preferred_element_type`.
+
+    Gradients flow to `lhs` and `rhs` (computed by the C++ backward kernels; the cotangent is
+    rounded to the inputs' dtype first). Under `vmap`, each batch element is one call.
+    """
+    del precision  # always f32 accumulation
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    group_sizes = jnp.asarray(group_sizes)
+    if lhs.ndim != 2:
+        raise ValueError(f"ragged_dot: lhs must be [m, K], got shape {lhs.shape}")
+    if rhs.ndim != 3:
+        raise ValueError(f"ragged_dot: rhs must be [E_loc, K, n], got shape {rhs.shape}")
+    if lhs.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"ragged_dot: lhs dtype {lhs.dtype} is not float32 or bfloat16")
+    if rhs.dtype != lhs.dtype:
+        raise TypeError(f"ragged_dot: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
+    if rhs.shape[1] != lhs.shape[1]:
+        raise ValueError(f"ragged_dot: rhs.shape[1] = {rhs.shape[1]} differs from "
+                         f"lhs.shape[1] = {lhs.shape[1]} (the contraction size K)")
+    if group_sizes.ndim != 1 or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise ValueError(f"ragged_dot: group_sizes must be a rank-1 integer array, got "
+                         f"{group_sizes.dtype}{list(group_sizes.shape)}")
+    num_groups, num_local = group_sizes.shape[0], rhs.shape[0]
+    if group_offset is None:
+        if num_groups != num_local:
+            raise ValueError(f"ragged_dot: group_sizes has {num_groups} groups but rhs holds "
+                             f"{num_local}; pass group_offset to compute a subset of the groups")
+        group_offset = jnp.zeros((1,), jnp.int32)
+    else:
+        group_offset = jnp.asarray(group_offset)
+        if group_offset.shape not in ((), (1,)) or not jnp.issubdtype(group_offset.dtype,
+                                                                       jnp.integer):
+            raise ValueError(f"ragged_dot: group_offset must be an integer scalar or shape (1,), "
+                             f"got {group_offset.dtype}{list(group_offset.shape)}")
+        if num_groups < num_local:
+            raise ValueError(f"ragged_dot: group_sizes has {num_groups} groups, fewer than the "
+                             f"{num_local} that rhs holds")
+        value = _concrete_int(group_offset)
+        if value is not None and not 0 <= value <= num_groups - num_local:
+            raise ValueError(f"ragged_dot: group_offset = {value} is outside "
+                             f"[0, {num_groups - num_local}] (G = {num_groups}, "
+                             f"E_loc = {num_local})")
+        group_offset = group_offset.astype(jnp.int32).reshape((1,))
+    out_dtype = lhs.dtype if preferred_element_type is None else np.dtype(preferred_element_type)
+    if out_dtype not in (np.dtype(jnp.float32), lhs.dtype):
+        raise TypeError(f"ragged_dot: preferred_element_type {out_dtype} is not float32 or "
+                        f"the inputs' dtype {lhs.dtype}")
+    return _ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), group_offset, out_dtype)

@@ -1,0 +1,160 @@
+"""moekit.jax.ragged_dot against jax.lax.ragged_dot (no offset) and against a pure-JAX masked
+reference (with group_offset): values, both gradients, jit, vmap and the errors."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import moekit.jax as mj
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+# (m, K, n, group_sizes): odd sizes, empty groups, every row in one group, rows past the groups.
+CASES = [
+    (1, 1, 1, [1]),
+    (7, 5, 3, [0, 7, 0]),
+    (111, 33, 17, [10, 0, 41, 0, 3, 57]),
+    (111, 33, 17, [0, 0, 111, 0]),
+    (500, 64, 48, [100, 150, 0, 200, 25]),  # 25 rows past the last group
+]
+
+
+def _inputs(m, K, n, sizes, num_groups=None, dtype=F32, seed=0):
+    rng = np.random.default_rng(seed)
+    lhs = jnp.asarray(rng.standard_normal((m, K)), dtype)
+    rhs = jnp.asarray(rng.standard_normal((num_groups or len(sizes), K, n)), dtype)
+    return lhs, rhs, jnp.asarray(sizes, jnp.int32)
+
+
+def _tol(dtype, K):
+    # f32: XLA's and oneDNN's summation orders; bf16: the result rounded to 8 bits.
+    return dict(rtol=1e-5, atol=1e-5 * K) if dtype == F32 else dict(rtol=2e-2, atol=2e-2 * K**0.5)
+
+
+def _masked_reference(lhs, rhs_local, sizes, offset):
+    """What users do today: all groups computed (zeros for the non-local weights), the
+    non-local rows masked out afterwards."""
+    num_groups, num_local = sizes.shape[0], rhs_local.shape[0]
+    rhs_full = jnp.zeros((num_groups,) + rhs_local.shape[1:], rhs_local.dtype)
+    rhs_full = jax.lax.dynamic_update_slice(rhs_full, rhs_local, (offset, 0, 0))
+    out = jax.lax.ragged_dot(lhs, rhs_full, sizes, preferred_element_type=F32)
+    ends = jnp.cumsum(sizes)
+    starts = ends - sizes
+    rows = jnp.arange(lhs.shape[0])
+    local = (rows >= starts[offset]) & (rows < ends[offset + num_local - 1])
+    return jnp.where(local[:, None], out, 0.0)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("m,K,n,sizes", CASES)
+def test_equals_jax_ragged_dot_without_offset(m, K, n, sizes, dtype):
+    lhs, rhs, gs = _inputs(m, K, n, sizes, dtype=dtype)
+    got = mj.ragged_dot(lhs, rhs, gs)
+    want = jax.lax.ragged_dot(lhs, rhs, gs)
+    assert got.dtype == want.dtype == dtype
+    np.testing.assert_allclose(np.float32(got), np.float32(want), **_tol(dtype, K))
+
+    # Gradients, through a loss that weighs every output differently.
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((m, n)), dtype)
+    loss = lambda f: lambda a, b: jnp.sum((f(a, b, gs) * w).astype(F32))
+    got_g = jax.grad(loss(mj.ragged_dot), (0, 1))(lhs, rhs)
+    want_g = jax.grad(loss(jax.lax.ragged_dot), (0, 1))(lhs, rhs)
+    for g, r, k in zip(got_g, want_g, (n, m)):
+        assert g.dtype == r.dtype
+        np.testing.assert_allclose(np.float32(g), np.float32(r), **_tol(dtype, k))
+
+
+@pytest.mark.parametrize("m,K,n,sizes", CASES[1:])
+def test_group_offset_equals_masked_reference(m, K, n, sizes):
+    num_groups = len(sizes)
+    for num_local in {1, max(1, num_groups // 2), num_groups}:
+        for offset in range(num_groups - num_local + 1):
+            lhs, rhs, gs = _inputs(m, K, n, sizes, num_groups=num_local, seed=offset)
+            got = jax.jit(mj.ragged_dot)(lhs, rhs, gs, jnp.int32(offset))
+            want = _masked_reference(lhs, rhs, gs, offset)
+            np.testing.assert_allclose(got, want, **_tol(F32, K))
+
+            w = jnp.asarray(np.random.default_rng(2).standard_normal((m, n)), F32)
+            got_g = jax.grad(lambda a, b: jnp.sum(mj.ragged_dot(a, b, gs, offset) * w),
+                             (0, 1))(lhs, rhs)
+            want_g = jax.grad(lambda a, b: jnp.sum(_masked_reference(a, b, gs, offset) * w),
+                              (0, 1))(lhs, rhs)
+            np.testing.assert_allclose(got_g[0], want_g[0], **_tol(F32, n))
+            np.testing.assert_allclose(got_g[1], want_g[1], **_tol(F32, m))
+
+
+def test_offset_as_shape_one_array_and_traced_under_jit():
+    lhs, rhs, gs = _inputs(111, 33, 17, [10, 0, 41, 0, 3, 57], num_groups=2)
+    want = _masked_reference(lhs, rhs, gs, 2)
+    f = jax.jit(lambda a, b, s, o: mj.ragged_dot(a, b, s, o))
+    np.testing.assert_allclose(f(lhs, rhs, gs, jnp.array([2], jnp.int32)), want,
+                               **_tol(F32, 33))
+    np.testing.assert_allclose(f(lhs, rhs, gs, jnp.int32(2)), want, **_tol(F32, 33))
+
+
+def test_non_local_rows_are_never_read():
+    lhs, rhs, gs = _inputs(111, 33, 17, [10, 0, 41, 0, 3, 57], num_groups=3)
+    ends = np.cumsum([10, 0, 41, 0, 3, 57])
+    # Local groups 1..3 hold rows [10, 51); everything else becomes NaN.
+    poisoned = lhs.at[:10].set(jnp.nan).at[51:].set(jnp.nan)
+    got = mj.ragged_dot(poisoned, rhs, gs, 1)
+    assert np.isfinite(np.asarray(got)).all()
+    assert (np.asarray(got)[:10] == 0).all() and (np.asarray(got)[ends[3]:] == 0).all()
+
+
+def test_check_grads_numerically():
+    lhs, rhs, gs = _inputs(23, 5, 4, [7, 0, 9, 5], num_groups=2)
+    check_grads(lambda a, b: mj.ragged_dot(a, b, gs, 1), (lhs, rhs), order=1, modes=["rev"],
+                atol=1e-2, rtol=1e-2)
+
+
+def test_preferred_element_type_f32_from_bf16():
+    lhs, rhs, gs = _inputs(111, 33, 17, [10, 0, 41, 0, 3, 57], dtype=BF16)
+    got = mj.ragged_dot(lhs, rhs, gs, preferred_element_type=F32)
+    want = jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=F32)
+    assert got.dtype == F32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_vmap_over_a_leading_batch_dimension():
+    lhs, rhs, gs = _inputs(50, 8, 6, [20, 0, 30])
+    batch = jnp.stack([lhs, 2 * lhs, -lhs])
+    got = jax.vmap(lambda a: mj.ragged_dot(a, rhs, gs))(batch)
+    # jax.lax.ragged_dot has no batching rule for this; a loop is the reference.
+    want = jnp.stack([jax.lax.ragged_dot(a, rhs, gs) for a in batch])
+    np.testing.assert_allclose(got, want, **_tol(F32, 8))
+
+
+@pytest.mark.parametrize("kwargs,kind,words", [
+    (dict(lhs=np.zeros((3,), np.float32)), ValueError, "lhs must be [m, K]"),
+    (dict(rhs=np.zeros((2, 4, 3), np.float32)), ValueError, "rhs.shape[1] = 4"),
+    (dict(rhs=np.zeros((2, 5, 3), jnp.bfloat16)), TypeError, "rhs dtype bfloat16"),
+    (dict(lhs=np.zeros((7, 5), np.float16)), TypeError, "lhs dtype float16"),
+    (dict(group_sizes=np.array([[7]], np.int32)), ValueError, "group_sizes must be a rank-1"),
+    (dict(group_sizes=np.array([3, 2, 2], np.int32)), ValueError, "has 3 groups but rhs holds 2"),
+    (dict(group_sizes=np.array([3, 2, 2], np.int32), group_offset=2), ValueError,
+     "group_offset = 2 is outside [0, 1]"),
+    (dict(group_offset=np.zeros((2,), np.int32)), ValueError, "group_offset must be"),
+    (dict(preferred_element_type=jnp.int32), TypeError, "preferred_element_type int32"),
+])
+def test_invalid_arguments_are_named_at_trace_time(kwargs, kind, words):
+    args = dict(lhs=np.zeros((7, 5), np.float32), rhs=np.zeros((2, 5, 3), np.float32),
+                group_sizes=np.array([3, 4], np.int32))
+    args.update(kwargs)
+    with pytest.raises(kind, match=re.escape(words)):
+        mj.ragged_dot(**args)
+
+
+@pytest.mark.parametrize("sizes,offset,words", [
+    ([3, -1], 0, "group_sizes[1] = -1"),
+    ([5, 4], 0, "group_sizes"),  # 9 rows of 7
+    ([3, 4, 0], 2, "group_offset = 2"),  # traced, so only the kernel sees it
+])
+def test_invalid_data_raises_at_run_time(sizes, offset, words):
+    lhs, rhs, _ = _inputs(7, 5, 3, [7], num_groups=2)
+    f = jax.jit(lambda o: mj.ragged_dot(lhs, rhs, jnp.asarray(sizes, jnp.int32), o))
+    with pytest.raises(Exception, match=re.escape(words)):
+        f(jnp.int32(offset)).block_until_ready()
