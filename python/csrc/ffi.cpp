@@ -27,8 +27,7 @@ ffi::Error to_error(const Status& s) {
                     s.message());
 }
 
-// The moekit dtype of a float buffer (f32 | bf16); anything else is reported by the core as a
-// dtype mismatch, so it maps to an out-of-range value here only after a clear error.
+// The moekit dtype of an XLA float buffer: f32 or bf16; false for any other type.
 bool dtype_of(ffi::DataType t, DType* out) {
   if (t == ffi::DataType::F32) {
     *out = DType::kF32;
@@ -85,46 +84,42 @@ ffi::Error group_args(ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
     if (moekit_error_.failure()) return moekit_error_; \
   } while (0)
 
+// The three ragged_dot calls take two float tensors, the groups and one result; `names` are
+// the tensors' names in the errors.
+using RaggedDotCall = Status (*)(ConstTensorView, ConstTensorView, std::span<const int32_t>,
+                                 TensorView, const RaggedDotOptions&);
+ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], ffi::AnyBuffer a,
+                       ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
+                       ffi::AnyBuffer result) {
+  ConstTensorView va, vb;
+  TensorView out;
+  std::span<const int32_t> groups;
+  RaggedDotOptions opt;
+  MOEKIT_FFI_TRY(view_of(a, names[0], &va));
+  MOEKIT_FFI_TRY(view_of(b, names[1], &vb));
+  MOEKIT_FFI_TRY(view_of(result, names[2], &out));
+  MOEKIT_FFI_TRY(group_args(sizes, offset, &groups, &opt));
+  return to_error(fn(va, vb, groups, out, opt));
+}
+
 // out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups.
 ffi::Error ragged_dot_fwd(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
                           ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> out) {
-  ConstTensorView l, r;
-  TensorView o;
-  std::span<const int32_t> groups;
-  RaggedDotOptions opt;
-  MOEKIT_FFI_TRY(view_of(lhs, "lhs", &l));
-  MOEKIT_FFI_TRY(view_of(rhs, "rhs", &r));
-  MOEKIT_FFI_TRY(view_of(*out, "out", &o));
-  MOEKIT_FFI_TRY(group_args(sizes, offset, &groups, &opt));
-  return to_error(ragged_dot(l, r, groups, o, opt));
+  return call_ragged(ragged_dot, {"lhs", "rhs", "out"}, lhs, rhs, sizes, offset, *out);
 }
 
 // d_lhs [m, K] = ragged_dot(d_out [m, n], rhs^T).
 ffi::Error ragged_dot_dlhs(ffi::AnyBuffer d_out, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
                            ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_lhs) {
-  ConstTensorView g, r;
-  TensorView o;
-  std::span<const int32_t> groups;
-  RaggedDotOptions opt;
-  MOEKIT_FFI_TRY(view_of(d_out, "d_out", &g));
-  MOEKIT_FFI_TRY(view_of(rhs, "rhs", &r));
-  MOEKIT_FFI_TRY(view_of(*d_lhs, "d_lhs", &o));
-  MOEKIT_FFI_TRY(group_args(sizes, offset, &groups, &opt));
-  return to_error(moekit::ragged_dot_dlhs(g, r, groups, o, opt));
+  return call_ragged(moekit::ragged_dot_dlhs, {"d_out", "rhs", "d_lhs"}, d_out, rhs, sizes, offset,
+                     *d_lhs);
 }
 
 // d_rhs [E_loc, K, n]: lhs[rows of j]^T @ d_out[rows of j] per local group.
 ffi::Error ragged_dot_drhs(ffi::AnyBuffer lhs, ffi::AnyBuffer d_out, ffi::Buffer<ffi::S32> sizes,
                            ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_rhs) {
-  ConstTensorView l, g;
-  TensorView o;
-  std::span<const int32_t> groups;
-  RaggedDotOptions opt;
-  MOEKIT_FFI_TRY(view_of(lhs, "lhs", &l));
-  MOEKIT_FFI_TRY(view_of(d_out, "d_out", &g));
-  MOEKIT_FFI_TRY(view_of(*d_rhs, "d_rhs", &o));
-  MOEKIT_FFI_TRY(group_args(sizes, offset, &groups, &opt));
-  return to_error(moekit::ragged_dot_drhs(l, g, groups, o, opt));
+  return call_ragged(moekit::ragged_dot_drhs, {"lhs", "d_out", "d_rhs"}, lhs, d_out, sizes, offset,
+                     *d_rhs);
 }
 
 // The three ragged_dot calls share one binding: two float buffers, sizes, offset; one result.
