@@ -1,7 +1,11 @@
 """moekit.jax.ragged_dot against jax.lax.ragged_dot (no offset) and against a pure-JAX masked
 reference (with group_offset): values, both gradients, jit, vmap and the errors."""
 
+import json
+import pathlib
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -158,3 +162,28 @@ def test_invalid_data_raises_at_run_time(sizes, offset, words):
     f = jax.jit(lambda o: mj.ragged_dot(lhs, rhs, jnp.asarray(sizes, jnp.int32), o))
     with pytest.raises(Exception, match=re.escape(words)):
         f(jnp.int32(offset)).block_until_ready()
+
+
+@pytest.mark.parametrize("m", [0, 6])
+def test_no_rows_in_any_group_gives_zeros_and_zero_gradients(m):
+    # m = 0: empty lhs; m = 6: every group empty, so no row is computed.
+    lhs, rhs, gs = _inputs(m, 5, 4, [0, 0, 0])
+    out = mj.ragged_dot(lhs, rhs, gs)
+    assert out.shape == (m, 4) and not np.asarray(out).any()
+    d_lhs, d_rhs = jax.grad(lambda a, b: mj.ragged_dot(a, b, gs).sum(), (0, 1))(lhs, rhs)
+    assert d_lhs.shape == lhs.shape and not np.asarray(d_lhs).any()
+    assert d_rhs.shape == rhs.shape and not np.asarray(d_rhs).any()
+
+
+def test_bench_script_runs_and_prints_its_json():
+    # bench/jax_ragged_dot.py at a tiny size: one object per (impl, shards, pass) case.
+    script = pathlib.Path(__file__).parents[2] / "bench" / "jax_ragged_dot.py"
+    done = subprocess.run([sys.executable, str(script), "--tokens", "2", "--reps", "1",
+                           "--impls", "moekit,masked", "--shards", "1,4", "--json"],
+                          capture_output=True, text=True, check=True)
+    cases = json.loads(done.stdout)
+    assert len(cases) == 2 * 2 * 2
+    for c in cases:
+        assert {"impl", "pass", "shards", "preset", "tokens", "rows", "ms"} <= c.keys()
+        assert c["ms"] > 0 and c["pass"] in ("fwd", "fwd+bwd")
+    assert {c["rows"] for c in cases if c["shards"] == 1} == {16}  # 2 tokens x k = 8
