@@ -10,9 +10,10 @@ import sys
 REQUIRED = {
     "ragged_dot": ({"op", "pass", "dtype", "preset", "tokens", "shards", "ms", "tflops"},
                    {"fwd", "dlhs", "drhs"}, "tflops", {"ragged_dot"}),
-    "router": ({"op", "kernel", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps"},
+    "router": ({"op", "kernel", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps",
+                "read_gbps"},
                {"fwd", "bwd"}, "gbps", {"router"}),
-    "permute": ({"op", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps"},
+    "permute": ({"op", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps", "read_gbps"},
                 {"fwd", "bwd"}, "gbps", {"permute", "unpermute"}),
 }
 
