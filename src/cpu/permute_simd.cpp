@@ -16,6 +16,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu/lanes-inl.h"
 #include "cpu/permute_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -23,47 +24,9 @@ namespace moekit::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
-using DU = hn::RebindToUnsigned<D>;
-using DI = hn::RebindToSigned<D>;
-using D16 = hn::Rebind<uint16_t, D>;  // a vector's worth of bf16 bits
 
 // Vectors per step of a row: two cache lines of bf16, four of f32 on AVX-512.
 constexpr size_t kUnroll = 4;
-
-// Lanes [i, i + N) of a row of f32 (kBf16 false) or bf16 bits, as f32.
-template <bool kBf16>
-HWY_INLINE V LoadLanes(D d, const void* row, size_t i) {
-  if constexpr (kBf16) {
-    const auto bits = hn::PromoteTo(DU(), hn::LoadU(D16(), static_cast<const uint16_t*>(row) + i));
-    return hn::BitCast(d, hn::ShiftLeft<16>(bits));
-  } else {
-    return hn::LoadU(d, static_cast<const float*>(row) + i);
-  }
-}
-
-// v as a vector of bf16 bits, rounded to nearest even, NaN kept quiet.
-HWY_INLINE hn::Vec<D16> RoundToBf16(V v) {
-  const DU du;
-  const auto u = hn::BitCast(du, v);
-  const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), odd)));
-  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x0040u));
-  const auto bits = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
-  return hn::DemoteTo(D16(), hn::BitCast(DI(), bits));
-}
-
-// Stores v to lanes [i, i + N) of a row of f32 or bf16 bits; kStream: with a non-temporal store,
-// which needs the lanes aligned to their vector's size.
-template <bool kBf16, bool kStream = false>
-HWY_INLINE void StoreLanes(D d, V v, void* row, size_t i) {
-  if constexpr (kBf16) {
-    auto* p = static_cast<uint16_t*>(row) + i;
-    kStream ? hn::Stream(RoundToBf16(v), D16(), p) : hn::StoreU(RoundToBf16(v), D16(), p);
-  } else {
-    auto* p = static_cast<float*>(row) + i;
-    kStream ? hn::Stream(v, d, p) : hn::StoreU(v, d, p);
-  }
-}
 
 // acc[u] = 0 + the sum over j < n, in order, of w[j] * load(j, u) (w absent: 1), for u <
 // kUnroll; load(j, u) is lanes [u * N, (u + 1) * N) of the block's part of row j. Starting from
@@ -126,8 +89,7 @@ void ScaleTyped(const float* g, float w, size_t H, void* out) {
 
 void ScaleRow(const float* g, float w, size_t H, void* out, bool out_bf16, bool stream) {
   // Non-temporal stores only where every whole vector of the row is aligned for them.
-  const size_t vector_bytes = hn::Lanes(D()) * (out_bf16 ? sizeof(uint16_t) : sizeof(float));
-  if (stream && reinterpret_cast<uintptr_t>(out) % vector_bytes == 0) {
+  if (stream && StreamAligned(out, out_bf16 ? sizeof(uint16_t) : sizeof(float))) {
     out_bf16 ? ScaleTyped<true, true>(g, w, H, out) : ScaleTyped<false, true>(g, w, H, out);
   } else {
     out_bf16 ? ScaleTyped<true, false>(g, w, H, out) : ScaleTyped<false, false>(g, w, H, out);
