@@ -91,4 +91,15 @@ bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float*
 void group_top_sums(const float* x, int64_t groups, int64_t per_group, int32_t count, float* work,
                     float* out);
 
+// Output rows built in vector registers and written once (streamed when `stream` and the row is
+// aligned for it), at[j] in [0, n):
+//   sparse_row: dst[0, n) f32 | bf16 = 0 with values[j] added at at[j] (summed in f32 where an
+//               index repeats, then rounded once);
+//   map_row:    dst[0, n) bool = 0 with 1 at at[j].
+// work: room for n + kRowWorkPad floats.
+inline constexpr int64_t kRowWorkPad = 128;
+void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* values,
+                int32_t count, bool stream, float* work);
+void map_row(uint8_t* dst, int64_t n, const int32_t* at, int32_t count, bool stream, float* work);
+
 }  // namespace moekit::detail

@@ -15,7 +15,9 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include "cpu/lanes-inl.h"
 #include "cpu/router_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -24,9 +26,31 @@ namespace hn = hwy::HWY_NAMESPACE;
 using D = hn::ScalableTag<float>;
 using V = hn::Vec<D>;
 
+// Lanes [i, i + r) of x into a vector, 0 < r < N, the other lanes 0; and their store back.
+// AVX2 and AVX-512 have masked f32 loads and stores that touch only those lanes; narrower
+// targets go through a zero-padded buffer (slower: the vector load cannot be forwarded from the
+// narrower stores that filled it).
+HWY_INLINE V LoadTail(D d, const float* x, size_t r) {
+#if HWY_TARGET <= HWY_AVX2
+  return hn::MaskedLoad(hn::FirstN(d, r), d, x);
+#else
+  HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)] = {};
+  std::memcpy(buf, x, r * sizeof(float));
+  return hn::Load(d, buf);
+#endif
+}
+HWY_INLINE void StoreTail(D d, V v, float* out, size_t r) {
+#if HWY_TARGET <= HWY_AVX2
+  hn::BlendedStore(v, hn::FirstN(d, r), d, out);
+#else
+  HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(v, d, buf);
+  std::memcpy(out, buf, r * sizeof(float));
+#endif
+}
+
 // Runs `op` on every vector of x[0, n), writing y to out and returning the sum of the y. The
-// tail is copied into a zero-padded buffer; its padding lanes are left out of the sum and of the
-// output.
+// tail's padding lanes are left out of the sum and of the output.
 template <class Op>
 HWY_INLINE float MapSum(const float* x, float* out, size_t n, Op op) {
   const D d;
@@ -39,13 +63,10 @@ HWY_INLINE float MapSum(const float* x, float* out, size_t n, Op op) {
     acc = hn::Add(acc, y);
   }
   if (i < n) {
-    HWY_ALIGN float buf[HWY_MAX_BYTES / sizeof(float)];
     const size_t r = n - i;
-    for (size_t j = 0; j < N; ++j) buf[j] = j < r ? x[i + j] : 0.0f;
-    const V y = hn::IfThenElseZero(hn::FirstN(d, r), op(d, hn::Load(d, buf)));
+    const V y = hn::IfThenElseZero(hn::FirstN(d, r), op(d, LoadTail(d, x + i, r)));
     acc = hn::Add(acc, y);
-    hn::Store(y, d, buf);
-    std::memcpy(out + i, buf, r * sizeof(float));
+    StoreTail(d, y, out + i, r);
   }
   return hn::GetLane(hn::SumOfLanes(d, acc));
 }
@@ -84,9 +105,11 @@ float RowMax(const float* x, int64_t n) {
   V m = hn::Set(d, -HUGE_VALF);
   size_t i = 0;
   for (; i + N <= len; i += N) m = hn::Max(m, hn::LoadU(d, x + i));
-  float result = hn::GetLane(hn::MaxOfLanes(d, m));
-  for (; i < len; ++i) result = x[i] > result ? x[i] : result;
-  return result;
+  if (i < len) {
+    const auto tail = hn::FirstN(d, len - i);
+    m = hn::IfThenElse(tail, hn::Max(m, LoadTail(d, x + i, len - i)), m);
+  }
+  return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
 float RowDot(const float* a, const float* b, int64_t n) {
@@ -261,6 +284,87 @@ bool RowTopK(const float* x, int64_t n, int32_t k, int32_t* candidates, float* v
   return true;
 }
 
+// The first vector-aligned float of work (which has room for kRowWorkPad more floats than used).
+HWY_INLINE float* AlignedWork(float* work) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(work);
+  return reinterpret_cast<float*>((p + HWY_MAX_BYTES - 1) / HWY_MAX_BYTES * HWY_MAX_BYTES);
+}
+
+void StreamBytes(void* dst, const void* src, size_t bytes);
+
+// The row built in aligned vectors of `work`: 0 with values[j] added at at[j] for j < count,
+// each update a whole-vector load and store (so that every load is forwarded from the store
+// before it, never from part of one). Returns its first float.
+HWY_INLINE float* BuildSparse(size_t n, const int32_t* at, const float* values, size_t count,
+                              float* work) {
+  const D d;
+  const lanes::DI di;
+  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
+  float* row = AlignedWork(work);
+  for (size_t i = 0; i < n; i += N) hn::Store(hn::Zero(d), d, row + i);
+  const auto iota = hn::Iota(di, 0);  // once: Iota may build its vector through memory
+  for (size_t j = 0; j < count; ++j) {
+    const int32_t base = at[j] / N * N;
+    const auto lane = hn::RebindMask(d, hn::Eq(iota, hn::Set(di, at[j] - base)));
+    const V v = hn::Load(d, row + base);
+    hn::Store(hn::IfThenElse(lane, hn::Add(v, hn::Set(d, values[j])), v), d, row + base);
+  }
+  return row;
+}
+
+// row[0, n) (f32) to dst as f32 or bf16, vector by vector; kStream: non-temporal stores (dst
+// aligned for them). dst may be row itself when kBf16 (each vector is read before the narrower
+// result lands at or below it).
+template <bool kBf16, bool kStream>
+void WriteRow(const float* row, size_t n, void* dst) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) StoreLanes<kBf16, kStream>(d, hn::Load(d, row + i), dst, i);
+  if (i == n) return;
+  using Out = std::conditional_t<kBf16, uint16_t, float>;
+  HWY_ALIGN Out tail[HWY_MAX_BYTES / sizeof(float)];
+  StoreLanes<kBf16>(d, hn::Load(d, row + i), tail, 0);
+  std::memcpy(static_cast<Out*>(dst) + i, tail, (n - i) * sizeof(Out));
+}
+
+// dst[0, n) = 0 with values[j] added at at[j] for j < count, f32 or bf16, written once: streamed
+// vector by vector when dst is aligned for it; when it is not, converted in place and streamed
+// from there (the aligned middle, plain ends); or plainly.
+void SparseRow(void* dst, bool bf16, int64_t n, const int32_t* at, const float* values,
+               int32_t count, bool stream, float* work) {
+  const size_t len = static_cast<size_t>(n);
+  float* row = BuildSparse(len, at, values, static_cast<size_t>(count), work);
+  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+  if (!stream) {
+    bf16 ? WriteRow<true, false>(row, len, dst) : WriteRow<false, false>(row, len, dst);
+  } else if (StreamAligned(dst, elem)) {
+    bf16 ? WriteRow<true, true>(row, len, dst) : WriteRow<false, true>(row, len, dst);
+  } else {
+    if (bf16) WriteRow<true, false>(row, len, row);
+    StreamBytes(dst, row, len * elem);
+  }
+}
+
+// dst[0, n) = 0 with 1 at at[j] for j < count, bool, built and written as SparseRow's rows.
+void MapRow(uint8_t* dst, int64_t n, const int32_t* at, int32_t count, bool stream, float* work) {
+  const hn::ScalableTag<uint8_t> d8;
+  const size_t N = hn::Lanes(d8), len = static_cast<size_t>(n);
+  auto* row = reinterpret_cast<uint8_t*>(AlignedWork(work));
+  for (size_t i = 0; i < len; i += N) hn::Store(hn::Zero(d8), d8, row + i);
+  const auto iota = hn::Iota(d8, 0), one = hn::Set(d8, 1);
+  for (int32_t j = 0; j < count; ++j) {
+    const size_t base = static_cast<size_t>(at[j]) / N * N;
+    const auto lane = hn::Eq(iota, hn::Set(d8, static_cast<uint8_t>(at[j] - base)));
+    hn::Store(hn::Or(hn::Load(d8, row + base), hn::IfThenElseZero(lane, one)), d8, row + base);
+  }
+  if (stream) {
+    StreamBytes(dst, row, len);
+  } else {
+    std::memcpy(dst, row, len);
+  }
+}
+
 // Non-temporal copy of the whole aligned vectors of dst, so that a large output does not first
 // read every line it overwrites; plain copies for the unaligned ends.
 void StreamBytes(void* dst, const void* src, size_t bytes) {
@@ -295,6 +399,8 @@ HWY_EXPORT(RowTopK);
 HWY_EXPORT(RowTopSum);
 HWY_EXPORT(GroupTopSums);
 HWY_EXPORT(StreamBytes);
+HWY_EXPORT(SparseRow);
+HWY_EXPORT(MapRow);
 
 float row_exp_shifted(const float* x, float shift, float* out, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(RowExpShifted)(x, shift, out, n);
@@ -327,6 +433,14 @@ void stream_bytes(void* dst, const void* src, size_t bytes) {
   HWY_DYNAMIC_DISPATCH(StreamBytes)(dst, src, bytes);
 }
 void stream_fence() { hwy::FlushStream(); }
+
+void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* values,
+                int32_t count, bool stream, float* work) {
+  HWY_DYNAMIC_DISPATCH(SparseRow)(dst, t == DType::kBF16, n, at, values, count, stream, work);
+}
+void map_row(uint8_t* dst, int64_t n, const int32_t* at, int32_t count, bool stream, float* work) {
+  HWY_DYNAMIC_DISPATCH(MapRow)(dst, n, at, count, stream, work);
+}
 
 }  // namespace moekit::detail
 #endif  // HWY_ONCE

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -13,6 +14,24 @@
 
 namespace moekit {
 
+// Storage aligned to 64 bytes, as a framework's buffers are: the kernels' aligned paths (whole
+// vectors, non-temporal stores) then run; padded rows (row_pad) reach the unaligned ones.
+template <typename T>
+struct Aligned64Allocator {
+  using value_type = T;
+  Aligned64Allocator() = default;
+  template <typename U>
+  Aligned64Allocator(const Aligned64Allocator<U>&) {}  // NOLINT(google-explicit-constructor)
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const Aligned64Allocator<U>&) const {
+    return true;
+  }
+};
+
 // A host tensor of any moekit dtype with optional row padding. fill_random draws bf16-exact
 // values, so that products are exact in f32 and the only rounding the tests see is accumulation
 // order and the output dtype.
@@ -20,7 +39,7 @@ struct HostTensor {
   DType dtype;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // elements; innermost 1
-  std::vector<std::byte> bytes;
+  std::vector<std::byte, Aligned64Allocator<std::byte>> bytes;
 
   HostTensor(DType t, std::vector<int64_t> dims, int64_t row_pad = 0) : dtype(t), shape(dims) {
     strides.assign(dims.size(), 1);
