@@ -12,7 +12,9 @@
 #include <span>
 #include <string>
 
+#include "moekit/permute.h"
 #include "moekit/ragged_dot.h"
+#include "moekit/router.h"
 
 namespace ffi = xla::ffi;
 namespace nb = nanobind;
@@ -27,24 +29,39 @@ ffi::Error to_error(const Status& s) {
                     s.message());
 }
 
-// The moekit dtype of an XLA float buffer: f32 or bf16; false for any other type.
+// The moekit dtype of an XLA buffer: f32, bf16, i32 or bool; false for any other type. Which
+// of them an argument may have is the C++ call's to check (its errors name the argument).
 bool dtype_of(ffi::DataType t, DType* out) {
-  if (t == ffi::DataType::F32) {
-    *out = DType::kF32;
-  } else if (t == ffi::DataType::BF16) {
-    *out = DType::kBF16;
-  } else {
-    return false;
+  switch (t) {
+    case ffi::DataType::F32:
+      *out = DType::kF32;
+      return true;
+    case ffi::DataType::BF16:
+      *out = DType::kBF16;
+      return true;
+    case ffi::DataType::S32:
+      *out = DType::kI32;
+      return true;
+    case ffi::DataType::PRED:
+      *out = DType::kBool;
+      return true;
+    default:
+      return false;
   }
-  return true;
 }
 
 // A row-major view of an XLA buffer of rank <= kMaxRank (XLA's default layout is row-major).
+// present = false: the absent (default) view, for an optional argument passed as a placeholder.
 template <class View, class Buffer>
-ffi::Error view_of(const Buffer& b, const char* name, View* v) {
+ffi::Error view_of(const Buffer& b, const char* name, View* v, bool present = true) {
+  if (!present) {
+    *v = View();
+    return ffi::Error::Success();
+  }
   DType t;
   if (!dtype_of(b.element_type(), &t)) {
-    return ffi::Error::InvalidArgument(std::string(name) + ": dtype must be float32 or bfloat16");
+    return ffi::Error::InvalidArgument(std::string(name) +
+                                       ": dtype must be float32, bfloat16, int32 or bool");
   }
   const auto dims = b.dimensions();
   if (dims.size() > static_cast<size_t>(kMaxRank)) {
@@ -63,6 +80,9 @@ ffi::Error view_of(const Buffer& b, const char* name, View* v) {
   *v = out;
   return ffi::Error::Success();
 }
+
+// The one float of a scalar f32 buffer (a loss, or its cotangent).
+float scalar_of(ffi::Buffer<ffi::F32> b) { return b.typed_data()[0]; }
 
 // group_sizes [G] and group_offset (a scalar or [1]) of ragged_dot, both int32 in host memory.
 ffi::Error group_args(ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
@@ -136,10 +156,350 @@ XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, ragged_binding());
 XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, ragged_binding());
 XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, ragged_binding());
 
+// ---------------------------------------------------------------------------------------------
+// Router. Options arrive as attributes, decoded into these structs (registered below, outside the
+// namespace); score is RouterScore's value.
+
+struct RouteAttrs {
+  int32_t k, score;
+  bool pre_softmax;
+  int32_t num_groups, group_topk;
+  float scaling_factor;
+};
+
+RouteOptions route_options(const RouteAttrs& a, std::span<const float> bias) {
+  RouteOptions o;
+  o.k = a.k;
+  o.score = static_cast<RouterScore>(a.score);
+  o.pre_softmax = a.pre_softmax;
+  o.num_groups = a.num_groups;
+  o.group_topk = a.group_topk;
+  o.scaling_factor = a.scaling_factor;
+  o.expert_bias = bias;
+  return o;
+}
+
+// probs [T, E], routing_map [T, E] bool, topk_indices [T, k] i32, topk_weights [T, k] =
+// route(logits [T, E]); expert_bias [E] f32 or [0] (none).
+ffi::Error route_fwd(ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> bias,
+                     ffi::Result<ffi::AnyBuffer> probs, ffi::Result<ffi::AnyBuffer> map,
+                     ffi::Result<ffi::AnyBuffer> idx, ffi::Result<ffi::AnyBuffer> weights,
+                     RouteAttrs a) {
+  ConstTensorView x;
+  RouteOutputs out;
+  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
+  MOEKIT_FFI_TRY(view_of(*probs, "probs", &out.probs));
+  MOEKIT_FFI_TRY(view_of(*map, "routing_map", &out.routing_map));
+  MOEKIT_FFI_TRY(view_of(*idx, "topk_indices", &out.topk_indices));
+  MOEKIT_FFI_TRY(view_of(*weights, "topk_weights", &out.topk_weights));
+  const std::span<const float> b(bias.typed_data(), bias.element_count());
+  return to_error(route(x, route_options(a, b), out));
+}
+
+// d_logits [T, E] from the cotangents of probs [T, E] and topk_weights [T, k].
+ffi::Error route_bwd(ffi::AnyBuffer logits, ffi::AnyBuffer idx, ffi::AnyBuffer d_probs,
+                     ffi::AnyBuffer d_weights, ffi::Result<ffi::AnyBuffer> d_logits, RouteAttrs a) {
+  ConstTensorView x, i, dp, dw;
+  TensorView dx;
+  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
+  MOEKIT_FFI_TRY(view_of(idx, "topk_indices", &i));
+  MOEKIT_FFI_TRY(view_of(d_probs, "d_probs", &dp));
+  MOEKIT_FFI_TRY(view_of(d_weights, "d_topk_weights", &dw));
+  MOEKIT_FFI_TRY(view_of(*d_logits, "d_logits", &dx));
+  return to_error(route_backward(x, i, dp, dw, route_options(a, {}), dx));
+}
+
+struct AuxAttrs {
+  int32_t k, score;
+};
+
+// scores [T, E] f32 and their routing_map [T, E] bool = aux_loss_scores(logits [T, E]).
+ffi::Error aux_fwd(ffi::AnyBuffer logits, ffi::Result<ffi::AnyBuffer> scores,
+                   ffi::Result<ffi::AnyBuffer> map, AuxAttrs a) {
+  ConstTensorView x;
+  TensorView q, m;
+  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
+  MOEKIT_FFI_TRY(view_of(*scores, "scores", &q));
+  MOEKIT_FFI_TRY(view_of(*map, "routing_map", &m));
+  return to_error(aux_loss_scores(x, a.k, static_cast<RouterScore>(a.score), q, m));
+}
+
+ffi::Error aux_bwd(ffi::AnyBuffer logits, ffi::AnyBuffer d_scores,
+                   ffi::Result<ffi::AnyBuffer> d_logits, AuxAttrs a) {
+  ConstTensorView x, dq;
+  TensorView dx;
+  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
+  MOEKIT_FFI_TRY(view_of(d_scores, "d_scores", &dq));
+  MOEKIT_FFI_TRY(view_of(*d_logits, "d_logits", &dx));
+  return to_error(aux_loss_scores_backward(x, dq, static_cast<RouterScore>(a.score), dx));
+}
+
+struct BalanceAttrs {
+  int32_t k;
+  float coeff;
+  int64_t total_tokens;
+  bool per_sequence;  // tokens_per_expert [B, E]: the sequence-level loss
+};
+
+LoadBalancingOptions balance_options(const BalanceAttrs& a) {
+  LoadBalancingOptions o;
+  o.k = a.k;
+  o.coeff = a.coeff;
+  o.total_tokens = a.total_tokens;
+  return o;
+}
+
+// loss [] f32 = load_balancing_loss(scores [T, E], tokens_per_expert [E] | [B, E]).
+ffi::Error balance_fwd(ffi::AnyBuffer scores, ffi::AnyBuffer tpe,
+                       ffi::Result<ffi::Buffer<ffi::F32>> loss, BalanceAttrs a) {
+  ConstTensorView q, n;
+  MOEKIT_FFI_TRY(view_of(scores, "scores", &q));
+  MOEKIT_FFI_TRY(view_of(tpe, "tokens_per_expert", &n));
+  const auto fn = a.per_sequence ? seq_load_balancing_loss : load_balancing_loss;
+  return to_error(fn(q, n, balance_options(a), loss->typed_data()));
+}
+
+// d_scores [T, E] from the loss's cotangent d_loss [] f32.
+ffi::Error balance_bwd(ffi::AnyBuffer tpe, ffi::Buffer<ffi::F32> d_loss,
+                       ffi::Result<ffi::AnyBuffer> d_scores, BalanceAttrs a) {
+  ConstTensorView n;
+  TensorView dq;
+  MOEKIT_FFI_TRY(view_of(tpe, "tokens_per_expert", &n));
+  MOEKIT_FFI_TRY(view_of(*d_scores, "d_scores", &dq));
+  const auto fn = a.per_sequence ? seq_load_balancing_loss_backward : load_balancing_loss_backward;
+  return to_error(fn(n, balance_options(a), scalar_of(d_loss), dq));
+}
+
+// loss [] f32 = z_loss(logits [T, E]).
+ffi::Error z_fwd(ffi::AnyBuffer logits, ffi::Result<ffi::Buffer<ffi::F32>> loss, float coeff) {
+  ConstTensorView x;
+  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
+  return to_error(z_loss(x, coeff, loss->typed_data()));
+}
+
+ffi::Error z_bwd(ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> d_loss,
+                 ffi::Result<ffi::AnyBuffer> d_logits, float coeff) {
+  ConstTensorView x;
+  TensorView dx;
+  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
+  MOEKIT_FFI_TRY(view_of(*d_logits, "d_logits", &dx));
+  return to_error(z_loss_backward(x, coeff, scalar_of(d_loss), dx));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Permutation. Optional tensors arrive as placeholders with has_* = false.
+
+struct PermuteAttrs {
+  int64_t align_size;
+  double capacity_factor;
+  int32_t drop_policy;  // DropPolicy's value
+  bool pad_to_capacity;
+  int32_t k;
+  bool has_probs;
+};
+
+// x_perm [N_out, H], probs_perm [N_out], tokens_per_expert [E], row_map [2, T, S],
+// pad_offsets [E] = permute(x [T, H], routing [T, k] i32 | [T, E] bool, probs [T, S]).
+ffi::Error permute_fwd(ffi::AnyBuffer x, ffi::AnyBuffer routing, ffi::AnyBuffer probs,
+                       ffi::Result<ffi::AnyBuffer> x_perm, ffi::Result<ffi::AnyBuffer> probs_perm,
+                       ffi::Result<ffi::AnyBuffer> tpe, ffi::Result<ffi::AnyBuffer> row_map,
+                       ffi::Result<ffi::AnyBuffer> pad_offsets, PermuteAttrs a) {
+  ConstTensorView vx, vr, vp;
+  PermuteOutputs out;
+  MOEKIT_FFI_TRY(view_of(x, "x", &vx));
+  MOEKIT_FFI_TRY(view_of(routing, "routing", &vr));
+  MOEKIT_FFI_TRY(view_of(probs, "probs", &vp, a.has_probs));
+  MOEKIT_FFI_TRY(view_of(*x_perm, "x_perm", &out.x));
+  MOEKIT_FFI_TRY(view_of(*probs_perm, "probs_perm", &out.probs, a.has_probs));
+  MOEKIT_FFI_TRY(view_of(*tpe, "tokens_per_expert", &out.tokens_per_expert));
+  MOEKIT_FFI_TRY(view_of(*row_map, "row_map", &out.row_map));
+  MOEKIT_FFI_TRY(view_of(*pad_offsets, "pad_offsets", &out.pad_offsets));
+  PermuteOptions o;
+  o.align_size = a.align_size;
+  o.capacity_factor = a.capacity_factor;
+  o.drop_policy = static_cast<DropPolicy>(a.drop_policy);
+  o.pad_to_capacity = a.pad_to_capacity;
+  o.k = a.k;
+  return to_error(permute(vx, vr, vp, o, out));
+}
+
+// d_x [T, H] and d_probs [T, S] from d_x_perm [N_out, H] and d_probs_perm [N_out].
+ffi::Error permute_bwd(ffi::AnyBuffer d_x_perm, ffi::AnyBuffer d_probs_perm, ffi::AnyBuffer row_map,
+                       ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_probs,
+                       bool has_probs) {
+  ConstTensorView dxp, dpp, rm;
+  TensorView dx, dp;
+  MOEKIT_FFI_TRY(view_of(d_x_perm, "d_x_perm", &dxp));
+  MOEKIT_FFI_TRY(view_of(d_probs_perm, "d_probs_perm", &dpp, has_probs));
+  MOEKIT_FFI_TRY(view_of(row_map, "row_map", &rm));
+  MOEKIT_FFI_TRY(view_of(*d_x, "d_x", &dx));
+  MOEKIT_FFI_TRY(view_of(*d_probs, "d_probs", &dp, has_probs));
+  return to_error(permute_backward(dxp, dpp, rm, dx, dp));
+}
+
+// out [T, H] = unpermute(y_perm [N_out, H], row_map, merging_probs [T, S]).
+ffi::Error unpermute_fwd(ffi::AnyBuffer y_perm, ffi::AnyBuffer row_map, ffi::AnyBuffer probs,
+                         ffi::Result<ffi::AnyBuffer> out, bool has_probs) {
+  ConstTensorView y, rm, w;
+  TensorView o;
+  MOEKIT_FFI_TRY(view_of(y_perm, "y_perm", &y));
+  MOEKIT_FFI_TRY(view_of(row_map, "row_map", &rm));
+  MOEKIT_FFI_TRY(view_of(probs, "merging_probs", &w, has_probs));
+  MOEKIT_FFI_TRY(view_of(*out, "out", &o));
+  return to_error(unpermute(y, rm, w, o));
+}
+
+// d_y_perm [N_out, H] and d_merging_probs [T, S] from d_out [T, H].
+ffi::Error unpermute_bwd(ffi::AnyBuffer d_out, ffi::AnyBuffer y_perm, ffi::AnyBuffer row_map,
+                         ffi::AnyBuffer probs, ffi::Result<ffi::AnyBuffer> d_y_perm,
+                         ffi::Result<ffi::AnyBuffer> d_probs, bool has_probs) {
+  ConstTensorView g, y, rm, w;
+  TensorView dy, dw;
+  MOEKIT_FFI_TRY(view_of(d_out, "d_out", &g));
+  MOEKIT_FFI_TRY(view_of(y_perm, "y_perm", &y, has_probs));
+  MOEKIT_FFI_TRY(view_of(row_map, "row_map", &rm));
+  MOEKIT_FFI_TRY(view_of(probs, "merging_probs", &w, has_probs));
+  MOEKIT_FFI_TRY(view_of(*d_y_perm, "d_y_perm", &dy));
+  MOEKIT_FFI_TRY(view_of(*d_probs, "d_merging_probs", &dw, has_probs));
+  return to_error(unpermute_backward(g, y, rm, w, dy, dw));
+}
+
+struct SortAttrs {
+  bool inverse, has_probs;
+};
+
+// out [N, H] (and out_probs [N]) = x's chunks reordered by sorted_index.
+ffi::Error sort_chunks(ffi::AnyBuffer x, ffi::AnyBuffer split_sizes, ffi::AnyBuffer sorted_index,
+                       ffi::AnyBuffer probs, ffi::Result<ffi::AnyBuffer> out,
+                       ffi::Result<ffi::AnyBuffer> out_probs, SortAttrs a) {
+  ConstTensorView vx, vs, vi, vp;
+  TensorView o, op;
+  MOEKIT_FFI_TRY(view_of(x, "x", &vx));
+  MOEKIT_FFI_TRY(view_of(split_sizes, "split_sizes", &vs));
+  MOEKIT_FFI_TRY(view_of(sorted_index, "sorted_index", &vi));
+  MOEKIT_FFI_TRY(view_of(probs, "probs", &vp, a.has_probs));
+  MOEKIT_FFI_TRY(view_of(*out, "out", &o));
+  MOEKIT_FFI_TRY(view_of(*out_probs, "out_probs", &op, a.has_probs));
+  return to_error(sort_chunks_by_index(vx, vs, vi, a.inverse, o, vp, op));
+}
+
 template <class Fn>
 nb::capsule capsule(Fn* fn) {
   return nb::capsule(reinterpret_cast<void*>(fn));
 }
+
+}  // namespace
+}  // namespace moekit::python
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::RouteAttrs,
+                                      xla::ffi::StructMember<int32_t>("k"),
+                                      xla::ffi::StructMember<int32_t>("score"),
+                                      xla::ffi::StructMember<bool>("pre_softmax"),
+                                      xla::ffi::StructMember<int32_t>("num_groups"),
+                                      xla::ffi::StructMember<int32_t>("group_topk"),
+                                      xla::ffi::StructMember<float>("scaling_factor"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::AuxAttrs,
+                                      xla::ffi::StructMember<int32_t>("k"),
+                                      xla::ffi::StructMember<int32_t>("score"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::BalanceAttrs,
+                                      xla::ffi::StructMember<int32_t>("k"),
+                                      xla::ffi::StructMember<float>("coeff"),
+                                      xla::ffi::StructMember<int64_t>("total_tokens"),
+                                      xla::ffi::StructMember<bool>("per_sequence"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::PermuteAttrs,
+                                      xla::ffi::StructMember<int64_t>("align_size"),
+                                      xla::ffi::StructMember<double>("capacity_factor"),
+                                      xla::ffi::StructMember<int32_t>("drop_policy"),
+                                      xla::ffi::StructMember<bool>("pad_to_capacity"),
+                                      xla::ffi::StructMember<int32_t>("k"),
+                                      xla::ffi::StructMember<bool>("has_probs"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::SortAttrs,
+                                      xla::ffi::StructMember<bool>("inverse"),
+                                      xla::ffi::StructMember<bool>("has_probs"));
+
+namespace moekit::python {
+namespace {
+
+using ffi::AnyBuffer;
+using F32 = ffi::Buffer<ffi::F32>;
+template <class T>
+using Ret = ffi::Result<T>;
+
+XLA_FFI_DEFINE_HANDLER(kRouteFwd, route_fwd,
+                       ffi::Ffi::Bind()
+                           .Arg<AnyBuffer>()
+                           .Arg<F32>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Attrs<RouteAttrs>());
+XLA_FFI_DEFINE_HANDLER(kRouteBwd, route_bwd,
+                       ffi::Ffi::Bind()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Attrs<RouteAttrs>());
+XLA_FFI_DEFINE_HANDLER(
+    kAuxFwd, aux_fwd,
+    ffi::Ffi::Bind().Arg<AnyBuffer>().Ret<AnyBuffer>().Ret<AnyBuffer>().Attrs<AuxAttrs>());
+XLA_FFI_DEFINE_HANDLER(
+    kAuxBwd, aux_bwd,
+    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<AnyBuffer>().Attrs<AuxAttrs>());
+XLA_FFI_DEFINE_HANDLER(
+    kBalanceFwd, balance_fwd,
+    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<F32>().Attrs<BalanceAttrs>());
+XLA_FFI_DEFINE_HANDLER(
+    kBalanceBwd, balance_bwd,
+    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<F32>().Ret<AnyBuffer>().Attrs<BalanceAttrs>());
+XLA_FFI_DEFINE_HANDLER(kZFwd, z_fwd,
+                       ffi::Ffi::Bind().Arg<AnyBuffer>().Ret<F32>().Attr<float>("coeff"));
+XLA_FFI_DEFINE_HANDLER(
+    kZBwd, z_bwd,
+    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<F32>().Ret<AnyBuffer>().Attr<float>("coeff"));
+XLA_FFI_DEFINE_HANDLER(kPermuteFwd, permute_fwd,
+                       ffi::Ffi::Bind()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Attrs<PermuteAttrs>());
+XLA_FFI_DEFINE_HANDLER(kPermuteBwd, permute_bwd,
+                       ffi::Ffi::Bind()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Attr<bool>("has_probs"));
+XLA_FFI_DEFINE_HANDLER(
+    kUnpermuteFwd, unpermute_fwd,
+    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<AnyBuffer>().Attr<bool>(
+        "has_probs"));
+XLA_FFI_DEFINE_HANDLER(kUnpermuteBwd, unpermute_bwd,
+                       ffi::Ffi::Bind()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Attr<bool>("has_probs"));
+XLA_FFI_DEFINE_HANDLER(kSortChunks, sort_chunks,
+                       ffi::Ffi::Bind()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Arg<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Ret<AnyBuffer>()
+                           .Attrs<SortAttrs>());
 
 }  // namespace
 }  // namespace moekit::python
@@ -152,8 +512,34 @@ NB_MODULE(_moekit_ffi, m) {
     d["moekit_ragged_dot_fwd"] = capsule(kRaggedDotFwd);
     d["moekit_ragged_dot_dlhs"] = capsule(kRaggedDotDlhs);
     d["moekit_ragged_dot_drhs"] = capsule(kRaggedDotDrhs);
+    d["moekit_route_fwd"] = capsule(kRouteFwd);
+    d["moekit_route_bwd"] = capsule(kRouteBwd);
+    d["moekit_aux_scores_fwd"] = capsule(kAuxFwd);
+    d["moekit_aux_scores_bwd"] = capsule(kAuxBwd);
+    d["moekit_load_balancing_loss_fwd"] = capsule(kBalanceFwd);
+    d["moekit_load_balancing_loss_bwd"] = capsule(kBalanceBwd);
+    d["moekit_z_loss_fwd"] = capsule(kZFwd);
+    d["moekit_z_loss_bwd"] = capsule(kZBwd);
+    d["moekit_permute_fwd"] = capsule(kPermuteFwd);
+    d["moekit_permute_bwd"] = capsule(kPermuteBwd);
+    d["moekit_unpermute_fwd"] = capsule(kUnpermuteFwd);
+    d["moekit_unpermute_bwd"] = capsule(kUnpermuteBwd);
+    d["moekit_sort_chunks_by_index"] = capsule(kSortChunks);
     return d;
   });
+  // The rows permute needs at most for any routing: the static N_out of its outputs.
+  m.def(
+      "permute_max_rows",
+      [](int64_t T, int64_t E, int32_t k, int64_t align_size, double capacity_factor,
+         bool pad_to_capacity) {
+        moekit::PermuteOptions o;
+        o.align_size = align_size;
+        o.capacity_factor = capacity_factor;
+        o.pad_to_capacity = pad_to_capacity;
+        return moekit::permute_max_rows(T, E, k, o);
+      },
+      nb::arg("T"), nb::arg("E"), nb::arg("k"), nb::arg("align_size"), nb::arg("capacity_factor"),
+      nb::arg("pad_to_capacity"));
   m.attr("BUILT_WITH_JAXLIB") = MOEKIT_JAXLIB_VERSION;  // whose FFI headers these handlers use
   m.attr("XLA_FFI_API_MAJOR") = XLA_FFI_API_MAJOR;
   m.attr("XLA_FFI_API_MINOR") = XLA_FFI_API_MINOR;

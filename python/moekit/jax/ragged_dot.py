@@ -1,15 +1,4 @@
-"""The moekit CPU kernels as JAX functions.
-
-Each function is an XLA FFI call into the C++ kernels, differentiable through `jax.custom_vjp`
-whose backward calls the C++ backward kernels, and usable under `jax.jit`, `jax.grad`,
-`jax.vmap` (a batch runs as a loop of calls) and inside `jax.shard_map`. The handlers are
-registered for the CPU platform when this module is imported.
-
-Invalid shapes, dtypes and options raise `ValueError` or `TypeError` at trace time, naming the
-argument. Invalid data that only the values show (a negative group size, sizes that sum past the
-rows, an offset out of range when it is traced) raise at run time, when the result is computed,
-with the C++ library's message (``ragged_dot: group_sizes[3] = -2: ...``).
-"""
+"""ragged_dot: the grouped matmul of `jax.lax.ragged_dot` with a working `group_offset`."""
 
 from __future__ import annotations
 
@@ -19,48 +8,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moekit import _moekit_ffi
+from moekit.jax import _ffi
 
 __all__ = ["ragged_dot"]
 
-def _version(v):
-    return tuple(int(x) for x in v.split(".")[:3] if x.isdigit())
 
-
-if _version(jax.lib.__version__) < _version(_moekit_ffi.BUILT_WITH_JAXLIB):
-    raise ImportError(
-        f"moekit was built against the XLA FFI headers of jaxlib {_moekit_ffi.BUILT_WITH_JAXLIB}, "
-        f"newer than the jaxlib {jax.lib.__version__} running now; reinstall moekit "
-        f"(pip install --no-build-isolation .) with this jaxlib installed")
-
-for _name, _capsule in _moekit_ffi.registrations().items():
-    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
-
-_FLOAT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))
-
-
-def _ffi(name, shape, dtype, *args):
-    """One FFI call with one result; under vmap the batch runs as a loop of calls."""
-    call = jax.ffi.ffi_call(name, jax.ShapeDtypeStruct(shape, dtype), vmap_method="sequential")
-    return call(*args)
-
-
-def _concrete_int(x):
-    """The value of a scalar that is known at trace time, else None."""
-    try:
-        return int(np.asarray(x).reshape(()))
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
-            TypeError):
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# ragged_dot
+def _call(name, shape, dtype, *args):
+    return _ffi.call(name, (shape, dtype), *args)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _ragged_dot(lhs, rhs, group_sizes, group_offset, out_dtype):
-    return _ffi("moekit_ragged_dot_fwd", (lhs.shape[0], rhs.shape[2]), out_dtype, lhs, rhs,
+    return _call("moekit_ragged_dot_fwd", (lhs.shape[0], rhs.shape[2]), out_dtype, lhs, rhs,
                 group_sizes, group_offset)
 
 
@@ -72,9 +31,9 @@ def _ragged_dot_fwd(lhs, rhs, group_sizes, group_offset, out_dtype):
 def _ragged_dot_bwd(out_dtype, residuals, d_out):
     lhs, rhs, group_sizes, group_offset = residuals
     d_out = d_out.astype(lhs.dtype)  # the kernels take the cotangent in the inputs' dtype
-    d_lhs = _ffi("moekit_ragged_dot_dlhs", lhs.shape, lhs.dtype, d_out, rhs, group_sizes,
+    d_lhs = _call("moekit_ragged_dot_dlhs", lhs.shape, lhs.dtype, d_out, rhs, group_sizes,
                  group_offset)
-    d_rhs = _ffi("moekit_ragged_dot_drhs", rhs.shape, rhs.dtype, lhs, d_out, group_sizes,
+    d_rhs = _call("moekit_ragged_dot_drhs", rhs.shape, rhs.dtype, lhs, d_out, group_sizes,
                  group_offset)
     return d_lhs, d_rhs, None, None
 
@@ -116,7 +75,7 @@ def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
         raise ValueError(f"ragged_dot: lhs must be [m, K], got shape {lhs.shape}")
     if rhs.ndim != 3:
         raise ValueError(f"ragged_dot: rhs must be [E_loc, K, n], got shape {rhs.shape}")
-    if lhs.dtype not in _FLOAT_DTYPES:
+    if lhs.dtype not in _ffi.FLOAT_DTYPES:
         raise TypeError(f"ragged_dot: lhs dtype {lhs.dtype} is not float32 or bfloat16")
     if rhs.dtype != lhs.dtype:
         raise TypeError(f"ragged_dot: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
@@ -141,7 +100,7 @@ def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
         if num_groups < num_local:
             raise ValueError(f"ragged_dot: group_sizes has {num_groups} groups, fewer than the "
                              f"{num_local} that rhs holds")
-        value = _concrete_int(group_offset)
+        value = _ffi.concrete_int(group_offset)
         if value is not None and not 0 <= value <= num_groups - num_local:
             raise ValueError(f"ragged_dot: group_offset = {value} is outside "
                              f"[0, {num_groups - num_local}] (G = {num_groups}, "

@@ -1,0 +1,24 @@
+"""The moekit CPU kernels as JAX functions.
+
+Each function is an XLA FFI call into the C++ kernels, differentiable through `jax.custom_vjp`
+whose backward calls the C++ backward kernels, and usable under `jax.jit`, `jax.grad`,
+`jax.vmap` (a batch runs as a loop of calls) and inside `jax.shard_map`. The handlers are
+registered for the CPU platform when this package is imported.
+
+Invalid shapes, dtypes and options raise `ValueError` or `TypeError` at trace time, naming the
+argument. Invalid data that only the values show (a negative group size, sizes that sum past the
+rows, an offset out of range when it is traced) raise at run time, when the result is computed,
+with the C++ library's message (``ragged_dot: group_sizes[3] = -2: ...``).
+
+Modules: `ragged_dot` (the grouped matmul), `router` (route, the aux-loss scores and the
+losses), `permute` (permute, unpermute, sort_chunks_by_index).
+"""
+
+from moekit.jax.permute import Permuted, permute, sort_chunks_by_index, unpermute
+from moekit.jax.ragged_dot import ragged_dot
+from moekit.jax.router import Route, aux_loss_scores, load_balancing_loss, route, z_loss
+
+__all__ = [
+    "Permuted", "Route", "aux_loss_scores", "load_balancing_loss", "permute", "ragged_dot",
+    "route", "sort_chunks_by_index", "unpermute", "z_loss",
+]

@@ -1,0 +1,251 @@
+"""The router: top-k expert choice and its weights, the aux-loss scores, and the losses
+(SPEC.md section 2), each with its C++ backward."""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moekit.jax import _ffi
+
+__all__ = ["Route", "aux_loss_scores", "load_balancing_loss", "route", "z_loss"]
+
+# RouterScore's values in include/moekit/router.h.
+_SCORES = {"softmax": 0, "sigmoid": 1, "sqrtsoftplus": 2}
+
+
+class Route(NamedTuple):
+    """route's outputs. T tokens, E experts, k chosen per token."""
+    probs: jax.Array         # [T, E] logits' dtype: the weights at the chosen experts, 0 else
+    routing_map: jax.Array   # [T, E] bool: True at the chosen experts
+    topk_indices: jax.Array  # [T, k] int32: by descending weight (ties: the lower index)
+    topk_weights: jax.Array  # [T, k] logits' dtype: their weights, in the same order
+
+
+def _score_code(fn, score):
+    if score not in _SCORES:
+        raise ValueError(f"{fn}: score = {score!r}: must be one of {sorted(_SCORES)}")
+    return _SCORES[score]
+
+
+def _route_outputs(logits, k):
+    T, E = logits.shape
+    return [((T, E), logits.dtype), ((T, E), jnp.bool_), ((T, k), jnp.int32),
+            ((T, k), logits.dtype)]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _route(logits, bias, attrs):
+    return Route(*_ffi.call("moekit_route_fwd", _route_outputs(logits, attrs[0][1]), logits, bias,
+                            **dict(attrs)))
+
+
+def _route_fwd(logits, bias, attrs):
+    out = _route(logits, bias, attrs)
+    return out, (logits, bias, out.topk_indices)
+
+
+def _route_bwd(attrs, residuals, ct):
+    logits, bias, idx = residuals
+    d_logits = _ffi.call("moekit_route_bwd", (logits.shape, logits.dtype), logits, idx,
+                         ct.probs, ct.topk_weights, **dict(attrs))
+    return d_logits, jnp.zeros_like(bias)  # the bias chooses, it is not differentiated
+
+
+_route.defvjp(_route_fwd, _route_bwd)
+
+
+def route(logits, k, *, score="softmax", pre_softmax=False, num_groups=None, group_topk=None,
+          scaling_factor=1.0, expert_bias=None):
+    """Chooses k of E experts per token and weights them (SPEC.md section 2).
+
+    Per token x (a row of logits):
+      softmax, post (default; Mixtral, Qwen3): the top k of x, weights softmax(x[chosen]);
+      softmax, pre_softmax (DeepSeek-V2): s = softmax(x), its top k, weights s[chosen];
+      sigmoid / sqrtsoftplus (DeepSeek-V3): s = act(x), the top k of s + expert_bias,
+        weights s[chosen] / (sum + 1e-20) when k > 1.
+    Group-limited routing (num_groups, group_topk): the E experts form num_groups equal groups,
+    a group scores the sum of its top k / group_topk selection scores, and only the experts of
+    the best group_topk groups can be chosen. Weights are finally multiplied by scaling_factor.
+    Ties go to the lower expert index, as in `jax.lax.top_k`.
+
+    Args:
+      logits: ``[T, E]`` float32 or bfloat16.
+      k: experts per token, in [1, E].
+      score: "softmax", "sigmoid" or "sqrtsoftplus".
+      pre_softmax: softmax only: softmax over all E before the top-k.
+      num_groups, group_topk: both or neither; E % num_groups == 0, k % group_topk == 0.
+      scaling_factor: multiplies the weights.
+      expert_bias: ``[E]`` float32, sigmoid and sqrtsoftplus only: added to the scores to
+        choose, never a weight, not differentiated.
+
+    Returns:
+      `Route(probs, routing_map, topk_indices, topk_weights)`; topk_indices are ordered by
+      weight (differs from the choice order only when a bias reorders it).
+
+    Gradients flow to `logits` from `probs` and `topk_weights` (summed); the choice itself is
+    not differentiated.
+    """
+    fn = "route"
+    logits = jnp.asarray(logits)
+    _ffi.check_rank(fn, "logits", logits, 2, "[T, E]")
+    _ffi.check_float(fn, "logits", logits)
+    E = logits.shape[1]
+    k = int(k)
+    if not 1 <= k <= E:
+        raise ValueError(f"{fn}: k = {k}: must be in [1, E] = [1, {E}]")
+    code = _score_code(fn, score)
+    if pre_softmax and score != "softmax":
+        raise ValueError(f"{fn}: pre_softmax = True needs score = 'softmax', got {score!r}")
+    if (num_groups is None) != (group_topk is None):
+        raise ValueError(f"{fn}: num_groups = {num_groups} and group_topk = {group_topk}: "
+                         "give both or neither")
+    if expert_bias is None:
+        bias = jnp.zeros((0,), jnp.float32)
+    else:
+        if score == "softmax":
+            raise ValueError(f"{fn}: expert_bias needs score 'sigmoid' or 'sqrtsoftplus', "
+                             "got 'softmax'")
+        bias = jnp.asarray(expert_bias, jnp.float32)
+        if bias.shape != (E,):
+            raise ValueError(f"{fn}: expert_bias must be [E] = [{E}], got shape "
+                             f"{tuple(bias.shape)}")
+    attrs = (("k", np.int32(k)), ("score", np.int32(code)), ("pre_softmax", np.bool_(pre_softmax)),
+             ("num_groups", np.int32(num_groups or 0)), ("group_topk", np.int32(group_topk or 0)),
+             ("scaling_factor", np.float32(scaling_factor)))
+    return _route(logits, bias, attrs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _aux(logits, attrs):
+    T, E = logits.shape
+    return tuple(_ffi.call("moekit_aux_scores_fwd", [((T, E), jnp.float32), ((T, E), jnp.bool_)],
+                           logits, **dict(attrs)))
+
+
+def _aux_fwd(logits, attrs):
+    return _aux(logits, attrs), logits
+
+
+def _aux_bwd(attrs, logits, ct):
+    d_scores, _ = ct
+    return (_ffi.call("moekit_aux_scores_bwd", (logits.shape, logits.dtype), logits, d_scores,
+                      **dict(attrs)),)
+
+
+_aux.defvjp(_aux_fwd, _aux_bwd)
+
+
+def aux_loss_scores(logits, k, *, score="softmax"):
+    """Scores for the load-balancing loss, dense and normalised over all E, and their routing map.
+
+    softmax: softmax(x); sigmoid / sqrtsoftplus: s / (sum(s) + 1e-20) with s = act(x). The map is
+    the top k of these scores (no groups, no bias).
+
+    Args:
+      logits: ``[T, E]`` float32 or bfloat16.
+      k: experts per token, in [1, E].
+      score: "softmax", "sigmoid" or "sqrtsoftplus".
+
+    Returns:
+      ``(scores [T, E] float32, routing_map [T, E] bool)``; gradients flow to logits from scores.
+    """
+    fn = "aux_loss_scores"
+    logits = jnp.asarray(logits)
+    _ffi.check_rank(fn, "logits", logits, 2, "[T, E]")
+    _ffi.check_float(fn, "logits", logits)
+    if not 1 <= int(k) <= logits.shape[1]:
+        raise ValueError(f"{fn}: k = {k}: must be in [1, E] = [1, {logits.shape[1]}]")
+    return _aux(logits, (("k", np.int32(k)), ("score", np.int32(_score_code(fn, score)))))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _balance(scores, tokens_per_expert, attrs):
+    return _ffi.call("moekit_load_balancing_loss_fwd", ((), jnp.float32), scores,
+                     tokens_per_expert, **dict(attrs))
+
+
+def _balance_fwd(scores, tokens_per_expert, attrs):
+    return _balance(scores, tokens_per_expert, attrs), (scores, tokens_per_expert)
+
+
+def _balance_bwd(attrs, residuals, d_loss):
+    scores, tokens_per_expert = residuals
+    d_scores = _ffi.call("moekit_load_balancing_loss_bwd", (scores.shape, scores.dtype),
+                         tokens_per_expert, d_loss.astype(jnp.float32), **dict(attrs))
+    return d_scores, None
+
+
+_balance.defvjp(_balance_fwd, _balance_bwd)
+
+
+def load_balancing_loss(scores, tokens_per_expert, *, k, coeff=1.0, total_tokens=None):
+    """The Switch / GShard load-balancing loss (SPEC.md section 2).
+
+    With tokens_per_expert ``[E]`` (counts of the whole batch):
+      ``loss = E * coeff / (k * T_total^2) * sum_e (sum_t scores[t, e]) * tokens_per_expert[e]``,
+      T_total = total_tokens (the whole batch's tokens, for a shard of it) or T.
+    With tokens_per_expert ``[B, E]`` (counts per sequence; tokens batch-major, T = B * S): the
+    same loss per sequence with T_total = S, averaged over the B sequences; total_tokens must
+    then be None.
+
+    Args:
+      scores: ``[T, E]`` float32 or bfloat16, from `aux_loss_scores`.
+      tokens_per_expert: ``[E]`` or ``[B, E]`` int32 (e.g. the routing map summed over tokens).
+      k: experts per token; coeff: the loss coefficient.
+
+    Returns:
+      a float32 scalar; gradients flow to scores (not to the counts).
+    """
+    fn = "load_balancing_loss"
+    scores = jnp.asarray(scores)
+    tokens_per_expert = jnp.asarray(tokens_per_expert)
+    _ffi.check_rank(fn, "scores", scores, 2, "[T, E]")
+    _ffi.check_float(fn, "scores", scores)
+    if tokens_per_expert.ndim not in (1, 2):
+        raise ValueError(f"{fn}: tokens_per_expert must be [E] or [B, E], got shape "
+                         f"{tuple(tokens_per_expert.shape)}")
+    per_sequence = tokens_per_expert.ndim == 2
+    if per_sequence and total_tokens is not None:
+        raise ValueError(f"{fn}: total_tokens = {total_tokens} with per-sequence counts "
+                         f"{tuple(tokens_per_expert.shape)}: each sequence is its own batch")
+    attrs = (("k", np.int32(k)), ("coeff", np.float32(coeff)),
+             ("total_tokens", np.int64(total_tokens or 0)),
+             ("per_sequence", np.bool_(per_sequence)))
+    return _balance(scores, tokens_per_expert.astype(jnp.int32), attrs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _z(logits, coeff):
+    return _ffi.call("moekit_z_loss_fwd", ((), jnp.float32), logits, coeff=coeff)
+
+
+def _z_fwd(logits, coeff):
+    return _z(logits, coeff), logits
+
+
+def _z_bwd(coeff, logits, d_loss):
+    return (_ffi.call("moekit_z_loss_bwd", (logits.shape, logits.dtype), logits,
+                      d_loss.astype(jnp.float32), coeff=coeff),)
+
+
+_z.defvjp(_z_fwd, _z_bwd)
+
+
+def z_loss(logits, coeff=1.0):
+    """The router z-loss, ``coeff * mean_t(logsumexp(logits[t])^2)`` (0 for no tokens).
+
+    Args:
+      logits: ``[T, E]`` float32 or bfloat16.
+
+    Returns:
+      a float32 scalar; gradients flow to logits.
+    """
+    logits = jnp.asarray(logits)
+    _ffi.check_rank("z_loss", "logits", logits, 2, "[T, E]")
+    _ffi.check_float("z_loss", "logits", logits)
+    return _z(logits, np.float32(coeff))

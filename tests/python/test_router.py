@@ -1,0 +1,230 @@
+"""moekit.jax's router (route, aux_loss_scores, load_balancing_loss, z_loss) against pure-JAX
+references written here from SPEC.md section 2 with jax.lax.top_k: values and gradients, under
+jit, and the named errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import moekit.jax as mj
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+jax.config.update("jax_enable_x64", False)
+
+
+def _act(score, x):
+    if score == "sigmoid":
+        return jax.nn.sigmoid(x)
+    return jnp.sqrt(jax.nn.softplus(x))
+
+
+def ref_route(logits, k, score="softmax", pre_softmax=False, num_groups=None, group_topk=None,
+              scaling_factor=1.0, expert_bias=None):
+    """SPEC.md section 2 in JAX: choose with lax.top_k (ties to the lower index), weight, scale,
+    and order by descending weight (ties to the lower index)."""
+    x = logits.astype(F32)
+    T, E = x.shape
+    if score == "softmax" and not pre_softmax:
+        s, key = None, x
+    elif score == "softmax":
+        s = jax.nn.softmax(x, axis=-1)
+        key = s
+    else:
+        s = _act(score, x)
+        key = s if expert_bias is None else s + expert_bias
+    key = jax.lax.stop_gradient(key)
+    if num_groups:
+        per = E // num_groups
+        group_score = jax.lax.top_k(key.reshape(T, num_groups, per), k // group_topk)[0].sum(-1)
+        _, kept = jax.lax.top_k(group_score, group_topk)
+        allowed = jnp.zeros((T, num_groups), bool).at[jnp.arange(T)[:, None], kept].set(True)
+        key = jnp.where(jnp.repeat(allowed, per, axis=1), key, -jnp.inf)
+    _, idx = jax.lax.top_k(key, k)
+    if s is None:
+        w = jax.nn.softmax(jnp.take_along_axis(x, idx, axis=1), axis=-1)
+    else:
+        w = jnp.take_along_axis(s, idx, axis=1)
+        if score != "softmax" and k > 1:
+            w = w / (w.sum(-1, keepdims=True) + 1e-20)
+    w = w * scaling_factor
+    # Descending weight, ties to the lower index: sort by index, then stably by -weight.
+    by_index = jnp.argsort(idx, axis=1)
+    idx, w = (jnp.take_along_axis(a, by_index, axis=1) for a in (idx, w))
+    by_weight = jnp.argsort(-jax.lax.stop_gradient(w), axis=1, stable=True)
+    idx, w = (jnp.take_along_axis(a, by_weight, axis=1) for a in (idx, w))
+    rows = jnp.arange(T)[:, None]
+    probs = jnp.zeros((T, E), F32).at[rows, idx].set(w)
+    routing_map = jnp.zeros((T, E), bool).at[rows, idx].set(True)
+    return mj.Route(probs, routing_map, idx.astype(jnp.int32), w)
+
+
+# (E, k, options): every score, pre and post, groups, bias, scaling; k = 1 and k = E.
+ROUTE_CASES = [
+    (8, 2, dict()),
+    (8, 8, dict()),
+    (37, 1, dict()),
+    (64, 6, dict(pre_softmax=True)),
+    (32, 4, dict(score="sigmoid", num_groups=8, group_topk=4, scaling_factor=2.5, bias=True)),
+    (32, 4, dict(score="sigmoid", bias=True)),
+    (24, 4, dict(score="sqrtsoftplus", num_groups=4, group_topk=2)),
+    (16, 1, dict(score="sigmoid", scaling_factor=0.5)),
+]
+
+
+def _route_inputs(T, E, opts, dtype=F32, seed=0):
+    rng = np.random.default_rng(seed)
+    logits = jnp.asarray(rng.standard_normal((T, E)), dtype)
+    opts = dict(opts)
+    if opts.pop("bias", False):
+        opts["expert_bias"] = jnp.asarray(rng.standard_normal(E) * 0.1, F32)
+    return logits, opts
+
+
+@pytest.mark.parametrize("E,k,opts", ROUTE_CASES)
+@pytest.mark.parametrize("T", [1, 3, 100])
+def test_route_matches_reference(T, E, k, opts):
+    logits, opts = _route_inputs(T, E, opts, seed=T + E + k)
+    got = jax.jit(lambda l: mj.route(l, k, **opts))(logits)
+    want = ref_route(logits, k, **opts)
+    np.testing.assert_array_equal(got.topk_indices, want.topk_indices)
+    np.testing.assert_array_equal(got.routing_map, want.routing_map)
+    np.testing.assert_allclose(got.topk_weights, want.topk_weights, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got.probs, want.probs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("E,k,opts", ROUTE_CASES)
+def test_route_gradient_matches_reference(E, k, opts):
+    T = 23
+    logits, opts = _route_inputs(T, E, opts, seed=E * k)
+    rng = np.random.default_rng(1)
+    c_probs = jnp.asarray(rng.standard_normal((T, E)), F32)
+    c_w = jnp.asarray(rng.standard_normal((T, k)), F32)
+
+    def loss(route_fn):
+        def f(l):
+            r = route_fn(l)
+            return (r.probs * c_probs).sum() + (r.topk_weights * c_w).sum()
+        return f
+
+    got = jax.jit(jax.grad(loss(lambda l: mj.route(l, k, **opts))))(logits)
+    want = jax.grad(loss(lambda l: ref_route(l, k, **opts)))(logits)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_route_bf16_logits():
+    logits, _ = _route_inputs(50, 16, {}, dtype=BF16, seed=5)
+    got = mj.route(logits, 3)
+    want = ref_route(logits, 3)
+    assert got.probs.dtype == BF16 and got.topk_weights.dtype == BF16
+    np.testing.assert_array_equal(got.topk_indices, want.topk_indices)
+    np.testing.assert_allclose(got.topk_weights.astype(F32), want.topk_weights, rtol=1e-2)
+    d = jax.grad(lambda l: mj.route(l, 3).topk_weights.astype(F32)[:, 0].sum())(logits)
+    d_want = jax.grad(lambda l: ref_route(l, 3).topk_weights[:, 0].sum())(logits.astype(F32))
+    assert d.dtype == BF16
+    np.testing.assert_allclose(d.astype(F32), d_want, rtol=2e-2, atol=2e-3)
+
+
+def test_route_ties_go_to_the_lower_index():
+    logits = jnp.zeros((2, 6), F32).at[1, 4].set(1.0)
+    r = mj.route(logits, 3)
+    np.testing.assert_array_equal(r.topk_indices, [[0, 1, 2], [4, 0, 1]])
+
+
+def test_route_under_vmap_is_a_loop_of_calls():
+    logits, _ = _route_inputs(12, 8, {}, seed=3)
+    batch = jnp.stack([logits, -logits])
+    got = jax.vmap(lambda l: mj.route(l, 2).topk_indices)(batch)
+    for b in range(2):
+        np.testing.assert_array_equal(got[b], ref_route(batch[b], 2).topk_indices)
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid", "sqrtsoftplus"])
+def test_aux_loss_scores_values_and_gradient(score):
+    logits, _ = _route_inputs(31, 12, {}, seed=7)
+
+    def ref(l):
+        if score == "softmax":
+            q = jax.nn.softmax(l, axis=-1)
+        else:
+            s = _act(score, l)
+            q = s / (s.sum(-1, keepdims=True) + 1e-20)
+        return q
+
+    q, m = mj.aux_loss_scores(logits, 3, score=score)
+    np.testing.assert_allclose(q, ref(logits), rtol=1e-5, atol=1e-7)
+    _, top = jax.lax.top_k(ref(logits), 3)
+    want_map = jnp.zeros(m.shape, bool).at[jnp.arange(31)[:, None], top].set(True)
+    np.testing.assert_array_equal(m, want_map)
+    c = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), F32)
+    got = jax.grad(lambda l: (mj.aux_loss_scores(l, 3, score=score)[0] * c).sum())(logits)
+    want = jax.grad(lambda l: (ref(l) * c).sum())(logits)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    check_grads(lambda l: mj.aux_loss_scores(l, 3, score=score)[0], (logits,), order=1,
+                modes=["rev"], atol=1e-2, rtol=1e-2)
+
+
+def test_load_balancing_loss_batch_and_sequence():
+    T, E, k, B = 24, 8, 2, 3
+    logits, _ = _route_inputs(T, E, {}, seed=11)
+    q, m = mj.aux_loss_scores(logits, k)
+    tpe = m.sum(0).astype(jnp.int32)
+
+    def ref(q, total):
+        return E * 0.1 / (k * total**2) * (q.sum(0) * tpe).sum()
+
+    np.testing.assert_allclose(mj.load_balancing_loss(q, tpe, k=k, coeff=0.1), ref(q, T),
+                               rtol=1e-5)
+    np.testing.assert_allclose(mj.load_balancing_loss(q, tpe, k=k, coeff=0.1, total_tokens=96),
+                               ref(q, 96), rtol=1e-5)
+    g = jax.grad(lambda q: mj.load_balancing_loss(q, tpe, k=k, coeff=0.1))(q)
+    np.testing.assert_allclose(g, jax.grad(lambda q: ref(q, T))(q), rtol=1e-5)
+
+    S = T // B
+    per_seq = m.reshape(B, S, E).sum(1).astype(jnp.int32)
+
+    def ref_seq(q):
+        qs = q.reshape(B, S, E).sum(1)
+        return (E * 0.1 / (k * S**2) * (qs * per_seq).sum(-1)).mean()
+
+    np.testing.assert_allclose(mj.load_balancing_loss(q, per_seq, k=k, coeff=0.1), ref_seq(q),
+                               rtol=1e-5)
+    g = jax.grad(lambda q: mj.load_balancing_loss(q, per_seq, k=k, coeff=0.1))(q)
+    np.testing.assert_allclose(g, jax.grad(ref_seq)(q), rtol=1e-5)
+
+
+def test_z_loss_and_gradient():
+    logits, _ = _route_inputs(17, 9, {}, seed=13)
+    ref = lambda l: 0.01 * jnp.mean(jax.nn.logsumexp(l, axis=-1) ** 2)
+    np.testing.assert_allclose(jax.jit(lambda l: mj.z_loss(l, 0.01))(logits), ref(logits),
+                               rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(lambda l: mj.z_loss(l, 0.01))(logits),
+                               jax.grad(ref)(logits), rtol=1e-4, atol=1e-8)
+    assert float(mj.z_loss(jnp.zeros((0, 4), F32))) == 0.0
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda l: mj.route(l, 9), r"route: k = 9: must be in \[1, E\] = \[1, 8\]"),
+    (lambda l: mj.route(l, 2, score="relu"), r"score = 'relu'"),
+    (lambda l: mj.route(l, 2, expert_bias=jnp.zeros(8)), r"expert_bias needs score"),
+    (lambda l: mj.route(l, 2, score="sigmoid", expert_bias=jnp.zeros(7)),
+     r"expert_bias must be \[E\] = \[8\]"),
+    (lambda l: mj.route(l, 2, num_groups=4), r"give both or neither"),
+    (lambda l: mj.route(l[0], 2), r"logits must be \[T, E\]"),
+    (lambda l: mj.route(l.astype(jnp.int32), 2), r"logits dtype int32"),
+    (lambda l: mj.aux_loss_scores(l, 0), r"aux_loss_scores: k = 0"),
+    (lambda l: mj.load_balancing_loss(l, jnp.zeros((1, 2, 8), jnp.int32), k=2),
+     r"tokens_per_expert must be \[E\] or \[B, E\]"),
+])
+def test_invalid_options_are_named_at_trace_time(call, match):
+    logits = jnp.zeros((4, 8), F32)
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(logits)
+
+
+def test_invalid_groups_are_named_by_the_library():
+    # E % num_groups != 0 is the C++ validation's to report, with its message.
+    with pytest.raises(Exception, match=r"num_groups"):
+        jax.block_until_ready(mj.route(jnp.zeros((4, 8), F32), 2, score="sigmoid", num_groups=3,
+                                       group_topk=1))
