@@ -30,11 +30,28 @@ permute_max_rows = _moekit_ffi.permute_max_rows
 
 def call(name, results, *args, **attrs):
     """One FFI call. `results` is one (shape, dtype) pair or a list of them (then a list comes
-    back); attrs become the handler's attributes. Under vmap the batch runs as a loop of calls."""
+    back); attrs become the handler's attributes. Under vmap the batch runs as a loop of calls;
+    inside shard_map the results vary over the axes the operands vary over."""
     single = isinstance(results, tuple)
-    structs = [jax.ShapeDtypeStruct(s, d) for s, d in ([results] if single else results)]
+    typed = _varying_type(args)
+    structs = [jax.ShapeDtypeStruct(s, d, **typed) for s, d in ([results] if single else results)]
     out = jax.ffi.ffi_call(name, structs, vmap_method="sequential")(*args, **attrs)
     return out[0] if single else list(out)
+
+
+def _varying_type(args):
+    """Inside shard_map, the results vary over every manual mesh axis an operand varies over. XLA
+    cannot know it of a custom call, and a result typed invariant would let JAX scale its
+    cotangent by the axis size where a psum follows. Returns the ShapeDtypeStruct arguments that
+    say so (a type varying over manual axes needs the operands' mesh), or none."""
+    avals = [jax.typeof(a) for a in args]
+    typed = [a for a in avals if getattr(a, "mat", None) is not None and a.mat.varying]
+    if not typed:
+        return {}
+    varying = frozenset().union(*(a.mat.varying for a in typed))
+    mesh = typed[0].sharding.mesh
+    return {"manual_axis_type": type(typed[0].mat)(varying=varying),
+            "sharding": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())}
 
 
 def placeholder():
@@ -59,3 +76,29 @@ def concrete_int(x):
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
             TypeError):
         return None
+
+
+def _varying_axes(x):
+    """The manual mesh axes x varies over inside shard_map (jax 0.10: aval.mat.varying; older
+    releases: aval.vma)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "mat", None)
+    if mat is not None:
+        return frozenset(mat.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
+def match_vma(cotangents, primals):
+    """Each cotangent typed as its primal is over the manual mesh axes inside `shard_map`.
+
+    A custom_vjp must return cotangents of its primals' types. A weight's gradient computed
+    from replicated activations varies over fewer axes than the sharded weight: it is cast to
+    varying. A replicated input's gradient computed from sharded values varies over more: the
+    input was implicitly broadcast to every device, so its cotangent is summed over them."""
+    def one(ct, primal):
+        want, have = _varying_axes(primal), _varying_axes(ct)
+        extra, missing = tuple(sorted(have - want)), tuple(sorted(want - have))
+        if extra:
+            ct = jax.lax.psum(ct, extra)
+        return jax.lax.pcast(ct, missing, to="varying") if missing else ct
+    return tuple(one(c, p) for c, p in zip(cotangents, primals))

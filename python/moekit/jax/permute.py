@@ -50,6 +50,7 @@ def _permute_bwd(num_rows, num_experts, attrs, residuals, ct):
     d_x, d_probs = _ffi.call("moekit_permute_bwd", results, ct.x.astype(x.dtype),
                              ct.probs if has_probs else _ffi.placeholder(), row_map,
                              has_probs=np.bool_(has_probs))
+    d_x, d_probs = _ffi.match_vma((d_x, d_probs), (x, probs))
     return d_x, None, d_probs
 
 
@@ -157,7 +158,8 @@ def _unpermute_bwd(has_probs, residuals, d_out):
     d_y, d_probs = _ffi.call("moekit_unpermute_bwd", results, d_out.astype(y.dtype),
                              y if has_probs else _ffi.placeholder(), row_map, probs,
                              has_probs=np.bool_(has_probs))
-    return d_y, None, d_probs.astype(probs.dtype)
+    d_y, d_probs = _ffi.match_vma((d_y, d_probs.astype(probs.dtype)), (y, probs))
+    return d_y, None, d_probs
 
 
 _unpermute.defvjp(_unpermute_fwd, _unpermute_bwd)
@@ -209,6 +211,7 @@ def _sort_bwd(inverse, has_probs, residuals, ct):
     split_sizes, sorted_index = residuals
     d_out, d_probs = ct
     d_x, d_p = _sort(d_out, split_sizes, sorted_index, d_probs, not inverse, has_probs)
+    d_x, d_p = _ffi.match_vma((d_x, d_p), (d_out, d_probs))
     return d_x, None, None, d_p
 
 

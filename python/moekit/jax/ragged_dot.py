@@ -35,7 +35,7 @@ def _ragged_dot_bwd(out_dtype, residuals, d_out):
                  group_offset)
     d_rhs = _call("moekit_ragged_dot_drhs", rhs.shape, rhs.dtype, lhs, d_out, group_sizes,
                  group_offset)
-    return d_lhs, d_rhs, None, None
+    return _ffi.match_vma((d_lhs, d_rhs), (lhs, rhs)) + (None, None)
 
 
 _ragged_dot.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)

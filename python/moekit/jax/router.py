@@ -53,7 +53,8 @@ def _route_bwd(attrs, residuals, ct):
     logits, bias, idx = residuals
     d_logits = _ffi.call("moekit_route_bwd", (logits.shape, logits.dtype), logits, idx,
                          ct.probs, ct.topk_weights, **dict(attrs))
-    return d_logits, jnp.zeros_like(bias)  # the bias chooses, it is not differentiated
+    # The bias chooses; it is not differentiated.
+    return _ffi.match_vma((d_logits, jnp.zeros_like(bias)), (logits, bias))
 
 
 _route.defvjp(_route_fwd, _route_bwd)
@@ -133,8 +134,9 @@ def _aux_fwd(logits, attrs):
 
 def _aux_bwd(attrs, logits, ct):
     d_scores, _ = ct
-    return (_ffi.call("moekit_aux_scores_bwd", (logits.shape, logits.dtype), logits, d_scores,
-                      **dict(attrs)),)
+    d_logits = _ffi.call("moekit_aux_scores_bwd", (logits.shape, logits.dtype), logits, d_scores,
+                         **dict(attrs))
+    return _ffi.match_vma((d_logits,), (logits,))
 
 
 _aux.defvjp(_aux_fwd, _aux_bwd)
@@ -177,7 +179,7 @@ def _balance_bwd(attrs, residuals, d_loss):
     scores, tokens_per_expert = residuals
     d_scores = _ffi.call("moekit_load_balancing_loss_bwd", (scores.shape, scores.dtype),
                          tokens_per_expert, d_loss.astype(jnp.float32), **dict(attrs))
-    return d_scores, None
+    return _ffi.match_vma((d_scores,), (scores,)) + (None,)
 
 
 _balance.defvjp(_balance_fwd, _balance_bwd)
@@ -229,8 +231,9 @@ def _z_fwd(logits, coeff):
 
 
 def _z_bwd(coeff, logits, d_loss):
-    return (_ffi.call("moekit_z_loss_bwd", (logits.shape, logits.dtype), logits,
-                      d_loss.astype(jnp.float32), coeff=coeff),)
+    d_logits = _ffi.call("moekit_z_loss_bwd", (logits.shape, logits.dtype), logits,
+                         d_loss.astype(jnp.float32), coeff=coeff)
+    return _ffi.match_vma((d_logits,), (logits,))
 
 
 _z.defvjp(_z_fwd, _z_bwd)
