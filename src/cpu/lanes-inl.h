@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::detail::HWY_NAMESPACE {
@@ -66,6 +68,25 @@ HWY_INLINE void StoreLanes(lanes::D d, lanes::V v, void* row, size_t i) {
     auto* p = static_cast<float*>(row) + i;
     kStream ? hn::Stream(v, d, p) : hn::StoreU(v, d, p);
   }
+}
+
+// dst[0, n) = op(src[0, n)) vector by vector, f32 or rounded to bf16; kStream: the whole vectors
+// with non-temporal stores (dst aligned to a vector of its type). The tail goes through
+// zero-padded buffers, reading and writing only its n % N elements. With kBf16, dst may be src
+// (each vector is read before its narrower result lands at or below it).
+template <bool kBf16, bool kStream, class Op>
+HWY_INLINE void StoreRow(const float* src, size_t n, void* dst, Op op) {
+  const lanes::D d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) StoreLanes<kBf16, kStream>(d, op(hn::LoadU(d, src + i)), dst, i);
+  if (i == n) return;
+  using Out = std::conditional_t<kBf16, uint16_t, float>;
+  HWY_ALIGN float in[HWY_MAX_BYTES / sizeof(float)] = {};
+  HWY_ALIGN Out out[HWY_MAX_BYTES / sizeof(float)];
+  std::memcpy(in, src + i, (n - i) * sizeof(float));
+  StoreLanes<kBf16>(d, op(hn::Load(d, in)), out, 0);
+  std::memcpy(static_cast<Out*>(dst) + i, out, (n - i) * sizeof(Out));
 }
 
 // Whether every whole vector of a row at p, of elements `elem_bytes` wide with a vector's worth

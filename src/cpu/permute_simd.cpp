@@ -71,20 +71,8 @@ void CombineTyped(const void* const* rows, const float* w, size_t n, size_t H, v
 // stores (out aligned to a vector of its type).
 template <bool kOut, bool kStream>
 void ScaleTyped(const float* g, float w, size_t H, void* out) {
-  const D d;
-  const size_t N = hn::Lanes(d);
-  const V wv = hn::Set(d, w);
-  size_t i = 0;
-  for (; i + N <= H; i += N) {
-    StoreLanes<kOut, kStream>(d, hn::Mul(wv, hn::LoadU(d, g + i)), out, i);
-  }
-  if (i == H) return;
-  using Out = std::conditional_t<kOut, uint16_t, float>;
-  HWY_ALIGN float g_tail[HWY_MAX_BYTES / sizeof(float)] = {};
-  HWY_ALIGN Out result[HWY_MAX_BYTES / sizeof(float)];
-  std::memcpy(g_tail, g + i, (H - i) * sizeof(float));
-  StoreLanes<kOut>(d, hn::Mul(wv, hn::Load(d, g_tail)), result, 0);
-  std::memcpy(static_cast<Out*>(out) + i, result, (H - i) * sizeof(Out));
+  const V wv = hn::Set(D(), w);
+  StoreRow<kOut, kStream>(g, H, out, [wv](V v) { return hn::Mul(wv, v); });
 }
 
 void ScaleRow(const float* g, float w, size_t H, void* out, bool out_bf16, bool stream) {

@@ -15,7 +15,6 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "cpu/lanes-inl.h"
 #include "cpu/router_kernels.h"
@@ -290,7 +289,24 @@ HWY_INLINE float* AlignedWork(float* work) {
   return reinterpret_cast<float*>((p + HWY_MAX_BYTES - 1) / HWY_MAX_BYTES * HWY_MAX_BYTES);
 }
 
-void StreamBytes(void* dst, const void* src, size_t bytes);
+// Non-temporal copy of the whole aligned vectors of dst, so that a large output does not first
+// read every line it overwrites; plain copies for the unaligned ends.
+void StreamBytes(void* dst, const void* src, size_t bytes) {
+  const D d;
+  const size_t N = hn::Lanes(d), vector_bytes = N * sizeof(float);
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  // Plain copies for the bytes before the first aligned vector and after the last whole one.
+  const size_t head = std::min(
+      bytes, (vector_bytes - reinterpret_cast<uintptr_t>(out) % vector_bytes) % vector_bytes);
+  const size_t body = (bytes - head) / vector_bytes * vector_bytes;
+  std::memcpy(out, in, head);
+  for (size_t i = head; i < head + body; i += vector_bytes) {
+    hn::Stream(hn::LoadU(d, reinterpret_cast<const float*>(in + i)), d,
+               reinterpret_cast<float*>(out + i));
+  }
+  std::memcpy(out + head + body, in + head + body, bytes - head - body);
+}
 
 // The row built in aligned vectors of `work`: 0 with values[j] added at at[j] for j < count,
 // each update a whole-vector load and store (so that every load is forwarded from the store
@@ -312,20 +328,10 @@ HWY_INLINE float* BuildSparse(size_t n, const int32_t* at, const float* values, 
   return row;
 }
 
-// row[0, n) (f32) to dst as f32 or bf16, vector by vector; kStream: non-temporal stores (dst
-// aligned for them). dst may be row itself when kBf16 (each vector is read before the narrower
-// result lands at or below it).
+// row[0, n) (f32) to dst as f32 or bf16 (see StoreRow).
 template <bool kBf16, bool kStream>
 void WriteRow(const float* row, size_t n, void* dst) {
-  const D d;
-  const size_t N = hn::Lanes(d);
-  size_t i = 0;
-  for (; i + N <= n; i += N) StoreLanes<kBf16, kStream>(d, hn::Load(d, row + i), dst, i);
-  if (i == n) return;
-  using Out = std::conditional_t<kBf16, uint16_t, float>;
-  HWY_ALIGN Out tail[HWY_MAX_BYTES / sizeof(float)];
-  StoreLanes<kBf16>(d, hn::Load(d, row + i), tail, 0);
-  std::memcpy(static_cast<Out*>(dst) + i, tail, (n - i) * sizeof(Out));
+  StoreRow<kBf16, kStream>(row, n, dst, [](V v) { return v; });
 }
 
 // dst[0, n) = 0 with values[j] added at at[j] for j < count, f32 or bf16, written once: streamed
@@ -363,25 +369,6 @@ void MapRow(uint8_t* dst, int64_t n, const int32_t* at, int32_t count, bool stre
   } else {
     std::memcpy(dst, row, len);
   }
-}
-
-// Non-temporal copy of the whole aligned vectors of dst, so that a large output does not first
-// read every line it overwrites; plain copies for the unaligned ends.
-void StreamBytes(void* dst, const void* src, size_t bytes) {
-  const D d;
-  const size_t N = hn::Lanes(d), vector_bytes = N * sizeof(float);
-  auto* out = static_cast<char*>(dst);
-  const auto* in = static_cast<const char*>(src);
-  // Plain copies for the bytes before the first aligned vector and after the last whole one.
-  const size_t head = std::min(
-      bytes, (vector_bytes - reinterpret_cast<uintptr_t>(out) % vector_bytes) % vector_bytes);
-  const size_t body = (bytes - head) / vector_bytes * vector_bytes;
-  std::memcpy(out, in, head);
-  for (size_t i = head; i < head + body; i += vector_bytes) {
-    hn::Stream(hn::LoadU(d, reinterpret_cast<const float*>(in + i)), d,
-               reinterpret_cast<float*>(out + i));
-  }
-  std::memcpy(out + head + body, in + head + body, bytes - head - body);
 }
 
 }  // namespace moekit::detail::HWY_NAMESPACE
