@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "moekit/permute.h"
 #include "moekit/ragged_dot.h"
@@ -422,84 +423,50 @@ namespace {
 
 using ffi::AnyBuffer;
 using F32 = ffi::Buffer<ffi::F32>;
-template <class T>
-using Ret = ffi::Result<T>;
 
-XLA_FFI_DEFINE_HANDLER(kRouteFwd, route_fwd,
-                       ffi::Ffi::Bind()
-                           .Arg<AnyBuffer>()
-                           .Arg<F32>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Attrs<RouteAttrs>());
-XLA_FFI_DEFINE_HANDLER(kRouteBwd, route_bwd,
-                       ffi::Ffi::Bind()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Attrs<RouteAttrs>());
+// Binding b followed by kArgs buffer arguments, then kRets buffer results, of any element type
+// (the C++ calls check each dtype and name the argument). A Binding cannot be copied or moved
+// outside XLA's code, only extended, so the recursion ends on the last extension.
+template <size_t kArgs, size_t kRets, class Binding>
+auto buffers(Binding&& b) {
+  static_assert(kArgs + kRets > 0);
+  if constexpr (kArgs == 0) {
+    if constexpr (kRets == 1) {
+      return std::move(b).template Ret<AnyBuffer>();
+    } else {
+      return buffers<0, kRets - 1>(std::move(b).template Ret<AnyBuffer>());
+    }
+  } else if constexpr (kArgs + kRets == 1) {
+    return std::move(b).template Arg<AnyBuffer>();
+  } else {
+    return buffers<kArgs - 1, kRets>(std::move(b).template Arg<AnyBuffer>());
+  }
+}
+template <size_t kArgs, size_t kRets>
+auto buffers() {
+  return buffers<kArgs, kRets>(ffi::Ffi::Bind());
+}
+
+// The losses' values and their cotangents are f32 scalars. (Bindings are parenthesized: the
+// macro would split them at their template commas.)
 XLA_FFI_DEFINE_HANDLER(
-    kAuxFwd, aux_fwd,
-    ffi::Ffi::Bind().Arg<AnyBuffer>().Ret<AnyBuffer>().Ret<AnyBuffer>().Attrs<AuxAttrs>());
-XLA_FFI_DEFINE_HANDLER(
-    kAuxBwd, aux_bwd,
-    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<AnyBuffer>().Attrs<AuxAttrs>());
-XLA_FFI_DEFINE_HANDLER(
-    kBalanceFwd, balance_fwd,
-    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<F32>().Attrs<BalanceAttrs>());
-XLA_FFI_DEFINE_HANDLER(
-    kBalanceBwd, balance_bwd,
-    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<F32>().Ret<AnyBuffer>().Attrs<BalanceAttrs>());
-XLA_FFI_DEFINE_HANDLER(kZFwd, z_fwd,
-                       ffi::Ffi::Bind().Arg<AnyBuffer>().Ret<F32>().Attr<float>("coeff"));
-XLA_FFI_DEFINE_HANDLER(
-    kZBwd, z_bwd,
-    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<F32>().Ret<AnyBuffer>().Attr<float>("coeff"));
-XLA_FFI_DEFINE_HANDLER(kPermuteFwd, permute_fwd,
-                       ffi::Ffi::Bind()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Attrs<PermuteAttrs>());
-XLA_FFI_DEFINE_HANDLER(kPermuteBwd, permute_bwd,
-                       ffi::Ffi::Bind()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Attr<bool>("has_probs"));
-XLA_FFI_DEFINE_HANDLER(
-    kUnpermuteFwd, unpermute_fwd,
-    ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<AnyBuffer>().Arg<AnyBuffer>().Ret<AnyBuffer>().Attr<bool>(
-        "has_probs"));
-XLA_FFI_DEFINE_HANDLER(kUnpermuteBwd, unpermute_bwd,
-                       ffi::Ffi::Bind()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Attr<bool>("has_probs"));
-XLA_FFI_DEFINE_HANDLER(kSortChunks, sort_chunks,
-                       ffi::Ffi::Bind()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Arg<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Ret<AnyBuffer>()
-                           .Attrs<SortAttrs>());
+    kRouteFwd, route_fwd,
+    (buffers<0, 4>(ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<F32>()).Attrs<RouteAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kRouteBwd, route_bwd, (buffers<4, 1>().Attrs<RouteAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kAuxFwd, aux_fwd, (buffers<1, 2>().Attrs<AuxAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kAuxBwd, aux_bwd, (buffers<2, 1>().Attrs<AuxAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kBalanceFwd, balance_fwd,
+                       (buffers<2, 0>().Ret<F32>().Attrs<BalanceAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kBalanceBwd, balance_bwd,
+                       (buffers<0, 1>(buffers<1, 0>().Arg<F32>()).Attrs<BalanceAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kZFwd, z_fwd, (buffers<1, 0>().Ret<F32>().Attr<float>("coeff")));
+XLA_FFI_DEFINE_HANDLER(kZBwd, z_bwd,
+                       (buffers<0, 1>(buffers<1, 0>().Arg<F32>()).Attr<float>("coeff")));
+XLA_FFI_DEFINE_HANDLER(kPermuteFwd, permute_fwd, (buffers<3, 5>().Attrs<PermuteAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kPermuteBwd, permute_bwd, (buffers<3, 2>().Attr<bool>("has_probs")));
+XLA_FFI_DEFINE_HANDLER(kUnpermuteFwd, unpermute_fwd, (buffers<3, 1>().Attr<bool>("has_probs")));
+XLA_FFI_DEFINE_HANDLER(kUnpermuteBwd, unpermute_bwd, (buffers<4, 2>().Attr<bool>("has_probs")));
+XLA_FFI_DEFINE_HANDLER(kSortChunks, sort_chunks, (buffers<4, 2>().Attrs<SortAttrs>()));
 
 }  // namespace
 }  // namespace moekit::python
