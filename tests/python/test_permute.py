@@ -141,6 +141,38 @@ def test_routing_map_form_equals_the_indices_form():
     np.testing.assert_allclose(out.astype(F32), want.astype(F32), rtol=1e-2, atol=1e-2)
 
 
+def test_pad_to_capacity_extra_rows_and_no_merging_probs():
+    """pad_to_capacity gives every expert exactly the capacity rows; a larger num_out_tokens
+    leaves zero rows past the blocks; unpermute without merging probs sums the copies (weight 1)
+    and its gradient reaches y."""
+    T, E, k, H = 30, 5, 2, 7
+    idx, probs = _routing(T, E, k, seed=8, skew=True)
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((T, H)), F32)
+    capacity = int(np.ceil(T * k / E * 1.0))
+    p = mj.permute(x, idx, jnp.asarray(probs, BF16), num_experts=E, capacity_factor=1.0,
+                   pad_to_capacity=True)
+    np.testing.assert_array_equal(p.tokens_per_expert, [capacity] * E)
+    assert p.x.shape == (E * capacity, H) and p.probs.dtype == BF16
+    row, _ = ref_plan(idx, E, 1, capacity, probs)
+    # Each block starts at e * capacity; ref_plan packs blocks, so shift its rows.
+    kept = np.bincount(idx[row >= 0], minlength=E)
+    shift = np.arange(E) * capacity - np.concatenate([[0], np.cumsum(kept)[:-1]])
+    want_row = np.where(row >= 0, row + shift[idx], -1)
+    np.testing.assert_array_equal(p.row_map[0], want_row)
+    np.testing.assert_array_equal(p.pad_offsets,
+                                  np.concatenate([[0], np.cumsum(capacity - kept)[:-1]]))
+
+    q = mj.permute(x, idx, num_experts=E, num_out_tokens=T * k + 9)
+    assert q.probs is None and q.x.shape == (T * k + 9, H)
+    np.testing.assert_array_equal(q.x[T * k:], 0)
+    out = mj.unpermute(q.x, q)
+    np.testing.assert_allclose(out, k * x, rtol=1e-6)
+    c = jnp.asarray(np.random.default_rng(4).standard_normal((T, H)), F32)
+    d_y = jax.grad(lambda y: (mj.unpermute(y, q) * c).sum())(q.x)
+    d_want = jnp.zeros_like(q.x).at[q.row_map[0].reshape(-1)].set(jnp.repeat(c, k, axis=0))
+    np.testing.assert_array_equal(d_y, d_want)
+
+
 def test_no_tokens():
     p = mj.permute(jnp.zeros((0, 4), F32), jnp.zeros((0, 2), jnp.int32), num_experts=3)
     assert p.x.shape == (0, 4)
@@ -193,7 +225,7 @@ def test_invalid_arguments_are_named_at_trace_time(call, match):
 def test_invalid_data_is_named_at_run_time():
     x = jnp.zeros((3, 2), F32)
     bad = jnp.asarray([[0, 1], [2, 7], [1, 0]], jnp.int32)
-    with pytest.raises(Exception, match=r"7"):
+    with pytest.raises(Exception, match=r"permute: topk_indices\[1, 1\] = 7: must be an expert"):
         jax.block_until_ready(mj.permute(x, bad, num_experts=4).x)
     with pytest.raises(Exception, match=r"num_out_tokens too small"):
         jax.block_until_ready(mj.permute(x, bad % 4, num_experts=4, num_out_tokens=5).x)

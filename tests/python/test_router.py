@@ -11,7 +11,6 @@ from jax.test_util import check_grads
 import moekit.jax as mj
 
 F32, BF16 = jnp.float32, jnp.bfloat16
-jax.config.update("jax_enable_x64", False)
 
 
 def _act(score, x):
@@ -126,6 +125,14 @@ def test_route_bf16_logits():
     np.testing.assert_allclose(d.astype(F32), d_want, rtol=2e-2, atol=2e-3)
 
 
+def test_route_no_tokens():
+    logits = jnp.zeros((0, 8), F32)
+    r = mj.route(logits, 2, score="sigmoid", num_groups=4, group_topk=2)
+    assert r.probs.shape == (0, 8) and r.topk_indices.shape == (0, 2)
+    d = jax.grad(lambda l: mj.route(l, 2).topk_weights.sum())(logits)
+    assert d.shape == (0, 8)
+
+
 def test_route_ties_go_to_the_lower_index():
     logits = jnp.zeros((2, 6), F32).at[1, 4].set(1.0)
     r = mj.route(logits, 3)
@@ -216,6 +223,9 @@ def test_z_loss_and_gradient():
     (lambda l: mj.aux_loss_scores(l, 0), r"aux_loss_scores: k = 0"),
     (lambda l: mj.load_balancing_loss(l, jnp.zeros((1, 2, 8), jnp.int32), k=2),
      r"tokens_per_expert must be \[E\] or \[B, E\]"),
+    (lambda l: mj.load_balancing_loss(l, jnp.zeros((2, 8), jnp.int32), k=2, total_tokens=8),
+     r"total_tokens = 8 with per-sequence counts"),
+    (lambda l: mj.z_loss(l.astype(jnp.int32)), r"z_loss: logits dtype int32"),
 ])
 def test_invalid_options_are_named_at_trace_time(call, match):
     logits = jnp.zeros((4, 8), F32)
@@ -225,6 +235,6 @@ def test_invalid_options_are_named_at_trace_time(call, match):
 
 def test_invalid_groups_are_named_by_the_library():
     # E % num_groups != 0 is the C++ validation's to report, with its message.
-    with pytest.raises(Exception, match=r"num_groups"):
+    with pytest.raises(Exception, match=r"route: num_groups = 3: must divide E = 8"):
         jax.block_until_ready(mj.route(jnp.zeros((4, 8), F32), 2, score="sigmoid", num_groups=3,
                                        group_topk=1))
