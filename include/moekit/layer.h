@@ -1,0 +1,176 @@
+// The MoE layer (SPEC.md section 5), forward and backward, built from the public steps:
+//
+//   logits = x @ router                                   [T, E] f32      (router GEMM)
+//   route(logits) -> topk_indices, topk_weights           [T, k]          (router.h)
+//   x_perm = permute(x, topk_indices)                     [N, H]          (permute.h)
+//   h      = ragged_dot(x_perm, w_in, tokens_per_expert)  [N, 2F] or [N, F]   (gmm_up)
+//   a      = activation(h)                                [N, F]          (below)
+//   y      = ragged_dot(a, w_out, tokens_per_expert)      [N, H]          (gmm_down)
+//   out    = unpermute(y, row_map, topk_weights)          [T, H]          (combine)
+//          + activation(x @ shared_in) @ shared_out, with a shared expert
+//   aux_loss, z_loss: the router's losses (router.h), beside the output
+//
+// Each step is a public call of its own (route, permute, ragged_dot, activation, unpermute), so
+// a caller who needs communication between two of them (an all-to-all after permute) composes
+// them; this file adds the activation and the whole layer on one device.
+//
+// Notation: T tokens, H hidden size, E experts, k experts per token, F expert FFN width, Fs the
+// shared expert's width, N rows of the permuted buffer (T * k dropless; permute_max_rows with a
+// capacity or an alignment). x, every weight and every activation share one dtype, f32 or bf16;
+// the router logits and the losses are f32 and every sum runs in f32.
+//
+// Memory: the caller owns it all. moe_layer_workspace() says how many bytes the layer needs for
+// its saved activations (written by the forward, read by the backward) and for each pass's
+// scratch; nothing is allocated inside. Saved, in this order, each 64-byte aligned:
+//   logits [T, E] f32, topk_indices [T, k] i32, topk_weights [T, k] f32,
+//   tokens_per_expert [E] i32, row_map [2, T, k] i32, aux-loss counts [B, E] i32 (B = 1, or the
+//   sequences of the sequence-level loss), x_perm [N, H], h [N, 2F | F], a [N, F], y [N, H],
+//   and with a shared expert hs [T, 2Fs | Fs], as [T, Fs].
+// Every call validates all of its arguments, with errors naming the argument and its value,
+// before it writes anything.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "moekit/permute.h"
+#include "moekit/router.h"
+#include "moekit/status.h"
+#include "moekit/view.h"
+
+namespace moekit {
+
+// The expert FFN's nonlinearity. Gated ones take h = [gate | up] (gate in columns [0, F), up in
+// [F, 2F)) and give act(gate) * up; the others map h [N, F] elementwise. GELU is the tanh form
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as jax.nn.gelu's default.
+enum class Activation {
+  kSwiGLU,  // silu(gate) * up, silu(x) = x * sigmoid(x)
+  kGeGLU,   // gelu(gate) * up
+  kGelu,    // gelu(h)
+  kRelu,    // max(h, 0)
+};
+
+constexpr bool is_gated(Activation a) {
+  return a == Activation::kSwiGLU || a == Activation::kGeGLU;
+}
+
+// kAuto takes the vectorised, threaded one; kReference is the scalar one the tests compare with.
+enum class ActivationImpl { kAuto, kVectorized, kReference };
+
+// a = act(h), row by row.
+//   h  [N, 2F] (gated) or [N, F]   f32 | bf16
+//   a  [N, F]                      f32 | h's dtype
+Status activation(ConstTensorView h, Activation act, TensorView a,
+                  ActivationImpl impl = ActivationImpl::kAuto);
+
+// Gradient of activation: d_h = d_a * act'(h); gated: d_gate = d_a * up * act'(gate),
+// d_up = d_a * act(gate). ReLU's derivative at 0 is 0.
+//   h    [N, 2F] or [N, F]   f32 | bf16, as given to activation
+//   d_a  [N, F]              f32 | bf16
+//   d_h  like h              f32 | h's dtype
+Status activation_backward(ConstTensorView h, ConstTensorView d_a, Activation act, TensorView d_h,
+                           ActivationImpl impl = ActivationImpl::kAuto);
+
+struct MoeLayerConfig {
+  int64_t hidden = 0;       // H
+  int64_t ffn = 0;          // F, per expert
+  int64_t num_experts = 0;  // E
+  RouteOptions route;       // k, score, group-limited routing, scaling, expert bias
+  Activation activation = Activation::kSwiGLU;
+  // The shared expert's FFN width (DeepSeek: shared experts * F); 0: no shared expert. It uses
+  // the same activation.
+  int64_t shared_ffn = 0;
+
+  // Capacity (token dropping) as in permute.h: 0 = dropless (the default).
+  double capacity_factor = 0.0;
+  DropPolicy drop_policy = DropPolicy::kProbs;
+  bool pad_to_capacity = false;
+  int64_t align_size = 1;  // each expert's rows padded to a multiple of this
+
+  // Load-balancing loss coefficient (Switch / GShard form, on the aux-loss scores of router.h,
+  // counted over this call's T tokens); 0: not computed (reported as 0).
+  float aux_loss_coeff = 0.0f;
+  // > 0: the sequence-level loss instead, over this many sequences of T / B tokens each.
+  int32_t aux_loss_sequences = 0;
+  float z_loss_coeff = 0.0f;  // 0: not computed
+};
+
+// Weights, all in x's dtype. Gated activations fuse gate and up in w_in.
+struct MoeLayerWeights {
+  ConstTensorView router;      // [H, E]
+  ConstTensorView w_in;        // [E, H, 2F] gated (gate | up), [E, H, F] otherwise
+  ConstTensorView w_out;       // [E, F, H]
+  ConstTensorView shared_in;   // [H, 2Fs] | [H, Fs], present when shared_ffn > 0
+  ConstTensorView shared_out;  // [Fs, H]
+};
+
+// Weight gradients, shaped as the weights, f32 or x's dtype. Absent shared ones are allowed
+// only without a shared expert.
+struct MoeLayerWeightGrads {
+  TensorView router, w_in, w_out, shared_in, shared_out;
+};
+
+struct MoeLayerOutputs {
+  TensorView out;                // [T, H] x's dtype
+  float* aux_loss = nullptr;     // or null: the load-balancing loss (0 when its coeff is 0)
+  float* z_loss = nullptr;       // or null: the z-loss (0 when its coeff is 0)
+  TensorView tokens_per_expert;  // [E] i32, or absent: rows per expert, as permute made them
+};
+
+struct MoeLayerWorkspace {
+  size_t saved_bytes = 0;     // the forward writes, the backward reads
+  size_t forward_bytes = 0;   // the forward's scratch
+  size_t backward_bytes = 0;  // the backward's scratch
+};
+
+// The bytes the layer needs for T tokens in dtype `dtype`. All zero when the config is invalid
+// (the layer calls name the problem).
+MoeLayerWorkspace moe_layer_workspace(const MoeLayerConfig& config, int64_t tokens, DType dtype);
+
+// Rows of the permuted buffer (N above) for T tokens; -1 when the config is invalid.
+int64_t moe_layer_rows(const MoeLayerConfig& config, int64_t tokens);
+
+// The steps of the layer, in forward order, for per-step timings.
+enum class MoeStep {
+  kRouterGemm,
+  kRoute,  // forward: route and the losses; backward: their gradients to the logits
+  kPermute,
+  kGmmUp,
+  kActivation,
+  kGmmDown,
+  kUnpermute,
+  kSharedExpert,
+};
+inline constexpr int kMoeSteps = 8;
+const char* moe_step_name(MoeStep s);  // "router_gemm", "route", ...
+
+// Milliseconds per step of the last call that was given this profile (wall clock).
+struct MoeLayerProfile {
+  std::array<double, kMoeSteps> ms{};
+};
+
+// Forward.
+//   x      [T, H] f32 | bf16
+//   saved  at least saved_bytes, 64-byte aligned: written here, read by the backward
+//   scratch at least forward_bytes, 64-byte aligned
+// Inference needs saved too (it holds the intermediates); its contents may then be dropped.
+Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
+                         const MoeLayerConfig& config, std::span<std::byte> saved,
+                         std::span<std::byte> scratch, const MoeLayerOutputs& out,
+                         MoeLayerProfile* profile = nullptr);
+
+// Backward, from the saved activations of a forward with the same x, weights and config.
+//   d_out         [T, H] x's dtype: the output's cotangent
+//   d_aux_loss, d_z_loss: the losses' cotangents
+//   scratch       at least backward_bytes, 64-byte aligned
+//   d_x           [T, H] f32 | x's dtype
+//   grads         the weight gradients (overwritten)
+Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
+                          const MoeLayerConfig& config, std::span<const std::byte> saved,
+                          ConstTensorView d_out, float d_aux_loss, float d_z_loss,
+                          std::span<std::byte> scratch, TensorView d_x,
+                          const MoeLayerWeightGrads& grads, MoeLayerProfile* profile = nullptr);
+
+}  // namespace moekit
