@@ -8,7 +8,10 @@ CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 .PHONY: run test deps build test-cpp python test-python sanitize format format-check clean
 
 run: build
-	$(BUILD)/moekit bench ragged_dot --preset qwen3-30b-a3b --tokens 4096
+	$(BUILD)/moekit bench layer --preset qwen3-30b-a3b --tokens 4096
+	@echo
+	@echo "Next: README.md 'Reading the benchmark'; every preset: $(BUILD)/moekit bench layer --preset all;"
+	@echo "one op: $(BUILD)/moekit bench ragged_dot|router|permute --help; recorded runs: bench/results/"
 
 test: build test-cpp test-python
 

@@ -15,6 +15,8 @@ REQUIRED = {
                {"fwd", "bwd"}, "gbps", {"router"}),
     "permute": ({"op", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps", "read_gbps"},
                 {"fwd", "bwd"}, "gbps", {"permute", "unpermute"}),
+    "layer": ({"op", "pass", "preset", "tokens", "ms", "steps_ms", "tokens_per_s"},
+              {"fwd", "bwd"}, "tokens_per_s", {"layer"}),
 }
 
 

@@ -11,5 +11,7 @@ void register_bench_ragged_dot(CLI::App& bench);
 void register_bench_router(CLI::App& bench);
 // Adds `permute` under the `bench` subcommand (tools/bench_permute.cpp).
 void register_bench_permute(CLI::App& bench);
+// Adds `layer` under the `bench` subcommand (tools/bench_layer.cpp).
+void register_bench_layer(CLI::App& bench);
 
 }  // namespace moekit::tools

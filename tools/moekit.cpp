@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   moekit::tools::register_bench_ragged_dot(*bench);
   moekit::tools::register_bench_router(*bench);
   moekit::tools::register_bench_permute(*bench);
+  moekit::tools::register_bench_layer(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,317 @@
+// moekit bench layer: times the MoE layer's forward and backward on a preset's real shapes, step
+// by step, beside dense oneDNN matmuls of its two grouped matmuls' shapes run in the same
+// process (the rate its 6*N*H*F forward and 12*N*H*F backward FLOPs are measured against).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "bench_common.h"
+#include "benches.h"
+#include "dense_matmul.h"
+#include "moekit/layer.h"
+#include "presets.h"
+
+namespace moekit::tools {
+namespace {
+
+struct Options : BenchOptions {
+  double capacity_factor = 0;
+  float aux_loss_coeff = 0.01f;
+  double mem_limit_gib = 16;
+};
+
+constexpr double kGiB = 1ull << 30;
+
+// One preset at one token count.
+struct Result {
+  std::string preset;
+  int64_t tokens = 0, rows = 0;
+  Timing fwd, bwd, dense_up, dense_down;
+  std::array<double, kMoeSteps> fwd_steps{}, bwd_steps{};    // medians, ms
+  std::array<double, kMoeSteps> step_flops{}, step_bytes{};  // forward; backward twice the flops
+  double gmm_flops_fwd = 0, dense_tflops = 0, dense_ms_fwd = 0;
+  std::string dense_impl;
+  // The grouped matmuls' FLOPs (forward, then twice that backward) at the dense rate, over the
+  // layer's forward plus backward.
+  double ratio() const { return 3 * dense_ms_fwd / (fwd.median_ms + bwd.median_ms); }
+};
+
+MoeLayerConfig preset_config(const Preset& p, const Options& o, std::vector<float>& bias) {
+  MoeLayerConfig c;
+  c.hidden = p.H, c.ffn = p.F, c.num_experts = p.E;
+  c.route = preset_route_options(p, o.seed, bias);
+  c.shared_ffn = p.shared_experts * p.F;
+  c.activation = Activation::kSwiGLU;
+  c.capacity_factor = o.capacity_factor;
+  c.aux_loss_coeff = o.aux_loss_coeff;
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Runs one preset at T tokens; returns false (with the reason) when it does not fit.
+bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
+             std::string& skipped) {
+  std::vector<float> bias;
+  const MoeLayerConfig cfg = preset_config(p, o, bias);
+  const size_t es = dtype_size(dt);
+  const int64_t H = p.H, F = p.F, E = p.E, W = 2 * F, Fs = cfg.shared_ffn;
+  const int64_t N = moe_layer_rows(cfg, T);
+  const MoeLayerWorkspace ws = moe_layer_workspace(cfg, T, dt);
+  const double weights = static_cast<double>(H * E + E * H * W + E * F * H + H * 2 * Fs + Fs * H);
+  const double bytes = 2 * weights * es + 4.0 * T * H * es + ws.saved_bytes + ws.forward_bytes +
+                       ws.backward_bytes + static_cast<double>(N * (H + W + F + H) * es);
+  if (bytes > o.mem_limit_gib * kGiB) {
+    skipped = fmt::format(
+        "{}: needs {:.1f} GiB at {} tokens (weights and their gradients {:.1f} "
+        "GiB), over --mem-limit-gib {}",
+        p.name, bytes / kGiB, T, 2 * weights * es / kGiB, o.mem_limit_gib);
+    return false;
+  }
+
+  Buffer x(T * H * es), out(T * H * es), d_out(T * H * es), d_x(T * H * es);
+  Buffer router(H * E * es), w_in(E * H * W * es), w_out(E * F * H * es);
+  Buffer shared_in(H * 2 * Fs * es), shared_out(Fs * H * es);
+  Buffer g_router(H * E * es), g_in(E * H * W * es), g_out(E * F * H * es);
+  Buffer g_shared_in(H * 2 * Fs * es), g_shared_out(Fs * H * es);
+  Buffer saved(ws.saved_bytes), fwd_scratch(ws.forward_bytes), bwd_scratch(ws.backward_bytes);
+  fill_uniform(x.data(), dt, T * H, o.seed + 1);
+  fill_uniform(d_out.data(), dt, T * H, o.seed + 2);
+  fill_uniform(router.data(), dt, H * E, o.seed + 3);
+  fill_uniform(w_in.data(), dt, E * H * W, o.seed + 4);
+  fill_uniform(w_out.data(), dt, E * F * H, o.seed + 5);
+  fill_uniform(shared_in.data(), dt, H * 2 * Fs, o.seed + 6);
+  fill_uniform(shared_out.data(), dt, Fs * H, o.seed + 7);
+
+  MoeLayerWeights wv{ConstTensorView(router.data(), dt, {H, E}),
+                     ConstTensorView(w_in.data(), dt, {E, H, W}),
+                     ConstTensorView(w_out.data(), dt, {E, F, H}),
+                     {},
+                     {}};
+  MoeLayerWeightGrads gv{TensorView(g_router.data(), dt, {H, E}),
+                         TensorView(g_in.data(), dt, {E, H, W}),
+                         TensorView(g_out.data(), dt, {E, F, H}),
+                         {},
+                         {}};
+  if (Fs > 0) {
+    wv.shared_in = ConstTensorView(shared_in.data(), dt, {H, 2 * Fs});
+    wv.shared_out = ConstTensorView(shared_out.data(), dt, {Fs, H});
+    gv.shared_in = TensorView(g_shared_in.data(), dt, {H, 2 * Fs});
+    gv.shared_out = TensorView(g_shared_out.data(), dt, {Fs, H});
+  }
+  const ConstTensorView xv(x.data(), dt, {T, H});
+  Buffer tpe(E * 4);
+  float aux = 0;
+  const MoeLayerOutputs outs{TensorView(out.data(), dt, {T, H}), &aux, nullptr,
+                             TensorView(tpe.data(), DType::kI32, {E})};
+  std::vector<MoeLayerProfile> fwd_prof, bwd_prof;
+  auto forward = [&] {
+    MoeLayerProfile prof;
+    check(moe_layer_forward(xv, wv, cfg, {static_cast<std::byte*>(saved.data()), saved.bytes()},
+                            {static_cast<std::byte*>(fwd_scratch.data()), fwd_scratch.bytes()},
+                            outs, &prof));
+    fwd_prof.push_back(prof);
+  };
+  auto backward = [&] {
+    MoeLayerProfile prof;
+    check(moe_layer_backward(xv, wv, cfg,
+                             {static_cast<const std::byte*>(saved.data()), saved.bytes()},
+                             ConstTensorView(d_out.data(), dt, {T, H}), 1.0f, 0.0f,
+                             {static_cast<std::byte*>(bwd_scratch.data()), bwd_scratch.bytes()},
+                             TensorView(d_x.data(), dt, {T, H}), gv, &prof));
+    bwd_prof.push_back(prof);
+  };
+  forward();  // the routed rows, for the dense reference's shapes
+  const auto* sizes = static_cast<const int32_t*>(tpe.data());
+  const int64_t rows = std::accumulate(sizes, sizes + E, int64_t{0});
+
+  // Dense references: [rows, H] @ [H, 2F] and [rows, F] @ [F, H], on buffers of their own.
+  Buffer a_up(std::max<int64_t>(rows, 1) * H * es), c_up(std::max<int64_t>(rows, 1) * W * es);
+  Buffer a_down(std::max<int64_t>(rows, 1) * F * es), c_down(std::max<int64_t>(rows, 1) * H * es);
+  fill_uniform(a_up.data(), dt, rows * H, o.seed + 8);
+  fill_uniform(a_down.data(), dt, rows * F, o.seed + 9);
+  DenseMatmul up(dt, dt, rows, H, W, {H, 1}, {W, 1}), down(dt, dt, rows, F, H, {F, 1}, {H, 1});
+
+  fwd_prof.clear();
+  const std::vector<Timing> t =
+      time_interleaved(o.warmup, o.reps,
+                       {forward, backward, [&] { up.run(a_up.data(), w_in.data(), c_up.data()); },
+                        [&] { down.run(a_down.data(), w_out.data(), c_down.data()); }});
+  r.preset = p.name, r.tokens = T, r.rows = rows;
+  r.fwd = t[0], r.bwd = t[1], r.dense_up = t[2], r.dense_down = t[3];
+  for (int s = 0; s < kMoeSteps; ++s) {
+    std::vector<double> f, b;
+    for (size_t i = o.warmup; i < fwd_prof.size(); ++i) f.push_back(fwd_prof[i].ms[s]);
+    for (size_t i = o.warmup; i < bwd_prof.size(); ++i) b.push_back(bwd_prof[i].ms[s]);
+    r.fwd_steps[s] = median(f), r.bwd_steps[s] = median(b);
+  }
+  auto at = [](MoeStep s) { return static_cast<int>(s); };
+  const double up_flops = 2.0 * rows * H * W, down_flops = 2.0 * rows * F * H;
+  r.step_flops[at(MoeStep::kRouterGemm)] = 2.0 * T * H * E;
+  r.step_flops[at(MoeStep::kGmmUp)] = up_flops;
+  r.step_flops[at(MoeStep::kGmmDown)] = down_flops;
+  r.step_flops[at(MoeStep::kSharedExpert)] = 2.0 * T * H * 3 * Fs;
+  r.step_bytes[at(MoeStep::kPermute)] = static_cast<double>((T + rows) * H * es);
+  r.step_bytes[at(MoeStep::kUnpermute)] = static_cast<double>((T + rows) * H * es);
+  r.step_bytes[at(MoeStep::kActivation)] = static_cast<double>(rows * (W + F) * es);
+  r.gmm_flops_fwd = up_flops + down_flops;
+  r.dense_tflops = r.gmm_flops_fwd / ((r.dense_up.median_ms + r.dense_down.median_ms) * 1e9);
+  r.dense_ms_fwd = r.dense_up.median_ms + r.dense_down.median_ms;
+  r.dense_impl = up.impl();
+  return true;
+}
+
+void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt) {
+  fmt::print(f, "\n{}  T={}  {}  routed rows N={}  H={} F={} E={} k={}{}\n", r.preset, r.tokens,
+             dtype_name(dt), r.rows, p.H, p.F, p.E, p.k,
+             p.shared_experts ? fmt::format(", {} shared", p.shared_experts) : "");
+  fmt::print(f, "{:<12} {:>9} {:>6} {:>12}   {:>9} {:>6} {:>12}\n", "step", "fwd ms", "share",
+             "fwd rate", "bwd ms", "share", "bwd rate");
+  auto rate = [](double ms, double flops, double bytes) -> std::string {
+    if (ms <= 0) return "";
+    if (flops > 0) return fmt::format("{:.3f} TF/s", flops / (ms * 1e9));
+    if (bytes > 0) return fmt::format("{:.1f} GB/s", bytes / (ms * 1e6));
+    return "";
+  };
+  for (int s = 0; s < kMoeSteps; ++s) {
+    if (r.fwd_steps[s] == 0 && r.bwd_steps[s] == 0) continue;
+    fmt::print(f, "{:<12} {:>9.2f} {:>5.1f}% {:>12}   {:>9.2f} {:>5.1f}% {:>12}\n",
+               moe_step_name(static_cast<MoeStep>(s)), r.fwd_steps[s],
+               100 * r.fwd_steps[s] / r.fwd.median_ms,
+               rate(r.fwd_steps[s], r.step_flops[s], r.step_bytes[s]), r.bwd_steps[s],
+               100 * r.bwd_steps[s] / r.bwd.median_ms,
+               rate(r.bwd_steps[s], 2 * r.step_flops[s], 2 * r.step_bytes[s]));
+  }
+  fmt::print(f, "{:<12} {:>9.2f} {:>6} {:>12}   {:>9.2f}\n", "layer", r.fwd.median_ms, "", "",
+             r.bwd.median_ms);
+  fmt::print(f, "tokens/s: forward {:.0f}, forward+backward {:.0f}\n",
+             1e3 * r.tokens / r.fwd.median_ms,
+             1e3 * r.tokens / (r.fwd.median_ms + r.bwd.median_ms));
+  fmt::print(f,
+             "dense oneDNN ({}) on the two grouped matmuls' shapes: {:.3f} TFLOP/s; at that rate "
+             "the grouped matmuls take {:.1f} ms fwd + {:.1f} ms bwd; the layer takes {:.1f} ms: "
+             "{:.1f}% of dense\n",
+             r.dense_impl, r.dense_tflops, r.dense_ms_fwd, 2 * r.dense_ms_fwd,
+             r.fwd.median_ms + r.bwd.median_ms, 100 * r.ratio());
+}
+
+nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool backward) {
+  nlohmann::json steps = nlohmann::json::object();
+  for (int s = 0; s < kMoeSteps; ++s) {
+    const double ms = backward ? r.bwd_steps[s] : r.fwd_steps[s];
+    if (ms > 0) steps[moe_step_name(static_cast<MoeStep>(s))] = ms;
+  }
+  const Timing& t = backward ? r.bwd : r.fwd;
+  const double gmm_flops = (backward ? 2 : 1) * r.gmm_flops_fwd;
+  return {{"op", "layer"},
+          {"pass", backward ? "bwd" : "fwd"},
+          {"preset", r.preset},
+          {"tokens", r.tokens},
+          {"rows", r.rows},
+          {"dtype", std::string(dtype_name(dt))},
+          {"capacity_factor", o.capacity_factor},
+          {"ms", t.median_ms},
+          {"min_ms", t.min_ms},
+          {"steps_ms", steps},
+          {"tokens_per_s", 1e3 * r.tokens / t.median_ms},
+          {"gmm_tflops", gmm_flops / (t.median_ms * 1e9)},
+          {"dense_tflops", r.dense_tflops},
+          {"dense_impl", r.dense_impl},
+          {"fwd_bwd_ratio_to_dense", r.ratio()}};
+}
+
+int run(const Options& o) {
+  std::vector<const Preset*> todo;
+  if (o.preset == "all") {
+    for (const Preset& p : presets()) todo.push_back(&p);
+  } else if (const Preset* p = find_preset(o.preset)) {
+    todo.push_back(p);
+  } else {
+    throw CLI::ValidationError("--preset",
+                               "unknown preset '" + o.preset + "'; known: all, " + preset_names());
+  }
+  const DType dt = parse_dtype(o.dtype);
+  std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
+  fmt::print(text, "moekit bench layer  dtype={}  {}  SwiGLU, aux loss coeff {}, {}  {}  {}\n",
+             dtype_name(dt),
+             o.capacity_factor > 0 ? fmt::format("capacity factor {}", o.capacity_factor)
+                                   : std::string("dropless"),
+             o.aux_loss_coeff,
+             "median of " + std::to_string(o.reps) + " runs after " + std::to_string(o.warmup) +
+                 " warm-up, interleaved with dense",
+             machine_description(), today_iso());
+
+  Progress progress(static_cast<int>(todo.size() * o.tokens.size()));
+  std::vector<Result> results;
+  std::vector<std::string> skipped;
+  for (const Preset* p : todo) {
+    for (int64_t T : o.tokens) {
+      progress.step(fmt::format("{} T={}: forward, backward, dense (interleaved)", p->name, T));
+      Result r;
+      std::string why;
+      if (run_one(*p, T, o, dt, r, why)) {
+        results.push_back(r);
+      } else {
+        skipped.push_back(why);
+      }
+    }
+  }
+  progress.finish();
+  for (const Result& r : results) print_result(text, r, *find_preset(r.preset), dt);
+  for (const std::string& s : skipped) fmt::print(text, "\nskipped {}\n", s);
+  if (results.size() > 1) {
+    std::vector<std::string> labels;
+    std::vector<double> ratio;
+    for (const Result& r : results) {
+      labels.push_back(fmt::format("{} T={}", r.preset, r.tokens));
+      ratio.push_back(100 * r.ratio());
+    }
+    fmt::print(text, "\nforward+backward against the dense rate (higher is better)\n{}",
+               ascii_bars(labels, ratio, "% of dense"));
+  }
+  fmt::print(text,
+             "\n% of dense: (6 N H F forward + 12 N H F backward FLOPs) at the dense matmuls' "
+             "rate, over the layer's forward + backward time. Steps' rates: TF/s for the matmuls, "
+             "GB/s (rows read + written) for the memory-bound steps.\n");
+  if (o.json) {
+    nlohmann::json arr = nlohmann::json::array();
+    for (const Result& r : results) {
+      arr.push_back(result_json(r, dt, o, false));
+      arr.push_back(result_json(r, dt, o, true));
+    }
+    fmt::print("{}\n", arr.dump(1));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_layer(CLI::App& bench) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand(
+      "layer", "Time the MoE layer's forward and backward, step by step, against dense oneDNN");
+  opts->preset = "qwen3-30b-a3b";
+  opts->tokens = {4096};
+  opts->dtype = "bf16";
+  opts->warmup = 1;
+  opts->reps = 3;
+  add_bench_options(*cmd, *opts, "Activation and weight dtype: bf16 | f32");
+  cmd->add_option("--capacity-factor", opts->capacity_factor,
+                  "Drop tokens past this capacity factor (0: dropless)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--aux-loss-coeff", opts->aux_loss_coeff, "Load-balancing loss coefficient")
+      ->capture_default_str();
+  cmd->add_option("--mem-limit-gib", opts->mem_limit_gib,
+                  "Skip a preset whose buffers would exceed this")
+      ->capture_default_str();
+  cmd->callback([opts] { run(*opts); });
+}
+
+}  // namespace moekit::tools
