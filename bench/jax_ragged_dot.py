@@ -1,18 +1,29 @@
 """Times ragged_dot inside JAX on a model preset's shapes (bench/presets.json).
 
     .venv/bin/python bench/jax_ragged_dot.py --preset qwen3-30b-a3b --tokens 4096 \
-        [--dtype bf16] [--shards 1,4] [--impls moekit,lax,masked] [--reps 5] [--json]
+        [--dtype bf16] [--shards 1,4] [--impls moekit,lax,masked] [--passes fwd,fwd+bwd] \
+        [--reps 5] [--warmup 1] [--json]
 
 m = tokens * k routed rows, K = H, n = F, E groups whose sizes vary by a seeded +-25% (as in
 `moekit bench ragged_dot`, drawn here with NumPy: same totals, not the same sizes). Each case is
-jitted, run once untimed, then `--reps` times; the median is reported.
+compiled ahead of time (compilation is not timed), run `--warmup` times untimed, then `--reps`
+times; the median is reported.
+
+Shard counts S > 1 time two things:
+  shard0  one device's call alone: E/S local groups and group_offset 0.
+  spmd    all S shards at once in `jax.shard_map` over S CPU devices (the script asks XLA for
+          max(S) host devices), each holding E/S experts at group_offset = its first expert,
+          and the partial outputs added with `psum`: the whole expert-parallel step. The S
+          devices share this machine's cores, so with moekit it should take about the full
+          call's time, and with the masking workaround about S times it.
 
 Implementations:
   moekit  moekit.jax.ragged_dot; with S shards, shard 0's call: E/S local groups and
           group_offset, so only its rows are computed.
-  lax     jax.lax.ragged_dot over all groups (slow on the CPU: about 7 s per call at 256 tokens).
+  lax     jax.lax.ragged_dot over all groups. XLA's CPU version computes every row against
+          every group's weights, E times the work: about 7 s per call at 256 tokens here.
   masked  the workaround moekit replaces: jax.lax.ragged_dot over all groups with the
-          non-local groups' weights zero, then the non-local rows masked out.
+          non-local groups' weights zero, then the non-local rows masked out. Only S > 1.
 Passes: fwd, and fwd+bwd (the gradients to lhs and rhs of sum(out * w)).
 """
 
@@ -20,16 +31,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 
-import moekit.jax as mj
+def _host_devices(argv):
+    """The most shards asked for: XLA must be told before jax is imported."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--shards", default="1,4")
+    try:
+        return max(int(s) for s in pre.parse_known_args(argv)[0].shards.split(","))
+    except ValueError:
+        return 1  # main()'s parser reports the bad value
+
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                               f"device_count={_host_devices(sys.argv[1:])}").strip()
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import moekit.jax as mj  # noqa: E402
 
 PRESETS = pathlib.Path(__file__).with_name("presets.json")
 
@@ -54,6 +82,7 @@ def masked(lhs, rhs_local, sizes, offset):
 
 
 def impl_fn(name, sizes, offset):
+    """(lhs [m, K], rhs [E_loc, K, n]) -> [m, n] for one shard whose first group is offset."""
     if name == "moekit":
         return lambda a, b: mj.ragged_dot(a, b, sizes, offset)
     if name == "lax":
@@ -61,8 +90,27 @@ def impl_fn(name, sizes, offset):
     return lambda a, b: masked(a, b, sizes, offset)
 
 
-def time_ms(fn, args, reps):
-    jax.block_until_ready(fn(*args))
+def spmd_fn(name, sizes, mesh):
+    """All shards of the mesh's "ep" axis at once: rhs [E, K, n] sharded by expert, lhs
+    replicated, each device computing its groups and psum adding the partial outputs."""
+    e_loc = sizes.shape[0] // mesh.shape["ep"]
+
+    def per_device(a, b):
+        first = jax.lax.axis_index("ep") * e_loc
+        return jax.lax.psum(impl_fn(name, sizes, first)(a, b), "ep")
+
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("ep")), out_specs=P())
+
+
+def with_pass(f, pass_, w):
+    if pass_ == "fwd":
+        return f
+    return jax.grad(lambda x, y: jnp.sum((f(x, y) * w).astype(jnp.float32)), (0, 1))
+
+
+def time_ms(fn, args, warmup, reps):
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -78,7 +126,9 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--shards", default="1,4", help="comma-separated shard counts")
     ap.add_argument("--impls", default="moekit", help="moekit,lax,masked")
+    ap.add_argument("--passes", default="fwd,fwd+bwd", help="fwd,fwd+bwd")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed ones")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true", help="JSON array on stdout, table on stderr")
     a = ap.parse_args()
@@ -90,7 +140,16 @@ def main():
     for i in impls:
         if i not in ("moekit", "lax", "masked"):
             ap.error(f"--impls: unknown implementation {i!r}")
-    shard_counts = [int(s) for s in a.shards.split(",")]
+    passes = a.passes.split(",")
+    for p in passes:
+        if p not in ("fwd", "fwd+bwd"):
+            ap.error(f"--passes: unknown pass {p!r}")
+    if a.reps < 1 or a.warmup < 0:
+        ap.error(f"--reps {a.reps} --warmup {a.warmup}: need reps >= 1 and warmup >= 0")
+    try:
+        shard_counts = [int(s) for s in a.shards.split(",")]
+    except ValueError:
+        ap.error(f"--shards {a.shards}: not a comma-separated list of integers")
     E, H, F, k = preset["E"], preset["H"], preset["F"], preset["k"]
     for s in shard_counts:
         if s < 1 or E % s:
@@ -103,31 +162,44 @@ def main():
     w = jnp.asarray(rng.standard_normal((m, F)), dtype)
     sizes = jnp.asarray(group_sizes(m, E, 0.25, a.seed))
 
-    cases = [(i, s, p) for s in shard_counts for i in impls for p in ("fwd", "fwd+bwd")
-             if not (i == "lax" and s > 1)]  # lax has no offset: only the full call
+    # (impl, shards, mode, pass): lax has no offset, so only the full call; masked only sharded.
+    cases = [(i, 1, "all", p) for i in impls if i != "masked" for p in passes]
+    cases += [(i, s, mode, p) for s in shard_counts if s > 1 for mode in ("shard0", "spmd")
+              for i in impls if i != "lax" for p in passes]
     out = sys.stderr if a.json else sys.stdout
     rows = []
-    for n, (impl, shards, pass_) in enumerate(cases, 1):
-        print(f"[{n}/{len(cases)}] {impl} {pass_} shards={shards}", file=sys.stderr, flush=True)
+    for n, (impl, shards, mode, pass_) in enumerate(cases, 1):
+        print(f"[{n}/{len(cases)}] {impl} {pass_} shards={shards} {mode}", file=sys.stderr,
+              flush=True)
         e_loc = E // shards
-        rhs = rhs_all[:e_loc]
-        f = impl_fn(impl, sizes, jnp.int32(0))
-        if pass_ == "fwd":
-            fn = jax.jit(f)
+        if mode == "spmd":
+            mesh = Mesh(np.array(jax.devices()[:shards]), ("ep",))
+            f = spmd_fn(impl, sizes, mesh)
+            args = (jax.device_put(lhs, NamedSharding(mesh, P())),
+                    jax.device_put(rhs_all, NamedSharding(mesh, P("ep"))))
+            computed = int(sizes.sum())
         else:
-            fn = jax.jit(jax.grad(lambda x, y: jnp.sum((f(x, y) * w).astype(jnp.float32)),
-                                  (0, 1)))
-        med, best = time_ms(fn, (lhs, rhs), a.reps)
-        rows.append(dict(impl=impl, pass_=pass_, shards=shards, preset=a.preset,
-                         tokens=a.tokens, dtype=a.dtype, rows=int(sizes[:e_loc].sum()),
-                         ms=med, min_ms=best))
-    print(f"\njax {jax.__version__}, {a.preset} (m={m} K={H} n={F} E={E}), {a.dtype}, "
-          f"median of {a.reps} after one untimed call; shards S: shard 0's call, E/S groups",
-          file=out)
-    print(f"{'impl':>7} {'pass':>8} {'shards':>6} {'rows':>7} {'ms':>10} {'min ms':>10}", file=out)
+            f = impl_fn(impl, sizes, jnp.int32(0))
+            args = (lhs, rhs_all[:e_loc])
+            computed = int(sizes[:e_loc].sum())
+        fn = jax.jit(with_pass(f, pass_, w)).lower(*args).compile()
+        med, best = time_ms(fn, args, a.warmup, a.reps)
+        rows.append(dict(impl=impl, pass_=pass_, shards=shards, mode=mode, preset=a.preset,
+                         tokens=a.tokens, dtype=a.dtype, rows=computed, ms=med, min_ms=best))
+    base = {(r["pass_"], r["shards"], r["mode"]): r["ms"] for r in rows if r["impl"] == "moekit"}
     for r in rows:
-        print(f"{r['impl']:>7} {r['pass_']:>8} {r['shards']:>6} {r['rows']:>7} {r['ms']:>10.2f} "
-              f"{r['min_ms']:>10.2f}", file=out)
+        r["vs_moekit"] = r["ms"] / base[(r["pass_"], r["shards"], r["mode"])] \
+            if (r["pass_"], r["shards"], r["mode"]) in base else None
+    print(f"\njax {jax.__version__}, {a.preset} (m={m} K={H} n={F} E={E}), {a.dtype}, "
+          f"median of {a.reps} after {a.warmup} untimed; shard0: one shard's call (E/S groups); "
+          f"spmd: all S shards in shard_map on S devices; rows: rows computed (by moekit)",
+          file=out)
+    print(f"{'impl':>7} {'pass':>8} {'shards':>6} {'mode':>6} {'rows':>7} {'ms':>10} "
+          f"{'min ms':>10} {'x moekit':>9}", file=out)
+    for r in rows:
+        ratio = f"{r['vs_moekit']:.2f}" if r["vs_moekit"] is not None else "-"
+        print(f"{r['impl']:>7} {r['pass_']:>8} {r['shards']:>6} {r['mode']:>6} {r['rows']:>7} "
+              f"{r['ms']:>10.2f} {r['min_ms']:>10.2f} {ratio:>9}", file=out)
     if a.json:
         print(json.dumps([{("pass" if k == "pass_" else k): v for k, v in r.items()}
                           for r in rows], indent=1))

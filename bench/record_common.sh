@@ -1,6 +1,8 @@
 # Sourced by bench/record_*.sh: a Markdown report under bench/results/OP-cpu-DATE/ with the
 # machine, the date and the commit, then each command with its table, and the JSON of every run
 # beside it. Callers set `op` and `build`, call start_report TITLE, then run NAME ARGS... .
+# A caller whose runs are not `moekit bench OP` sets the array `runner` (and `runner_shown`, the
+# command as the report prints it) before sourcing this file.
 day=$(date -u +%Y-%m-%d)
 out=bench/results/$op-cpu-$day
 # A second recording on the same day goes beside the first (-2, -3, ...), never over it.
@@ -11,6 +13,10 @@ while [[ -e $out ]]; do
 done
 report=$out/README.md
 tool="$build/moekit"
+if [[ -z ${runner+set} ]]; then
+  runner=("$tool" bench "$op")
+  runner_shown="moekit bench $op"
+fi
 
 start_report() {  # start_report TITLE
   mkdir -p "$out"
@@ -28,13 +34,13 @@ start_report() {  # start_report TITLE
 run() {  # run NAME ARGS...: one bench invocation, table into the report, JSON beside it
   local name=$1
   shift
-  echo "== $name: moekit bench $op $*" >&2
+  echo "== $name: $runner_shown $*" >&2
   {
     echo "## $name"
     echo
     echo '```'
-    echo "\$ ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS }moekit bench $op $*"
-    "$tool" bench "$op" "$@" --json 2> >(grep -v '^\[' >&3) >"$out/$name.json"
+    echo "\$ ${OMP_NUM_THREADS:+OMP_NUM_THREADS=$OMP_NUM_THREADS }$runner_shown $*"
+    "${runner[@]}" "$@" --json 2> >(grep -v '^\[' >&3) >"$out/$name.json"
   } >>"$report" 3>&1
   sleep 1
   echo '```' >>"$report"
