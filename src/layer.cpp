@@ -86,11 +86,16 @@ Saved carve_saved(const Dims& d, Arena& m) {
 }
 
 // The forward's scratch: the aux-loss scores and their routing map.
+// With a shared expert and bf16 x, out_f32 [T, H] sums the routed experts' and the shared
+// expert's outputs in f32, rounded once into out (as d_x in the backward, and for the same reason:
+// oneDNN's accumulating matmul into bf16 ran at half the rate of one into f32).
 struct ForwardScratch {
-  TensorView scores, aux_map;
+  TensorView scores, aux_map, out_f32;
 };
 ForwardScratch carve_forward(const Dims& d, Arena& m) {
-  return {m.take(DType::kF32, {d.T, d.E}), m.take(DType::kBool, {d.T, d.E})};
+  ForwardScratch s{m.take(DType::kF32, {d.T, d.E}), m.take(DType::kBool, {d.T, d.E}), {}};
+  if (d.Fs > 0 && d.dt != DType::kF32) s.out_f32 = m.take(DType::kF32, {d.T, d.H});
+  return s;
 }
 
 // The backward's scratch. d_y also serves as d_x_perm (d_y is dead by then).
@@ -270,18 +275,11 @@ View first_rows(View v, int64_t rows) {
 }
 
 // A [rows, cols] matrix as the one group [1, rows, cols] that ragged_dot multiplies by.
-ConstTensorView as_group(const ConstTensorView& w) {
-  ConstTensorView g = w;
+template <class View>
+View as_group(View g) {
   g.rank = 3;
-  g.shape = {1, w.shape[0], w.shape[1], 0};
-  g.stride = {w.shape[0] * w.stride[0], w.stride[0], w.stride[1], 0};
-  return g;
-}
-TensorView as_group(const TensorView& w) {
-  TensorView g = w;
-  g.rank = 3;
-  g.shape = {1, w.shape[0], w.shape[1], 0};
-  g.stride = {w.shape[0] * w.stride[0], w.stride[0], w.stride[1], 0};
+  g.shape = {1, g.shape[0], g.shape[1], 0};
+  g.stride = {g.shape[1] * g.stride[0], g.stride[0], g.stride[1], 0};
   return g;
 }
 
@@ -431,15 +429,19 @@ Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
   }));
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmDown,
                                [&] { return ragged_dot(s.a, weights.w_out, sizes, s.y); }));
+  const TensorView out_acc = f.out_f32.data ? f.out_f32 : out.out;
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kUnpermute,
-                               [&] { return unpermute(s.y, s.row_map, s.topk_weights, out.out); }));
+                               [&] { return unpermute(s.y, s.row_map, s.topk_weights, out_acc); }));
   if (d.Fs > 0) {
     MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
       MOEKIT_RETURN_IF_ERROR(ragged_dot(x, as_group(weights.shared_in), all_tokens, s.hs));
       MOEKIT_RETURN_IF_ERROR(activation(s.hs, config.activation, s.as));
       RaggedDotOptions add;
       add.accumulate = true;
-      return ragged_dot(s.as, as_group(weights.shared_out), all_tokens, out.out, add);
+      MOEKIT_RETURN_IF_ERROR(
+          ragged_dot(s.as, as_group(weights.shared_out), all_tokens, out_acc, add));
+      if (out_acc.data != out.out.data) store_rows(out_acc, out.out);
+      return Status();
     }));
   }
   if (out.aux_loss) *out.aux_loss = aux_loss;

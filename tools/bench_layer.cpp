@@ -37,6 +37,12 @@ struct Result {
   // The grouped matmuls' FLOPs (forward, then twice that backward) at the dense rate, over the
   // layer's forward plus backward.
   double ratio() const { return 3 * dense_ms_fwd / (fwd.median_ms + bwd.median_ms); }
+  // The same with the shared expert's matmul FLOPs counted too (at the same rate).
+  double ratio_with_shared() const {
+    const double shared_ms =
+        step_flops[static_cast<int>(MoeStep::kSharedExpert)] / (dense_tflops * 1e9);
+    return 3 * (dense_ms_fwd + shared_ms) / (fwd.median_ms + bwd.median_ms);
+  }
 };
 
 MoeLayerConfig preset_config(const Preset& p, const Options& o, std::vector<float>& bias) {
@@ -199,6 +205,11 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt) {
              "{:.1f}% of dense\n",
              r.dense_impl, r.dense_tflops, r.dense_ms_fwd, 2 * r.dense_ms_fwd,
              r.fwd.median_ms + r.bwd.median_ms, 100 * r.ratio());
+  if (p.shared_experts > 0) {
+    fmt::print(f,
+               "with the shared expert's FLOPs counted too (at the same rate): {:.1f}% of dense\n",
+               100 * r.ratio_with_shared());
+  }
 }
 
 nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool backward) {
@@ -223,7 +234,8 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
           {"gmm_tflops", gmm_flops / (t.median_ms * 1e9)},
           {"dense_tflops", r.dense_tflops},
           {"dense_impl", r.dense_impl},
-          {"fwd_bwd_ratio_to_dense", r.ratio()}};
+          {"fwd_bwd_ratio_to_dense", r.ratio()},
+          {"fwd_bwd_ratio_to_dense_with_shared", r.ratio_with_shared()}};
 }
 
 int run(const Options& o) {
