@@ -11,14 +11,17 @@ rows, an offset out of range when it is traced) raise at run time, when the resu
 with the C++ library's message (``ragged_dot: group_sizes[3] = -2: ...``).
 
 Modules: `ragged_dot` (the grouped matmul), `router` (route, the aux-loss scores and the
-losses), `permute` (permute, unpermute, sort_chunks_by_index).
+losses), `permute` (permute, unpermute, sort_chunks_by_index), `layer` (moe_layer, built from
+the others, and the expert FFN activation).
 """
 
+from moekit.jax.layer import MoeAux, MoeParams, activation, moe_layer
 from moekit.jax.permute import Permuted, permute, sort_chunks_by_index, unpermute
 from moekit.jax.ragged_dot import ragged_dot
 from moekit.jax.router import Route, aux_loss_scores, load_balancing_loss, route, z_loss
 
 __all__ = [
-    "Permuted", "Route", "aux_loss_scores", "load_balancing_loss", "permute", "ragged_dot",
-    "route", "sort_chunks_by_index", "unpermute", "z_loss",
+    "MoeAux", "MoeParams", "Permuted", "Route", "activation", "aux_loss_scores",
+    "load_balancing_loss", "moe_layer", "permute", "ragged_dot", "route", "sort_chunks_by_index",
+    "unpermute", "z_loss",
 ]

@@ -1,0 +1,148 @@
+"""moe_layer: the MoE layer (SPEC.md section 5) built from the moekit JAX steps."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+from moekit.jax.permute import permute, unpermute
+from moekit.jax.ragged_dot import ragged_dot
+from moekit.jax.router import aux_loss_scores, load_balancing_loss, route, z_loss
+
+__all__ = ["MoeAux", "MoeParams", "activation", "moe_layer"]
+
+
+class MoeParams(NamedTuple):
+    """The layer's weights, all in x's dtype. Gated activations fuse gate and up in w_in."""
+    router: jax.Array                       # [H, E]
+    w_in: jax.Array                         # [E, H, 2F] (gate | up) gated, [E, H, F] otherwise
+    w_out: jax.Array                        # [E, F, H]
+    shared_in: Optional[jax.Array] = None   # [H, 2Fs] | [H, Fs]: the shared expert, or None
+    shared_out: Optional[jax.Array] = None  # [Fs, H]
+
+
+class MoeAux(NamedTuple):
+    """What the layer returns beside its output."""
+    aux_loss: jax.Array           # float32 scalar: the load-balancing loss (0 when its coeff is 0)
+    z_loss: jax.Array             # float32 scalar: the z-loss (0 when its coeff is 0)
+    tokens_per_expert: jax.Array  # [E] int32: rows of each expert's block, as permute made them
+
+
+_ACTIVATIONS = {
+    "swiglu": (True, jax.nn.silu),
+    "geglu": (True, lambda g: jax.nn.gelu(g, approximate=True)),
+    "gelu": (False, lambda h: jax.nn.gelu(h, approximate=True)),
+    "relu": (False, jax.nn.relu),
+}
+
+
+def activation(h, kind="swiglu"):
+    """The expert FFN's nonlinearity, in float32, rounded once to h's dtype.
+
+    Gated ("swiglu": silu(gate) * up, "geglu": gelu(gate) * up) take h = [gate | up] ``[N, 2F]``;
+    "gelu" (the tanh form, as jax.nn.gelu's default) and "relu" map ``[N, F]``.
+    """
+    if kind not in _ACTIVATIONS:
+        raise ValueError(f"activation: kind = {kind!r}: must be one of {sorted(_ACTIVATIONS)}")
+    gated, fn = _ACTIVATIONS[kind]
+    h32 = h.astype(jnp.float32)
+    if gated:
+        if h.shape[-1] % 2:
+            raise ValueError(f"activation: a gated activation needs [gate | up], an even width; "
+                             f"got {h.shape[-1]}")
+        gate, up = jnp.split(h32, 2, axis=-1)
+        return (fn(gate) * up).astype(h.dtype)
+    return fn(h32).astype(h.dtype)
+
+
+def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=None,
+              group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
+              capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
+              z_loss_coeff=0.0):
+    """The MoE layer: route, permute, gate+up grouped matmul, activation, down grouped matmul,
+    combine with the routing weights, plus an optional shared expert.
+
+    ``out = unpermute(act(permute(x) @ w_in[e]) @ w_out[e], weights)
+    + act(x @ shared_in) @ shared_out``, with the router of `route` on
+    ``logits = x @ router`` (float32). Each step is also a function of its own (`route`,
+    `permute`, `ragged_dot`, `activation`, `unpermute`), for callers who put communication
+    between them.
+
+    Args:
+      x: ``[T, H]`` float32 or bfloat16.
+      params: `MoeParams`, every weight in x's dtype.
+      k, score, pre_softmax, num_groups, group_topk, scaling_factor, expert_bias: the routing,
+        as in `route`.
+      activation_kind: "swiglu" (default), "geglu", "gelu" or "relu"; also the shared expert's.
+      capacity_factor, drop_policy, align_size: as in `permute` (None: dropless, unaligned).
+        The "probs" policy ranks an expert's tokens by their routing weights.
+      aux_loss_coeff: the load-balancing loss on `aux_loss_scores` (0: not computed).
+      z_loss_coeff: the router z-loss (0: not computed).
+
+    Returns:
+      ``(out [T, H] in x's dtype, MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
+      flow to x and every weight (not to expert_bias), through the losses too; each step's
+      backward is the C++ one, the activation's is JAX's.
+
+    Under `vmap` each step runs as a loop of calls (see the package docstring).
+    """
+    fn = "moe_layer"
+    x = jnp.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{fn}: x must be [T, H], got shape {tuple(x.shape)}")
+    if not isinstance(params, MoeParams):
+        raise TypeError(f"{fn}: params must be a MoeParams, got {type(params).__name__}")
+    T, H = x.shape
+    router, w_in, w_out = (jnp.asarray(w) for w in params[:3])
+    if router.ndim != 2 or router.shape[0] != H:
+        raise ValueError(f"{fn}: params.router must be [H, E] with H = {H}, got "
+                         f"{tuple(router.shape)}")
+    E = router.shape[1]
+    if activation_kind not in _ACTIVATIONS:
+        raise ValueError(f"{fn}: activation_kind = {activation_kind!r}: must be one of "
+                         f"{sorted(_ACTIVATIONS)}")
+    gated = _ACTIVATIONS[activation_kind][0]
+    if w_out.ndim != 3 or w_out.shape[0] != E or w_out.shape[2] != H:
+        raise ValueError(f"{fn}: params.w_out must be [E, F, H] = [{E}, F, {H}], got "
+                         f"{tuple(w_out.shape)}")
+    F = w_out.shape[1]
+    want_in = (E, H, 2 * F if gated else F)
+    if tuple(w_in.shape) != want_in:
+        raise ValueError(f"{fn}: params.w_in must be {list(want_in)} "
+                         f"({'[E, H, 2F], gate | up' if gated else '[E, H, F]'}), got "
+                         f"{tuple(w_in.shape)}")
+    for name, w in (("router", router), ("w_in", w_in), ("w_out", w_out)):
+        if w.dtype != x.dtype:
+            raise TypeError(f"{fn}: params.{name} is {w.dtype}, x is {x.dtype}")
+    if (params.shared_in is None) != (params.shared_out is None):
+        raise ValueError(f"{fn}: params.shared_in and params.shared_out: give both or neither")
+
+    logits = jnp.dot(x, router, preferred_element_type=jnp.float32)  # [T, E]
+    r = route(logits, k, score=score, pre_softmax=pre_softmax, num_groups=num_groups,
+              group_topk=group_topk, scaling_factor=scaling_factor, expert_bias=expert_bias)
+    zero = jnp.zeros((), jnp.float32)
+    aux = zero
+    if aux_loss_coeff:
+        scores, aux_map = aux_loss_scores(logits, k, score=score)
+        aux = load_balancing_loss(scores, jnp.sum(aux_map, axis=0, dtype=jnp.int32), k=k,
+                                  coeff=aux_loss_coeff)
+    z = z_loss(logits, z_loss_coeff) if z_loss_coeff else zero
+
+    by_probs = capacity_factor is not None and drop_policy == "probs"
+    p = permute(x, r.topk_indices, r.topk_weights if by_probs else None, num_experts=E,
+                align_size=align_size, capacity_factor=capacity_factor, drop_policy=drop_policy)
+    h = ragged_dot(p.x, w_in, p.tokens_per_expert)  # [N, 2F | F]
+    y = ragged_dot(activation(h, activation_kind), w_out, p.tokens_per_expert)  # [N, H]
+    out = unpermute(y, p, r.topk_weights)  # [T, H]
+    if params.shared_in is not None:
+        shared_in, shared_out = jnp.asarray(params.shared_in), jnp.asarray(params.shared_out)
+        if shared_in.shape[0] != H or shared_out.shape[1] != H or shared_in.shape[1] != (
+                2 * shared_out.shape[0] if gated else shared_out.shape[0]):
+            raise ValueError(f"{fn}: params.shared_in {tuple(shared_in.shape)} and shared_out "
+                             f"{tuple(shared_out.shape)} must be [H, 2Fs | Fs] and [Fs, H]")
+        hs = jnp.dot(x, shared_in, preferred_element_type=jnp.float32).astype(x.dtype)
+        out = out + jnp.dot(activation(hs, activation_kind), shared_out,
+                            preferred_element_type=jnp.float32).astype(x.dtype)
+    return out, MoeAux(aux, z, p.tokens_per_expert)
