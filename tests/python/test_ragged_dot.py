@@ -176,14 +176,18 @@ def test_no_rows_in_any_group_gives_zeros_and_zero_gradients(m):
 
 
 def test_bench_script_runs_and_prints_its_json():
-    # bench/jax_ragged_dot.py at a tiny size: one object per (impl, shards, pass) case.
+    # bench/jax_ragged_dot.py at a tiny size: one object per (impl, shards, mode, pass) case:
+    # moekit's full call (masked needs shards), then shard 0 alone and all 4 under shard_map.
     script = pathlib.Path(__file__).parents[2] / "bench" / "jax_ragged_dot.py"
     done = subprocess.run([sys.executable, str(script), "--tokens", "2", "--reps", "1",
                            "--impls", "moekit,masked", "--shards", "1,4", "--json"],
                           capture_output=True, text=True, check=True)
     cases = json.loads(done.stdout)
-    assert len(cases) == 2 * 2 * 2
+    assert len(cases) == 2 + 2 * 2 * 2
     for c in cases:
-        assert {"impl", "pass", "shards", "preset", "tokens", "rows", "ms"} <= c.keys()
+        assert {"impl", "pass", "shards", "mode", "preset", "tokens", "rows", "ms"} <= c.keys()
         assert c["ms"] > 0 and c["pass"] in ("fwd", "fwd+bwd")
-    assert {c["rows"] for c in cases if c["shards"] == 1} == {16}  # 2 tokens x k = 8
+        assert c["vs_moekit"] > 0
+    assert {c["mode"] for c in cases if c["shards"] == 4} == {"shard0", "spmd"}
+    # 2 tokens x k = 8 rows: all of them computed in the full call and under shard_map.
+    assert {c["rows"] for c in cases if c["mode"] in ("all", "spmd")} == {16}
