@@ -125,6 +125,15 @@ BackwardScratch carve_backward(const Dims& d, Arena& m) {
   return s;
 }
 
+// The bytes each buffer needs: the arenas run with no base and only count.
+MoeLayerWorkspace workspace_of(const Dims& d) {
+  Arena saved(nullptr), fwd(nullptr), bwd(nullptr);
+  carve_saved(d, saved);
+  carve_forward(d, fwd);
+  carve_backward(d, bwd);
+  return {saved.used(), fwd.used(), bwd.used()};
+}
+
 PermuteOptions permute_options(const MoeLayerConfig& c) {
   PermuteOptions o;
   o.align_size = c.align_size;
@@ -323,15 +332,6 @@ void store_rows(const TensorView& in, const TensorView& out) {
   }
 }
 
-// out = in rounded to bf16, both contiguous of the same shape.
-void round_to_bf16(const TensorView& in, const TensorView& out) {
-  const auto* f = static_cast<const float*>(in.data);
-  auto* o = static_cast<bf16_bits*>(out.data);
-  const int64_t n = in.numel();
-#pragma omp parallel for simd schedule(static) if (n >= (1 << 16))
-  for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(f[i]);
-}
-
 LoadBalancingOptions lb_options(const MoeLayerConfig& c) {
   LoadBalancingOptions o;
   o.k = c.route.k;
@@ -358,11 +358,7 @@ MoeLayerWorkspace moe_layer_workspace(const MoeLayerConfig& config, int64_t toke
   Dims d;
   if (tokens < 0 || !check_config("moe_layer_workspace", config, tokens, d).ok()) return {};
   d.dt = dtype;
-  Arena saved(nullptr), fwd(nullptr), bwd(nullptr);
-  carve_saved(d, saved);
-  carve_forward(d, fwd);
-  carve_backward(d, bwd);
-  return {saved.used(), fwd.used(), bwd.used()};
+  return workspace_of(d);
 }
 
 Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
@@ -383,7 +379,7 @@ Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
     MOEKIT_RETURN_IF_ERROR(check_dim(op, "out.tokens_per_expert", out.tokens_per_expert, 0, d.E,
                                      "config.num_experts"));
   }
-  const MoeLayerWorkspace need = moe_layer_workspace(config, d.T, d.dt);
+  const MoeLayerWorkspace need = workspace_of(d);
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes));
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.forward_bytes));
   if (profile) *profile = {};
@@ -484,7 +480,7 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
     MOEKIT_RETURN_IF_ERROR(
         check_grad(op, "grads.shared_out", grads.shared_out, weights.shared_out));
   }
-  const MoeLayerWorkspace need = moe_layer_workspace(config, d.T, d.dt);
+  const MoeLayerWorkspace need = workspace_of(d);
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes));
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.backward_bytes));
   if (profile) *profile = {};
@@ -538,7 +534,7 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
       MOEKIT_RETURN_IF_ERROR(z_loss_backward(s.logits, config.z_loss_coeff, d_z_loss, b.d_tmp));
       add_into(b.d_logits, b.d_tmp);
     }
-    if (d.dt != DType::kF32) round_to_bf16(b.d_logits, b.d_logits_dt);  // x's dtype for the GEMM
+    if (d.dt != DType::kF32) store_rows(b.d_logits, b.d_logits_dt);  // x's dtype for the GEMM
     return {};
   }));
   const ConstTensorView router = as_group(weights.router);

@@ -85,11 +85,14 @@ std::vector<Timing> time_interleaved(int warmup, int reps,
     }
   }
   std::vector<Timing> out;
-  for (auto& v : ms) {
-    std::sort(v.begin(), v.end());
-    out.push_back({v[v.size() / 2], v.front()});
-  }
+  for (auto& v : ms) out.push_back(summarize(std::move(v)));
   return out;
+}
+
+Timing summarize(std::vector<double> ms) {
+  if (ms.empty()) return {};
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front()};
 }
 
 Progress::Progress(int total) : total_(total), tty_(isatty(STDERR_FILENO)) {}

@@ -63,6 +63,9 @@ struct Timing {
   double median_ms = 0, min_ms = 0;
 };
 
+// The median and minimum of some times (ms); zeros for none.
+Timing summarize(std::vector<double> ms);
+
 // Times several functions run by run, alternating f0, f1, ..., f0, f1, ... after `warmup`
 // rounds, so that all of them see the same machine state (these machines are noisy). Returns
 // the median and minimum of each, in order.

@@ -56,11 +56,6 @@ MoeLayerConfig preset_config(const Preset& p, const Options& o, std::vector<floa
   return c;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // Runs one preset at T tokens; returns false (with the reason) when it does not fit.
 bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
              std::string& skipped) {
@@ -155,7 +150,7 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
     std::vector<double> f, b;
     for (size_t i = o.warmup; i < fwd_prof.size(); ++i) f.push_back(fwd_prof[i].ms[s]);
     for (size_t i = o.warmup; i < bwd_prof.size(); ++i) b.push_back(bwd_prof[i].ms[s]);
-    r.fwd_steps[s] = median(f), r.bwd_steps[s] = median(b);
+    r.fwd_steps[s] = summarize(f).median_ms, r.bwd_steps[s] = summarize(b).median_ms;
   }
   auto at = [](MoeStep s) { return static_cast<int>(s); };
   const double up_flops = 2.0 * rows * H * W, down_flops = 2.0 * rows * F * H;

@@ -506,7 +506,11 @@ TEST_P(LayerGrid, ForwardAndGradientsMatchTheDenseOracle) {
   EXPECT_NEAR(aux, want.aux, 1e-5 * (1 + std::fabs(want.aux)));
   EXPECT_NEAR(z, want.z, 1e-5 * (1 + std::fabs(want.z)));
   for (int64_t e = 0; e < c.E; ++e) EXPECT_EQ(tpe.get({e}), ch.rows[e]) << "expert " << e;
-  for (double ms : prof.ms) EXPECT_GE(ms, 0.0);
+  // Every step that ran has a time; the shared expert's is 0 exactly when there is none.
+  for (int i = 0; i < kMoeSteps; ++i) {
+    const bool ran = static_cast<MoeStep>(i) != MoeStep::kSharedExpert || c.Fs > 0;
+    EXPECT_EQ(prof.ms[i] > 0.0, ran) << moe_step_name(static_cast<MoeStep>(i));
+  }
 
   Grads g(run, DType::kF32);
   const Status sb = moe_layer_backward(run.x.in(), run.weights(), run.cfg, saved, run.d_out.in(),
@@ -673,6 +677,33 @@ TEST(Layer, Bf16FollowsTheF32Layer) {
   close(g32.w_out, g16.w_out, "d_w_out");
   close(g32.router, g16.router, "d_router");
   close(g32.shared_in, g16.shared_in, "d_shared_in");
+  // f32 gradients of the bf16 layer: d_x then takes the f32 sum directly, not the scratch.
+  Grads g16f(bf16, DType::kF32);
+  ASSERT_TRUE(forward_backward(bf16, &g16f).ok());
+  close(g32.d_x, g16f.d_x, "d_x (f32)");
+  close(g32.w_in, g16f.w_in, "d_w_in (f32)");
+  close(g32.router, g16f.router, "d_router (f32)");
+  close(g32.shared_out, g16f.shared_out, "d_shared_out (f32)");
+}
+
+TEST(Activation, ReluHasNoGradientAtZeroAndEveryActivationMapsZeroToZero) {
+  for (Activation act : kActivations) {
+    const int64_t W = is_gated(act) ? 6 : 3;
+    HostTensor h(DType::kF32, {2, W}), d_a(DType::kF32, {2, 3}), a(DType::kF32, {2, 3}),
+        d_h(DType::kF32, {2, W});
+    h.fill(0.0f);
+    d_a.fill(1.0f);
+    a.fill(9.0f);
+    for (ActivationImpl impl : {ActivationImpl::kVectorized, ActivationImpl::kReference}) {
+      ASSERT_TRUE(activation(h.in(), act, a.mut(), impl).ok());
+      ASSERT_TRUE(activation_backward(h.in(), d_a.in(), act, d_h.mut(), impl).ok());
+      for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(a.get_flat(i), 0.0) << act_name(act);
+      // relu'(0) = 0; gelu'(0) = silu'(0) = 1/2; the gated ones' up gradient is act(0) = 0 and
+      // their gate gradient is multiplied by up = 0.
+      const double want = act == Activation::kRelu ? 0.0 : is_gated(act) ? 0.0 : 0.5;
+      for (int64_t i = 0; i < 2 * W; ++i) EXPECT_EQ(d_h.get_flat(i), want) << act_name(act) << i;
+    }
+  }
 }
 
 TEST(Layer, EveryTokenOnOneExpertLeavesTheOthersEmpty) {
@@ -709,8 +740,24 @@ TEST(Layer, NoTokens) {
   LayerRun run(c, DType::kF32, 1);
   Grads g(run, DType::kF32);
   g.w_in.fill(7.0f);
+  g.router.fill(7.0f);
+  g.shared_in.fill(7.0f);
   const Status s = forward_backward(run, &g);
   ASSERT_TRUE(s.ok()) << s.message();
+  // The losses of no tokens are 0, and no weight gets gradient.
+  const MoeLayerWorkspace ws = moe_layer_workspace(run.cfg, 0, DType::kF32);
+  Bytes saved(ws.saved_bytes), fwd(ws.forward_bytes);
+  float aux = -1, z = -1;
+  ASSERT_TRUE(
+      moe_layer_forward(run.x.in(), run.weights(), run.cfg, saved, fwd, {run.out.mut(), &aux, &z})
+          .ok());
+  EXPECT_EQ(aux, 0.0f);
+  EXPECT_EQ(z, 0.0f);
+  for (const HostTensor* t : {&g.router, &g.shared_in}) {
+    for (int64_t i = 0; i < static_cast<int64_t>(t->bytes.size() / 4); ++i) {
+      ASSERT_EQ(t->get_flat(i), 0.0);
+    }
+  }
   for (int64_t i = 0; i < static_cast<int64_t>(g.w_in.bytes.size() / 4); ++i) {
     ASSERT_EQ(g.w_in.get_flat(i), 0.0);
   }

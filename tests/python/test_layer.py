@@ -185,9 +185,8 @@ def test_capacity_drops_exactly_the_slots_the_spec_says(policy):
     out, aux = mj.moe_layer(x, params, k=k, capacity_factor=cf, drop_policy=policy)
     want = ref_layer(x, params, k=k, keep=keep)[0]
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
-    cap = int(np.ceil(T * k / E * cf))
     kept_per_expert = np.bincount(np.asarray(r.topk_indices)[keep > 0], minlength=E)
-    np.testing.assert_array_equal(aux.tokens_per_expert, np.minimum(kept_per_expert, cap))
+    np.testing.assert_array_equal(aux.tokens_per_expert, kept_per_expert)
     got_g = jax.grad(lambda p: jnp.sum(mj.moe_layer(x, p, k=k, capacity_factor=cf,
                                                     drop_policy=policy)[0] * g))(params)
     want_g = jax.grad(lambda p: jnp.sum(ref_layer(x, p, k=k, keep=keep)[0] * g))(params)
