@@ -87,8 +87,8 @@ Saved carve_saved(const Dims& d, Arena& m) {
 
 // The forward's scratch: the aux-loss scores and their routing map.
 // With a shared expert and bf16 x, out_f32 [T, H] sums the routed experts' and the shared
-// expert's outputs in f32, rounded once into out (as d_x in the backward, and for the same reason:
-// oneDNN's accumulating matmul into bf16 ran at half the rate of one into f32).
+// expert's outputs in f32, rounded once into out, as d_x in the backward. (In a standalone check
+// the shared expert's accumulating down projection into bf16 was about 10% slower than into f32.)
 struct ForwardScratch {
   TensorView scores, aux_map, out_f32;
 };
@@ -102,8 +102,8 @@ ForwardScratch carve_forward(const Dims& d, Arena& m) {
 struct BackwardScratch {
   TensorView d_y, d_a, d_h, d_topk_weights, d_logits, d_tmp, d_tmp2, d_logits_dt, d_as, d_hs;
   // [T, H] f32 with bf16 x: d_x's three terms summed in f32 and rounded once. oneDNN's matmul
-  // with K = E and a bf16 output ran 4-5x slower than with an f32 one (15 against 3-4 ms on
-  // qwen3-30b-a3b's router at 4096 tokens).
+  // for the router's input gradient (K = E) runs several times slower into bf16 than into f32
+  // (standalone check at qwen3-30b-a3b's router shape, 4096 tokens: 15 against 3-4 ms).
   TensorView d_x_f32;
 };
 BackwardScratch carve_backward(const Dims& d, Arena& m) {
