@@ -54,6 +54,21 @@ Status route_backward_vectorized(const RouteBackwardProblem& p);
 Status aux_scores_vectorized(const AuxScoresProblem& p);
 Status aux_scores_backward_vectorized(const AuxScoresBackwardProblem& p);
 
+// The forward with the tokens in the vector lanes (router_lanes.cpp), for k <= kLaneMaxK and
+// E <= kLaneMaxExperts: chooses and weighs rows [t0, t0 + rows) of p, rows <= kLaneRows, into
+// chosen[r * k + i] and weights[r * k + i] (row t0 + r, in the output order: descending weight,
+// ties to the lower expert; scaled). Returns the rows it left undecided, bit r for row t0 + r:
+// rows with a non-finite key, and rows whose k-th and (k+1)-th keys are too close for its packed
+// compare; the caller routes those with the row kernels. work: route_lanes_work_floats floats.
+// While it computes it streams what `queue` holds, a few lines at a time, and returns it empty.
+inline constexpr int32_t kLaneRows = 16;
+inline constexpr int32_t kLaneMaxK = 16;
+inline constexpr int64_t kLaneMaxExperts = 4096;
+bool route_lanes_apply(const RouteOptions& o, int64_t E);
+int64_t route_lanes_work_floats(int64_t E, int32_t num_groups, int32_t k);
+uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
+                     float* weights, StreamQueue& queue);
+
 // Loss kernels (router_losses.cpp), one implementation each: threaded row loops on the vector
 // math below. Arguments are validated; tokens_per_expert is [B, E] i32 (B = 1 for the batch
 // form), sequence b holding rows [b * T / B, (b + 1) * T / B).
@@ -91,15 +106,20 @@ bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float*
 void group_top_sums(const float* x, int64_t groups, int64_t per_group, int32_t count, float* work,
                     float* out);
 
-// Output rows built in vector registers and written once (streamed when `stream` and the row is
-// aligned for it), at[j] in [0, n):
-//   sparse_row: dst[0, n) f32 | bf16 = 0 with values[j] added at at[j] (summed in f32 where an
-//               index repeats, then rounded once);
-//   map_row:    dst[0, n) bool = 0 with 1 at at[j].
-// work: room for n + kRowWorkPad floats.
+// Output rows built in scratch, at[j] in [0, n):
+//   sparse_row:        written once to dst (streamed when `stream` and dst is aligned for it):
+//                      dst[0, n) f32 | bf16 = 0 with values[j] added at at[j] (summed in f32 where
+//                      an index repeats, then rounded once); work: room for n + kRowWorkPad floats.
+//   build_sparse_rows: `rows` such rows in work, from at / values [rows, count] with indices
+//                      distinct within a row, in dtype t (f32 | bf16); returns the first, the
+//                      others *stride_bytes apart. work: room for rows * (n + kRowWorkPad) floats.
+//   build_map_rows:    the same for a routing map: bool rows, 0 with 1 at at[r * count + j].
 inline constexpr int64_t kRowWorkPad = 128;
 void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* values,
                 int32_t count, bool stream, float* work);
-void map_row(uint8_t* dst, int64_t n, const int32_t* at, int32_t count, bool stream, float* work);
+char* build_sparse_rows(DType t, int64_t n, int64_t rows, const int32_t* at, const float* values,
+                        int32_t count, float* work, size_t* stride_bytes);
+char* build_map_rows(int64_t n, int64_t rows, const int32_t* at, int32_t count, float* work,
+                     size_t* stride_bytes);
 
 }  // namespace moekit::detail

@@ -8,16 +8,15 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Must come after foreach_target.h.
 #include <hwy/cache_control.h>
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <cfloat>
 #include <cstdint>
 #include <cstring>
 
 #include "cpu/lanes-inl.h"
 #include "cpu/router_kernels.h"
+#include "cpu/router_math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::detail::HWY_NAMESPACE {
@@ -70,32 +69,17 @@ HWY_INLINE float MapSum(const float* x, float* out, size_t n, Op op) {
   return hn::GetLane(hn::SumOfLanes(d, acc));
 }
 
-// e^(-|x|), in (0, 1]; -inf and huge |x| clamp to the range Highway's Exp is exact on.
-HWY_INLINE V ExpNegAbs(D d, V x) {
-  return hn::Exp(d, hn::Max(hn::Neg(hn::Abs(x)), hn::Set(d, -FLT_MAX)));
-}
-
 float RowExpShifted(const float* x, float shift, float* out, int64_t n) {
-  return MapSum(x, out, static_cast<size_t>(n), [shift](D d, V v) {
-    return hn::Exp(d, hn::Max(hn::Sub(v, hn::Set(d, shift)), hn::Set(d, -FLT_MAX)));
-  });
+  return MapSum(x, out, static_cast<size_t>(n),
+                [shift](D d, V v) { return rmath::ExpShifted(d, v, hn::Set(d, shift)); });
 }
 
-// sigmoid(x) = 1 / (1 + e^-x) for x >= 0, e^x / (1 + e^x) below: no overflow either way.
 float RowSigmoid(const float* x, float* out, int64_t n) {
-  return MapSum(x, out, static_cast<size_t>(n), [](D d, V v) {
-    const V e = ExpNegAbs(d, v);
-    const V r = hn::Div(hn::Set(d, 1.0f), hn::Add(hn::Set(d, 1.0f), e));
-    return hn::IfThenElse(hn::Ge(v, hn::Zero(d)), r, hn::Mul(e, r));
-  });
+  return MapSum(x, out, static_cast<size_t>(n), [](D d, V v) { return rmath::Sigmoid(d, v); });
 }
 
-// softplus(x) = max(x, 0) + log1p(e^-|x|), exact for large |x| of either sign.
 float RowSqrtSoftplus(const float* x, float* out, int64_t n) {
-  return MapSum(x, out, static_cast<size_t>(n), [](D d, V v) {
-    const V sp = hn::Add(hn::Max(v, hn::Zero(d)), hn::Log1p(d, ExpNegAbs(d, v)));
-    return hn::Sqrt(sp);
-  });
+  return MapSum(x, out, static_cast<size_t>(n), [](D d, V v) { return rmath::SqrtSoftplus(d, v); });
 }
 
 float RowMax(const float* x, int64_t n) {
@@ -310,7 +294,7 @@ void StreamBytes(void* dst, const void* src, size_t bytes) {
 
 // The row built in aligned vectors of `work`: 0 with values[j] added at at[j] for j < count,
 // each update a whole-vector load and store (so that every load is forwarded from the store
-// before it, never from part of one). Returns its first float.
+// before it, never from part of one, and repeats sum). Returns its first float.
 HWY_INLINE float* BuildSparse(size_t n, const int32_t* at, const float* values, size_t count,
                               float* work) {
   const D d;
@@ -334,13 +318,10 @@ void WriteRow(const float* row, size_t n, void* dst) {
   StoreRow<kBf16, kStream>(row, n, dst, [](V v) { return v; });
 }
 
-// dst[0, n) = 0 with values[j] added at at[j] for j < count, f32 or bf16, written once: streamed
-// vector by vector when dst is aligned for it; when it is not, converted in place and streamed
-// from there (the aligned middle, plain ends); or plainly.
-void SparseRow(void* dst, bool bf16, int64_t n, const int32_t* at, const float* values,
-               int32_t count, bool stream, float* work) {
-  const size_t len = static_cast<size_t>(n);
-  float* row = BuildSparse(len, at, values, static_cast<size_t>(count), work);
+// row[0, len) (f32) to dst as f32 or bf16, written once: streamed vector by vector when dst is
+// aligned for it; when it is not, converted in place and streamed from there (the aligned
+// middle, plain ends); or plainly.
+void WriteBuiltRow(float* row, size_t len, bool bf16, bool stream, void* dst) {
   const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
   if (!stream) {
     bf16 ? WriteRow<true, false>(row, len, dst) : WriteRow<false, false>(row, len, dst);
@@ -352,23 +333,55 @@ void SparseRow(void* dst, bool bf16, int64_t n, const int32_t* at, const float* 
   }
 }
 
-// dst[0, n) = 0 with 1 at at[j] for j < count, bool, built and written as SparseRow's rows.
-void MapRow(uint8_t* dst, int64_t n, const int32_t* at, int32_t count, bool stream, float* work) {
-  const hn::ScalableTag<uint8_t> d8;
-  const size_t N = hn::Lanes(d8), len = static_cast<size_t>(n);
-  auto* row = reinterpret_cast<uint8_t*>(AlignedWork(work));
-  for (size_t i = 0; i < len; i += N) hn::Store(hn::Zero(d8), d8, row + i);
-  const auto iota = hn::Iota(d8, 0), one = hn::Set(d8, 1);
-  for (int32_t j = 0; j < count; ++j) {
-    const size_t base = static_cast<size_t>(at[j]) / N * N;
-    const auto lane = hn::Eq(iota, hn::Set(d8, static_cast<uint8_t>(at[j] - base)));
-    hn::Store(hn::Or(hn::Load(d8, row + base), hn::IfThenElseZero(lane, one)), d8, row + base);
+// dst[0, n) = 0 with values[j] added at at[j] for j < count, f32 or bf16, written once.
+void SparseRow(void* dst, bool bf16, int64_t n, const int32_t* at, const float* values,
+               int32_t count, bool stream, float* work) {
+  const size_t len = static_cast<size_t>(n);
+  WriteBuiltRow(BuildSparse(len, at, values, static_cast<size_t>(count), work), len, bf16, stream,
+                dst);
+}
+
+// Rows of one output built together in `work` ([rows, stride] elements from the first aligned
+// vector, stride = n rounded up to whole vectors of T): zeroed, then value(i) stored at
+// at[i] of row i / count, each a scalar store (the indices of a row are distinct). The rows are
+// read back for writing well after their stores, so no load waits on a store it cannot forward
+// from. Returns the block; *stride receives its row stride.
+template <typename T, class Value>
+HWY_INLINE T* BuildRows(size_t n, size_t rows, const int32_t* at, int32_t count, Value value,
+                        float* work, size_t* stride) {
+  const hn::ScalableTag<T> dt;
+  const size_t N = hn::Lanes(dt);
+  *stride = (n + N - 1) / N * N;
+  T* block = reinterpret_cast<T*>(AlignedWork(work));
+  for (size_t i = 0; i < rows * *stride; i += N) hn::Store(hn::Zero(dt), dt, block + i);
+  const size_t total = rows * static_cast<size_t>(count);
+  for (size_t i = 0; i < total; ++i) {
+    block[i / static_cast<size_t>(count) * *stride + static_cast<size_t>(at[i])] = value(i);
   }
-  if (stream) {
-    StreamBytes(dst, row, len);
-  } else {
-    std::memcpy(dst, row, len);
+  return block;
+}
+
+char* BuildSparseRows(bool bf16, int64_t n, int64_t rows, const int32_t* at, const float* values,
+                      int32_t count, float* work, size_t* stride_bytes) {
+  const size_t len = static_cast<size_t>(n);
+  size_t stride;
+  float* block = BuildRows<float>(
+      len, static_cast<size_t>(rows), at, count, [values](size_t i) { return values[i]; }, work,
+      &stride);
+  if (bf16) {
+    // Each row rounded in place: its bf16 lands in the first half of its own f32 row.
+    for (int64_t r = 0; r < rows; ++r)
+      WriteRow<true, false>(block + r * stride, len, block + r * stride);
   }
+  *stride_bytes = stride * sizeof(float);
+  return reinterpret_cast<char*>(block);
+}
+
+char* BuildMapRows(int64_t n, int64_t rows, const int32_t* at, int32_t count, float* work,
+                   size_t* stride_bytes) {
+  return reinterpret_cast<char*>(BuildRows<uint8_t>(
+      static_cast<size_t>(n), static_cast<size_t>(rows), at, count,
+      [](size_t) { return uint8_t{1}; }, work, stride_bytes));
 }
 
 }  // namespace moekit::detail::HWY_NAMESPACE
@@ -387,7 +400,8 @@ HWY_EXPORT(RowTopSum);
 HWY_EXPORT(GroupTopSums);
 HWY_EXPORT(StreamBytes);
 HWY_EXPORT(SparseRow);
-HWY_EXPORT(MapRow);
+HWY_EXPORT(BuildSparseRows);
+HWY_EXPORT(BuildMapRows);
 
 float row_exp_shifted(const float* x, float shift, float* out, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(RowExpShifted)(x, shift, out, n);
@@ -425,8 +439,14 @@ void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* v
                 int32_t count, bool stream, float* work) {
   HWY_DYNAMIC_DISPATCH(SparseRow)(dst, t == DType::kBF16, n, at, values, count, stream, work);
 }
-void map_row(uint8_t* dst, int64_t n, const int32_t* at, int32_t count, bool stream, float* work) {
-  HWY_DYNAMIC_DISPATCH(MapRow)(dst, n, at, count, stream, work);
+char* build_sparse_rows(DType t, int64_t n, int64_t rows, const int32_t* at, const float* values,
+                        int32_t count, float* work, size_t* stride_bytes) {
+  return HWY_DYNAMIC_DISPATCH(BuildSparseRows)(t == DType::kBF16, n, rows, at, values, count, work,
+                                               stride_bytes);
+}
+char* build_map_rows(int64_t n, int64_t rows, const int32_t* at, int32_t count, float* work,
+                     size_t* stride_bytes) {
+  return HWY_DYNAMIC_DISPATCH(BuildMapRows)(n, rows, at, count, work, stride_bytes);
 }
 
 }  // namespace moekit::detail

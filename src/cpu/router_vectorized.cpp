@@ -80,7 +80,13 @@ struct Scratch {
   std::vector<int32_t> chosen, top;   // [k + 1]
   std::vector<int32_t> kept_groups;   // [num_groups]
   std::vector<float> row_work;        // [E + kRowWorkPad]: output rows are built here
+  std::vector<float> probs_block;     // [kLaneRows * (E + kRowWorkPad)]: blocks of output rows
+  std::vector<float> map_block;       // [kLaneRows * (E + kRowWorkPad)]
+  StreamQueue queue;                  // the streamed rows of the last block, not yet written
   TopList list;                       // the scalar fallback, and the group choice
+  std::vector<float> lanes;           // route_lanes's work
+  std::vector<int32_t> lane_chosen;   // [kLaneRows, k]
+  std::vector<float> lane_w;          // [kLaneRows, k]
 
   void reserve(int64_t E, int32_t k, int32_t groups) {
     if (x.size() < static_cast<size_t>(E)) {
@@ -91,6 +97,8 @@ struct Scratch {
       candidates.resize(E);
       values.resize(E + 64);
       row_work.resize(E + kRowWorkPad);
+      probs_block.resize(kLaneRows * (E + kRowWorkPad));
+      map_block.resize(kLaneRows * (E + kRowWorkPad));
     }
     if (w.size() < static_cast<size_t>(k)) {
       w.resize(k);
@@ -99,6 +107,14 @@ struct Scratch {
       top.resize(k + 1);
     }
     if (kept_groups.size() < static_cast<size_t>(groups)) kept_groups.resize(groups);
+  }
+  void reserve_lanes(int64_t E, int32_t k, int32_t groups) {
+    const auto floats = static_cast<size_t>(route_lanes_work_floats(E, groups, k));
+    if (lanes.size() < floats) lanes.resize(floats);
+    if (lane_w.size() < static_cast<size_t>(kLaneRows * k)) {
+      lane_chosen.resize(kLaneRows * k);
+      lane_w.resize(kLaneRows * k);
+    }
   }
 };
 
@@ -206,7 +222,9 @@ struct Streaming {
   bool probs = false, map = false, d_logits = false;
 };
 
-void route_row(const RouteProblem& p, int64_t t, const Streaming& stream, Scratch& s) {
+// Chooses and weighs row t with the row kernels: s.chosen[0, k) and s.w[0, k), in the output
+// order.
+void choose_and_weigh_row(const RouteProblem& p, int64_t t, Scratch& s) {
   const RouteOptions& o = p.options;
   const int64_t E = p.logits.shape[1];
   const int32_t k = o.k;
@@ -271,22 +289,59 @@ void route_row(const RouteProblem& p, int64_t t, const Streaming& stream, Scratc
     std::memcpy(w, w_sorted, k * sizeof(float));
     std::memcpy(chosen, e_sorted, k * sizeof(int32_t));
   }
+}
 
+// Rows [t0, t1) of a built block (row t at block + (t - t0) * stride) to out: plain copies, or
+// when `stream`, queued for streaming (queue) or streamed at once (no queue).
+void write_block(const TensorView& out, int64_t t0, int64_t t1, const char* block, size_t stride,
+                 size_t row_bytes, bool stream, StreamQueue* queue) {
+  for (int64_t t = t0; t < t1; ++t) {
+    char* dst = row_ptr(out, t);
+    const char* src = block + (t - t0) * stride;
+    if (!stream) {
+      std::memcpy(dst, src, row_bytes);
+    } else if (queue) {
+      queue->push(dst, src, row_bytes);
+    } else {
+      stream_bytes(dst, src, row_bytes);
+    }
+  }
+}
+
+// Writes the outputs of rows [t0, t1) from their chosen experts and weights (row t at
+// (t - t0) * k of each, in the output order). probs and routing_map are built for all the rows
+// at once, and their streamed rows go through `queue` when one is given: they stay in the
+// scratch's blocks until the queue is drained.
+void write_route_rows(const RouteProblem& p, int64_t t0, int64_t t1, const int32_t* chosen,
+                      const float* w, const Streaming& stream, Scratch& s, StreamQueue* queue) {
+  const int32_t k = p.options.k;
+  const int64_t E = p.logits.shape[1];
   const RouteOutputs& out = p.out;
+  size_t stride;
   if (out.probs.data) {
-    sparse_row(row_ptr(out.probs, t), out.probs.dtype, E, chosen, w, k, stream.probs,
-               s.row_work.data());
+    const char* block =
+        build_sparse_rows(out.probs.dtype, E, t1 - t0, chosen, w, k, s.probs_block.data(), &stride);
+    write_block(out.probs, t0, t1, block, stride, E * dtype_size(out.probs.dtype), stream.probs,
+                queue);
   }
   if (out.routing_map.data) {
-    map_row(reinterpret_cast<uint8_t*>(row_ptr(out.routing_map, t)), E, chosen, k, stream.map,
-            s.row_work.data());
+    const char* block = build_map_rows(E, t1 - t0, chosen, k, s.map_block.data(), &stride);
+    write_block(out.routing_map, t0, t1, block, stride, E, stream.map, queue);
   }
-  if (out.topk_indices.data) {
-    std::memcpy(row_ptr(out.topk_indices, t), chosen, k * sizeof(int32_t));
+  for (int64_t t = t0; t < t1; ++t) {
+    if (out.topk_indices.data) {
+      std::memcpy(row_ptr(out.topk_indices, t), chosen + (t - t0) * k, k * sizeof(int32_t));
+    }
+    if (out.topk_weights.data) {
+      store_row_from_float(w + (t - t0) * k, k, row_ptr(out.topk_weights, t),
+                           out.topk_weights.dtype);
+    }
   }
-  if (out.topk_weights.data) {
-    store_row_from_float(w, k, row_ptr(out.topk_weights, t), out.topk_weights.dtype);
-  }
+}
+
+void route_row(const RouteProblem& p, int64_t t, const Streaming& stream, Scratch& s) {
+  choose_and_weigh_row(p, t, s);
+  write_route_rows(p, t, t + 1, s.chosen.data(), s.w.data(), stream, s, nullptr);
 }
 
 // Row t's gathered inputs: g[i], the cotangent of chosen weight i times the scaling factor, and
@@ -400,8 +455,40 @@ Status route_vectorized(const RouteProblem& p) {
   Streaming stream;
   stream.probs = worth_streaming(p.out.probs);
   stream.map = worth_streaming(p.out.routing_map);
-  for_each_row(p.logits.shape[0], p.logits.shape[1], p.options.k, p.options.num_groups,
-               [&](int64_t t, Scratch& s) { route_row(p, t, stream, s); });
+  const RouteOptions& o = p.options;
+  const int64_t E = p.logits.shape[1];
+  if (!route_lanes_apply(o, E)) {
+    for_each_row(p.logits.shape[0], E, o.k, o.num_groups,
+                 [&](int64_t t, Scratch& s) { route_row(p, t, stream, s); });
+    return {};
+  }
+  // Blocks of rows through the token-lane kernel, the rows it leaves undecided through the row
+  // path; each block's streamed outputs are written while the kernel works on the next.
+  const int64_t T = p.logits.shape[0], blocks = (T + kLaneRows - 1) / kLaneRows;
+  const int32_t k = o.k;
+#pragma omp parallel if (T * E >= 2 * kMinElementsPerThread)
+  {
+    Scratch& s = thread_scratch(E, k, o.num_groups);
+    s.reserve_lanes(E, k, o.num_groups);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t t0 = b * kLaneRows, t1 = std::min(T, t0 + kLaneRows);
+      int32_t* chosen = s.lane_chosen.data();
+      float* w = s.lane_w.data();
+      const uint32_t undecided =
+          route_lanes(p, t0, static_cast<int32_t>(t1 - t0), s.lanes.data(), chosen, w, s.queue);
+      for (int64_t t = t0; t < t1; ++t) {
+        if ((undecided >> (t - t0)) & 1) {
+          choose_and_weigh_row(p, t, s);
+          std::memcpy(chosen + (t - t0) * k, s.chosen.data(), k * sizeof(int32_t));
+          std::memcpy(w + (t - t0) * k, s.w.data(), k * sizeof(float));
+        }
+      }
+      write_route_rows(p, t0, t1, chosen, w, stream, s, &s.queue);
+    }
+    s.queue.flush();
+    stream_fence();  // streamed rows are visible before the caller reads them
+  }
   return {};
 }
 

@@ -3,6 +3,7 @@
 // time), and prefetching.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -34,6 +35,46 @@ inline void write_row(void* dst, const void* src, size_t bytes, bool stream) {
     std::memcpy(dst, src, bytes);
   }
 }
+
+// Finished output waiting to be streamed: whole 64-byte lines, handed to a long-running kernel
+// that streams a few per step of its own work, so that the stores drain to memory while it
+// computes instead of stalling it in a burst. push() writes the unaligned ends of a run at once
+// (plain stores) and queues its aligned lines; src must stay unchanged until they are written.
+struct StreamQueue {
+  static constexpr int kMaxRuns = 64;
+  static constexpr size_t kLine = 64;
+  struct Run {
+    char* dst;        // 64-byte aligned
+    const char* src;  // any alignment
+    size_t lines;
+  };
+  Run runs[kMaxRuns];
+  int count = 0, next = 0;  // runs queued; the first not yet finished
+
+  bool empty() const { return next == count; }
+  // Queues dst[0, bytes) = src[0, bytes); when the queue is full, streams the run at once.
+  void push(void* dst, const void* src, size_t bytes) {
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    const size_t head = std::min(bytes, (kLine - reinterpret_cast<uintptr_t>(d) % kLine) % kLine);
+    const size_t lines = (bytes - head) / kLine, body = lines * kLine;
+    std::memcpy(d, s, head);
+    std::memcpy(d + head + body, s + head + body, bytes - head - body);
+    if (lines == 0) return;
+    if (count == kMaxRuns) {
+      stream_bytes(d + head, s + head, body);
+      return;
+    }
+    runs[count++] = {d + head, s + head, lines};
+  }
+  // Streams everything still queued.
+  void flush() {
+    for (; next < count; ++next) {
+      stream_bytes(runs[next].dst, runs[next].src, runs[next].lines * kLine);
+    }
+    count = next = 0;
+  }
+};
 
 // Asks for the cache lines of `bytes` at p (nullptr: nothing) ahead of their use, where the
 // hardware prefetchers do not see the access pattern soon enough.

@@ -541,6 +541,133 @@ TEST(Route, LargeOutputsOnUnalignedPaddedRowsMatchTheReference) {
   }
 }
 
+TEST(Route, TokenLaneBlocksWithHardRowsMatchTheReference) {
+  // The vectorised forward routes blocks of 16 rows with the tokens in vector lanes, comparing
+  // keys with the expert index packed into their low bits, and hands the rows it cannot decide
+  // that way to the row kernels. Every block here mixes ordinary rows with such rows (a NaN, an
+  // infinity, an exact tie at the k-th place, two keys there one step apart, which the packed
+  // compare cannot tell apart) and rows past the last whole block; k reaches 16, and group
+  // scores sum up to 8 keys. Rows without NaN must match the reference exactly in the choice.
+  struct Config {
+    RouterScore score;
+    bool pre_softmax;
+    int64_t E;
+    int32_t k, num_groups, group_topk;
+    bool bias;
+    DType dtype;
+  };
+  const Config configs[] = {
+      {RouterScore::kSoftmax, false, 128, 8, 0, 0, false, DType::kF32},
+      {RouterScore::kSoftmax, false, 128, 8, 0, 0, false, DType::kBF16},
+      {RouterScore::kSoftmax, true, 64, 6, 0, 0, false, DType::kF32},
+      {RouterScore::kSigmoid, false, 256, 8, 8, 4, true, DType::kF32},
+      {RouterScore::kSigmoid, false, 96, 16, 4, 2, true, DType::kF32},
+      {RouterScore::kSigmoid, false, 64, 3, 8, 1, false, DType::kBF16},
+      {RouterScore::kSqrtSoftplus, false, 40, 12, 0, 0, false, DType::kBF16},
+      {RouterScore::kSoftmax, false, 20, 2, 0, 0, false, DType::kF32},
+  };
+  const int64_t T = 16 * 6 + 5;
+  std::mt19937 rng(37);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (const Config& c : configs) {
+    SCOPED_TRACE(fmt::format("score={} pre={} E={} k={} groups={} dtype={}",
+                             static_cast<int>(c.score), c.pre_softmax, c.E, c.k, c.num_groups,
+                             dtype_name(c.dtype)));
+    Options o;
+    o.score = c.score;
+    o.pre_softmax = c.pre_softmax;
+    o.k = c.k;
+    o.num_groups = c.num_groups;
+    o.group_topk = c.group_topk;
+    o.scale = 1.5;
+    if (c.bias) {
+      o.bias.resize(c.E);
+      for (float& b : o.bias) b = normal(rng) * 0.01f;
+    }
+    HostTensor logits(c.dtype, {T, c.E});
+    std::vector<bool> has_nan(T, false);
+    const bool bf16 = c.dtype == DType::kBF16;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<float> x(c.E);
+      for (float& v : x) v = bf16 ? bf16_to_float(float_to_bf16(normal(rng))) : normal(rng);
+      // The ranks of the row's logits, largest first: rank k - 1 is the last chosen (without
+      // bias or groups), rank k the first left out.
+      std::vector<int32_t> order(c.E);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+      const int32_t kth = order[c.k - 1], next = order[c.k];
+      const int32_t any = static_cast<int32_t>(rng() % c.E);
+      switch (t % 8) {
+        case 1:  // NaN
+          x[any] = NAN;
+          has_nan[t] = true;
+          break;
+        case 2:  // an infinity: +inf saturates the sigmoid, -inf is any score's lowest
+          x[any] = c.score == RouterScore::kSigmoid ? HUGE_VALF : -HUGE_VALF;
+          break;
+        case 3:  // an exact tie at the k-th place
+          x[next] = x[kth];
+          break;
+        case 4: {  // one step apart there: the higher index moved a step off the lower
+          const float v = x[std::min(kth, next)];
+          x[std::max(kth, next)] =
+              bf16 ? bf16_to_float(float_to_bf16(v) + 1) : std::nextafter(v, HUGE_VALF);
+          break;
+        }
+        default:
+          break;
+      }
+      for (int64_t e = 0; e < c.E; ++e) logits.set({t, e}, x[e]);
+    }
+    struct Out {
+      Out(int64_t T, const Config& c)
+          : probs(DType::kF32, {T, c.E}),
+            map(DType::kBool, {T, c.E}),
+            idx(DType::kI32, {T, c.k}),
+            w(DType::kF32, {T, c.k}) {}
+      HostTensor probs, map, idx, w;
+    };
+    Out got(T, c), want(T, c);
+    for (auto [impl, out] :
+         {std::pair{RouterImpl::kVectorized, &got}, std::pair{RouterImpl::kReference, &want}}) {
+      ASSERT_TRUE(route(logits.in(), to_route_options(o, impl),
+                        {out->probs.mut(), out->map.mut(), out->idx.mut(), out->w.mut()})
+                      .ok());
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      SCOPED_TRACE(fmt::format("row {} (kind {})", t, t % 8));
+      std::vector<bool> seen(c.E, false);
+      for (int32_t i = 0; i < c.k; ++i) {
+        const double e = got.idx.get({t, i});
+        ASSERT_GE(e, 0);
+        ASSERT_LT(e, c.E);
+        ASSERT_FALSE(seen[static_cast<size_t>(e)]);
+        seen[static_cast<size_t>(e)] = true;
+      }
+      for (int64_t e = 0; e < c.E; ++e) ASSERT_EQ(got.map.get({t, e}), seen[e] ? 1.0 : 0.0);
+      if (has_nan[t]) continue;  // no order to match: valid and self-consistent is all
+      // The output order: descending weight, ties to the lower expert.
+      for (int32_t i = 1; i < c.k; ++i) {
+        const double w0 = got.w.get({t, i - 1}), w1 = got.w.get({t, i});
+        ASSERT_TRUE(w0 > w1 || (w0 == w1 && got.idx.get({t, i - 1}) < got.idx.get({t, i})))
+            << "slot " << i;
+      }
+      // Two scores one step apart may round to equal weights in one implementation of the
+      // activation and not in the other: there the order may differ, but not the choice (probs).
+      const bool near_tie = t % 8 == 4 && c.score != RouterScore::kSoftmax;
+      for (int32_t i = 0; i < c.k && !near_tie; ++i) {
+        ASSERT_EQ(got.idx.get({t, i}), want.idx.get({t, i})) << "slot " << i;
+        const double w = want.w.get({t, i});
+        ASSERT_NEAR(got.w.get({t, i}), w, 1e-6 * (1 + std::fabs(w))) << "slot " << i;
+      }
+      for (int64_t e = 0; e < c.E; ++e) {
+        const double p = want.probs.get({t, e});
+        ASSERT_NEAR(got.probs.get({t, e}), p, 1e-6 * (1 + std::fabs(p))) << "expert " << e;
+      }
+    }
+  }
+}
+
 // The vectorised forward and backward on every Highway target this CPU runs (AVX-512, AVX2,
 // SSE4, ...) against the scalar reference: expert counts that leave a vector tail, groups that
 // are no whole number of vectors, f32 and bf16 outputs, and outputs large enough to be streamed,

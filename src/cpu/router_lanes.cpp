@@ -1,0 +1,442 @@
+// The route forward with the tokens in the vector lanes. A block of rows is transposed so that
+// one vector holds one expert's logits for N tokens; then every step is a loop over the experts,
+// a whole vector at a time, with nothing reduced across lanes and no branch on the data:
+//   scores   softmax (pre), sigmoid or sqrt(softplus), as router_math-inl.h computes them for rows;
+//   groups   each group's sum of its top k / group_topk keys, and each group's rank among them;
+//   top k    an insertion network of k + 1 slots, one max and one min per slot per expert;
+//   weights  gathered for the k chosen, normalised, scaled, and sorted by a compare-exchange
+//            network into the output order (descending weight, ties to the lower expert).
+//
+// The network compares packed int32 keys: the key's bits made to order as signed integers, with
+// the low b bits (b = bits of E - 1) replaced by E - 1 - e, so that one signed max / min orders by
+// key and then by lower expert. Replacing those bits is exact when they are 0 in every key of the
+// row (bf16 logits under post-softmax, for instance). When they are not, the top k of the packed
+// keys is still the true top k unless the k-th and (k+1)-th packed keys agree above the low bits;
+// such rows are reported undecided, as are rows with a non-finite key (NaN has no order), and the
+// caller routes them with the row kernels. Sums over the k chosen are taken in the packed order,
+// the choice order up to near-ties, so weights match the row kernels' to f32 rounding.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/router_lanes.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Must come after foreach_target.h.
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "cpu/convert.h"
+#include "cpu/lanes-inl.h"
+#include "cpu/router_kernels.h"
+#include "cpu/router_math-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using D = hn::ScalableTag<float>;
+using V = hn::Vec<D>;
+using DI = hn::RebindToSigned<D>;
+using VI = hn::Vec<DI>;
+
+// ---------------------------------------------------------------------------------------------
+// Transposition: xt[e * N + l] = logit e of row l, as f32.
+
+// Experts [e0, e1) one element at a time (narrow targets, and the experts past the last whole
+// vector).
+void TransposeScalar(const char* const* rows, DType t, size_t N, int64_t e0, int64_t e1,
+                     float* xt) {
+  for (int64_t e = e0; e < e1; ++e) {
+    for (size_t l = 0; l < N; ++l)
+      xt[e * static_cast<int64_t>(N) + l] = load_as_float(rows[l], t, e);
+  }
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Experts [e0, e0 + 16) of 16 rows: sixteen row vectors become sixteen expert vectors in four
+// rounds of in-register shuffles (pairs of floats, pairs of pairs, then 128-bit blocks twice).
+// Also asks for the same experts of the next 16 rows, `next`, ahead of their use.
+template <bool kBf16>
+void Transpose16(const char* const* rows, const char* const* next, int64_t e0, float* xt) {
+  const D d;
+  static_assert(HWY_LANES(float) == 16, "AVX-512 holds 16 floats");
+  constexpr int64_t kElem = kBf16 ? 2 : 4;
+  __m512 r[16], t[16];
+  for (int l = 0; l < 16; ++l) {
+    r[l] = LoadLanes<kBf16>(d, rows[l], static_cast<size_t>(e0)).raw;
+    hwy::Prefetch(next[l] + e0 * kElem);
+  }
+  // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved, per 128-bit block.
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // r[4q + c], block b: rows 4q .. 4q + 3 of expert e0 + 4b + c.
+  for (int q = 0; q < 16; q += 4) {
+    r[q] = _mm512_shuffle_ps(t[q], t[q + 2], 0x44);
+    r[q + 1] = _mm512_shuffle_ps(t[q], t[q + 2], 0xEE);
+    r[q + 2] = _mm512_shuffle_ps(t[q + 1], t[q + 3], 0x44);
+    r[q + 3] = _mm512_shuffle_ps(t[q + 1], t[q + 3], 0xEE);
+  }
+  // Expert e0 + 4b + c takes block b of r[c], r[4 + c], r[8 + c], r[12 + c], in that order.
+  for (int c = 0; c < 4; ++c) {
+    const __m512 even_lo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);  // blocks 0, 2
+    const __m512 odd_lo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);   // blocks 1, 3
+    const __m512 even_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512 odd_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+    float* out = xt + e0 * 16;
+    _mm512_store_ps(out + c * 16, _mm512_shuffle_f32x4(even_lo, even_hi, 0x88));
+    _mm512_store_ps(out + (4 + c) * 16, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88));
+    _mm512_store_ps(out + (8 + c) * 16, _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD));
+    _mm512_store_ps(out + (12 + c) * 16, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD));
+  }
+}
+#endif
+
+// All E experts of N rows into xt (aligned); `next`: the N rows after them, to prefetch.
+void Transpose(const char* const* rows, const char* const* next, DType t, int64_t E, float* xt) {
+  const size_t N = hn::Lanes(D());
+  int64_t e = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  for (; e + 16 <= E; e += 16) {
+    t == DType::kBF16 ? Transpose16<true>(rows, next, e, xt)
+                      : Transpose16<false>(rows, next, e, xt);
+  }
+#else
+  (void)next;
+#endif
+  TransposeScalar(rows, t, N, e, E, xt);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scores, in place: xt becomes the scores weights are taken from (the logits themselves under
+// post-softmax).
+void Scores(const RouteOptions& o, int64_t E, float* xt) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  if (o.score == RouterScore::kSoftmax && !o.pre_softmax) return;
+  if (o.score == RouterScore::kSoftmax) {
+    V m = hn::Set(d, -HUGE_VALF);
+    for (int64_t e = 0; e < E; ++e) m = hn::Max(m, hn::Load(d, xt + e * N));
+    V sum = hn::Zero(d);
+    for (int64_t e = 0; e < E; ++e) {
+      const V s = rmath::ExpShifted(d, hn::Load(d, xt + e * N), m);
+      hn::Store(s, d, xt + e * N);
+      sum = hn::Add(sum, s);
+    }
+    const V inv = hn::Div(hn::Set(d, 1.0f), sum);
+    for (int64_t e = 0; e < E; ++e) hn::Store(hn::Mul(hn::Load(d, xt + e * N), inv), d, xt + e * N);
+    return;
+  }
+  const bool sigmoid = o.score == RouterScore::kSigmoid;
+  for (int64_t e = 0; e < E; ++e) {
+    const V x = hn::Load(d, xt + e * N);
+    hn::Store(sigmoid ? rmath::Sigmoid(d, x) : rmath::SqrtSoftplus(d, x), d, xt + e * N);
+  }
+}
+
+// The key expert e is chosen by: its score plus its bias (+ 0 without one, which also makes -0
+// into +0, so that the packed keys of equal scores are equal).
+HWY_INLINE V Key(const float* xt, const float* bias, int64_t e, size_t N) {
+  const D d;
+  return hn::Add(hn::Load(d, xt + e * static_cast<int64_t>(N)), hn::Set(d, bias ? bias[e] : 0.0f));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Group-limited choice: kept[g * N + l] = all ones when group g is among row l's best group_topk,
+// else 0 (as float bits).
+void KeepGroups(const RouteOptions& o, int64_t E, const float* xt, float* score, float* kept) {
+  const D d;
+  const DI di;
+  const size_t N = hn::Lanes(d);
+  const int64_t G = o.num_groups, per_group = E / G;
+  const int32_t count = o.k / o.group_topk;
+  const float* bias = o.expert_bias.empty() ? nullptr : o.expert_bias.data();
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t e0 = g * per_group, e1 = e0 + per_group;
+    V sum;
+    if (count <= 2) {
+      // The largest and second largest in registers.
+      V hi = hn::Set(d, -HUGE_VALF), lo = hi;
+      for (int64_t e = e0; e < e1; ++e) {
+        const V c = Key(xt, bias, e, N);
+        lo = hn::Max(lo, hn::Min(hi, c));
+        hi = hn::Max(hi, c);
+      }
+      sum = count == 1 ? hi : hn::Add(hi, lo);
+    } else {
+      // The group's `count` largest keys, best first, by max / min insertion.
+      V top[kLaneMaxK];
+      for (V& slot : top) slot = hn::Set(d, -HUGE_VALF);
+      for (int64_t e = e0; e < e1; ++e) {
+        V c = Key(xt, bias, e, N);
+        for (int32_t j = 0; j < count; ++j) {
+          const V hi = hn::Max(top[j], c);
+          c = hn::Min(top[j], c);
+          top[j] = hi;
+        }
+      }
+      sum = top[0];
+      for (int32_t j = 1; j < count; ++j) sum = hn::Add(sum, top[j]);
+    }
+    // Added largest first, as the row kernels do.
+    hn::Store(sum, d, score + g * N);
+  }
+  // Rank = groups ahead (a higher score, or an equal one at a lower index).
+  for (int64_t g = 0; g < G; ++g) {
+    const V sg = hn::Load(d, score + g * N);
+    VI rank = hn::Zero(di);
+    for (int64_t h = 0; h < G; ++h) {
+      const V sh = hn::Load(d, score + h * N);
+      const auto ahead = h < g ? hn::Ge(sh, sg) : hn::Gt(sh, sg);
+      rank = hn::Sub(rank, hn::VecFromMask(di, hn::RebindMask(di, ahead)));
+    }
+    const auto keep = hn::Lt(rank, hn::Set(di, o.group_topk));
+    hn::Store(hn::BitCast(d, hn::VecFromMask(di, keep)), d, kept + g * N);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams up to `lines` of the queued output lines.
+HWY_INLINE void Drip(StreamQueue& q, int lines) {
+  const D d;
+  constexpr size_t kStep = HWY_LANES(float) * sizeof(float);  // bytes per vector; divides 64
+  for (int i = 0; i < lines && !q.empty(); ++i) {
+    StreamQueue::Run& run = q.runs[q.next];
+    for (size_t b = 0; b < StreamQueue::kLine; b += kStep) {
+      hn::Stream(hn::LoadU(d, reinterpret_cast<const float*>(run.src + b)), d,
+                 reinterpret_cast<float*>(run.dst + b));
+    }
+    run.src += StreamQueue::kLine;
+    run.dst += StreamQueue::kLine;
+    if (--run.lines == 0) ++q.next;
+  }
+}
+
+// Streams all of the queue and empties it.
+void DrainAll(StreamQueue& q) {
+  while (!q.empty()) Drip(q, 64);
+  q.count = q.next = 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The top k by packed keys, the weights, and the output order, for one vector of rows. C >= k + 1
+// slots. Returns the lanes left undecided as a mask.
+// Streams two queued lines per expert.
+template <int C>
+hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, const float* kept,
+                           int32_t* chosen_t, float* weights_t, StreamQueue& queue) {
+  const D d;
+  const DI di;
+  const size_t N = hn::Lanes(d);
+  const int32_t k = o.k;
+  const float* bias = o.expert_bias.empty() ? nullptr : o.expert_bias.data();
+  int32_t bits = 0;
+  while ((int64_t{1} << bits) < E) ++bits;
+  const VI low_mask = hn::Set(di, (1 << bits) - 1), high_mask = hn::Not(low_mask);
+
+  VI top[C];
+#pragma GCC unroll 32
+  for (int j = 0; j < C; ++j) top[j] = hn::Set(di, INT_MIN);
+  // Over every key: the largest and smallest orderable value (a non-finite key shows as one
+  // beyond those of +-inf), and the OR of their low bits (0: the packing lost nothing).
+  VI ord_max = hn::Set(di, INT_MIN), ord_min = hn::Set(di, INT_MAX), lost = hn::Zero(di);
+  const int64_t G = o.num_groups > 0 ? o.num_groups : 1, per_group = E / G;
+  VI low = low_mask;  // (2^b - 1) - e: the low bits of expert e's packed key
+  for (int64_t g = 0; g < G; ++g) {
+    const auto keep = o.num_groups > 0
+                          ? hn::RebindMask(di, hn::MaskFromVec(hn::Load(d, kept + g * N)))
+                          : hn::FirstN(di, N);
+    for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+      const VI bits_of = hn::BitCast(di, Key(xt, bias, e, N));
+      // Negative floats order backwards as integers: flip all but their sign bit.
+      const VI ord = hn::Xor(bits_of, hn::And(hn::ShiftRight<31>(bits_of), hn::Set(di, INT_MAX)));
+      ord_max = hn::Max(ord_max, ord);
+      ord_min = hn::Min(ord_min, ord);
+      lost = hn::Or(lost, ord);
+      VI c = hn::IfThenElse(keep, hn::Or(hn::And(ord, high_mask), low), hn::Set(di, INT_MIN));
+      low = hn::Sub(low, hn::Set(di, 1));
+      Drip(queue, 2);
+#pragma GCC unroll 32
+      for (int j = 0; j < C; ++j) {
+        const VI hi = hn::Max(top[j], c);
+        c = hn::Min(top[j], c);
+        top[j] = hi;
+      }
+    }
+  }
+  // ord(+inf) = 0x7f800000 and ord(-inf) = 0x807fffff (as a signed int): a key is non-finite
+  // when its ord is at or beyond them.
+  auto undecided = hn::Or(hn::Gt(ord_max, hn::Set(di, 0x7f7fffff)),
+                          hn::Lt(ord_min, hn::Set(di, static_cast<int32_t>(0x80800000u))));
+  const auto lossy = hn::Ne(hn::And(lost, low_mask), hn::Zero(di));
+  if (k < E) {
+    // Slot k exists (C >= k + 1); an index-free comparison that ties may have chosen wrongly.
+    VI kth = top[0], next = top[0];
+#pragma GCC unroll 32
+    for (int j = 1; j < C; ++j) {
+      if (j == k) {
+        kth = top[j - 1];
+        next = top[j];
+      }
+    }
+    const auto tie = hn::Eq(hn::And(hn::Xor(kth, next), high_mask), hn::Zero(di));
+    undecided = hn::Or(undecided, hn::And(lossy, tie));
+  }
+
+  // Indices (clamped, so that even an undecided lane reads inside xt), scores and weights.
+  const VI lane = hn::Iota(di, 0), last = hn::Set(di, static_cast<int32_t>(E - 1));
+  constexpr int kSlots = C - 1;  // the output slots; those at and past k are padding
+  VI idx[kSlots];
+  V w[kSlots];
+  // Padding slots sort last: below every finite weight, and after every expert at -inf.
+#pragma GCC unroll 32
+  for (int j = 0; j < kSlots; ++j) {
+    w[j] = hn::Set(d, -HUGE_VALF);
+    idx[j] = hn::Set(di, INT_MAX);
+  }
+  const bool post_softmax = o.score == RouterScore::kSoftmax && !o.pre_softmax;
+  V shift = hn::Set(d, -HUGE_VALF);
+#pragma GCC unroll 32
+  for (int j = 0; j < kSlots; ++j) {
+    if (j >= k) continue;
+    idx[j] = hn::Min(hn::Sub(low_mask, hn::And(top[j], low_mask)), last);
+    w[j] = hn::GatherIndex(d, xt,
+                           hn::Add(hn::Mul(idx[j], hn::Set(di, static_cast<int32_t>(N))), lane));
+    shift = hn::Max(shift, w[j]);
+  }
+  if (post_softmax) {
+    // softmax over the k chosen logits, shifted by their largest.
+    V sum = hn::Zero(d);
+#pragma GCC unroll 32
+    for (int j = 0; j < kSlots; ++j) {
+      if (j >= k) continue;
+      w[j] = rmath::ExpShifted(d, w[j], shift);
+      sum = j == 0 ? w[j] : hn::Add(sum, w[j]);
+    }
+#pragma GCC unroll 32
+    for (int j = 0; j < kSlots; ++j) {
+      if (j < k) w[j] = hn::Div(w[j], sum);
+    }
+  } else if (o.score != RouterScore::kSoftmax && k > 1) {
+    V sum = hn::Set(d, kNormEps);
+#pragma GCC unroll 32
+    for (int j = 0; j < kSlots; ++j) {
+      if (j < k) sum = hn::Add(sum, w[j]);
+    }
+#pragma GCC unroll 32
+    for (int j = 0; j < kSlots; ++j) {
+      if (j < k) w[j] = hn::Div(w[j], sum);
+    }
+  }
+  const V scale = hn::Set(d, o.scaling_factor);
+#pragma GCC unroll 32
+  for (int j = 0; j < kSlots; ++j) {
+    if (j < k) w[j] = hn::Mul(w[j], scale);
+  }
+// Sort by (weight descending, expert ascending): a bubble network of compare-exchanges.
+#pragma GCC unroll 32
+  for (int i = 0; i < kSlots; ++i) {
+#pragma GCC unroll 32
+    for (int j = kSlots - 1; j > i; --j) {
+      const auto swap =
+          hn::Or(hn::Gt(w[j], w[j - 1]),
+                 hn::And(hn::Eq(w[j], w[j - 1]), hn::RebindMask(d, hn::Lt(idx[j], idx[j - 1]))));
+      const auto swap_i = hn::RebindMask(di, swap);
+      const V wa = hn::IfThenElse(swap, w[j], w[j - 1]);
+      w[j] = hn::IfThenElse(swap, w[j - 1], w[j]);
+      w[j - 1] = wa;
+      const VI ia = hn::IfThenElse(swap_i, idx[j], idx[j - 1]);
+      idx[j] = hn::IfThenElse(swap_i, idx[j - 1], idx[j]);
+      idx[j - 1] = ia;
+    }
+  }
+#pragma GCC unroll 32
+  for (int j = 0; j < kSlots; ++j) {
+    if (j >= k) continue;
+    hn::Store(idx[j], di, chosen_t + j * N);
+    hn::Store(w[j], d, weights_t + j * N);
+  }
+  return hn::RebindMask(d, undecided);
+}
+
+uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
+                    float* weights, StreamQueue& queue) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  const RouteOptions& o = p.options;
+  const int64_t E = p.logits.shape[1];
+  const int32_t k = o.k;
+  if (N > static_cast<size_t>(kLaneRows)) {  // a wider target: the row kernels do it all
+    DrainAll(queue);
+    return (uint32_t{1} << rows) - 1;
+  }
+  // work: xt [E, N], group scores [G, N], kept [G, N], chosen and weights by slot [k, N].
+  float* xt = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(work) + 63) & ~uintptr_t{63});
+  float* score = xt + E * static_cast<int64_t>(N);
+  float* kept = score + o.num_groups * static_cast<int64_t>(N);
+  auto* chosen_t = reinterpret_cast<int32_t*>(kept + o.num_groups * static_cast<int64_t>(N));
+  float* weights_t = reinterpret_cast<float*>(chosen_t + k * static_cast<int64_t>(N));
+
+  uint32_t undecided = 0;
+  for (int32_t r0 = 0; r0 < rows; r0 += static_cast<int32_t>(N)) {
+    const int32_t used = std::min<int32_t>(static_cast<int32_t>(N), rows - r0);
+    const char *row[kLaneRows], *next[kLaneRows];
+    const int64_t T = p.logits.shape[0];
+    for (size_t l = 0; l < N; ++l) {
+      const int64_t t = t0 + r0 + static_cast<int64_t>(l);
+      row[l] = row_ptr(p.logits, std::min<int64_t>(t, t0 + r0 + used - 1));
+      next[l] = row_ptr(p.logits, std::min<int64_t>(t + static_cast<int64_t>(N), T - 1));
+    }
+    Transpose(row, next, p.logits.dtype, E, xt);
+    Scores(o, E, xt);
+    if (o.num_groups > 0) KeepGroups(o, E, xt, score, kept);
+    hn::Mask<D> bad;
+    if (k <= 2) {
+      bad = ChooseAndWeigh<3>(o, E, xt, kept, chosen_t, weights_t, queue);
+    } else if (k <= 4) {
+      bad = ChooseAndWeigh<5>(o, E, xt, kept, chosen_t, weights_t, queue);
+    } else if (k <= 8) {
+      bad = ChooseAndWeigh<9>(o, E, xt, kept, chosen_t, weights_t, queue);
+    } else {
+      bad = ChooseAndWeigh<kLaneMaxK + 1>(o, E, xt, kept, chosen_t, weights_t, queue);
+    }
+    uint8_t bad_bits[8] = {};
+    hn::StoreMaskBits(d, bad, bad_bits);
+    uint32_t bad_rows = 0;
+    for (int32_t l = 0; l < used; ++l) {
+      bad_rows |= static_cast<uint32_t>((bad_bits[l / 8] >> (l % 8)) & 1) << l;
+      for (int32_t j = 0; j < k; ++j) {
+        chosen[(r0 + l) * k + j] = chosen_t[j * N + l];
+        weights[(r0 + l) * k + j] = weights_t[j * N + l];
+      }
+    }
+    undecided |= bad_rows << r0;
+  }
+  DrainAll(queue);
+  return undecided;
+}
+
+}  // namespace moekit::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace moekit::detail {
+
+HWY_EXPORT(RouteLanes);
+
+bool route_lanes_apply(const RouteOptions& o, int64_t E) {
+  return o.k <= kLaneMaxK && E <= kLaneMaxExperts && o.k <= E;
+}
+
+int64_t route_lanes_work_floats(int64_t E, int32_t num_groups, int32_t k) {
+  return (E + 2 * static_cast<int64_t>(num_groups) + 2 * k) * kLaneRows + 16;
+}
+
+uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
+                     float* weights, StreamQueue& queue) {
+  return HWY_DYNAMIC_DISPATCH(RouteLanes)(p, t0, rows, work, chosen, weights, queue);
+}
+
+}  // namespace moekit::detail
+#endif  // HWY_ONCE
