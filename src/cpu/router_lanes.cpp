@@ -417,6 +417,80 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
   return undecided;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The backward through the chosen logits (every score but pre-softmax), rows in the lanes:
+// g, xc, dxc [rows, k] as route_backward_chosen documents; work: [2k + k, N] floats, aligned.
+void RouteBackwardChosen(const RouteOptions& o, int32_t rows, const float* g, const float* xc,
+                         float* dxc, float* work) {
+  const D d;
+  const size_t N = hn::Lanes(d);
+  const int32_t k = o.k;
+  float* gt = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(work) + 63) & ~uintptr_t{63});
+  float* xt = gt + k * static_cast<int64_t>(N);
+  float* st = xt + k * static_cast<int64_t>(N);
+  for (int32_t r0 = 0; r0 < rows; r0 += static_cast<int32_t>(N)) {
+    const int32_t used = std::min<int32_t>(static_cast<int32_t>(N), rows - r0);
+    // [used, k] -> [k, N], padding lanes 0.
+    for (int32_t j = 0; j < k; ++j) {
+      for (size_t l = 0; l < N; ++l) {
+        const bool real = static_cast<int32_t>(l) < used;
+        gt[j * N + l] = real ? g[(r0 + l) * k + j] : 0.0f;
+        xt[j * N + l] = real ? xc[(r0 + l) * k + j] : 0.0f;
+      }
+    }
+    if (o.score == RouterScore::kSoftmax) {
+      // w = softmax(xc): dxc = w * (g - <g, w>).
+      V m = hn::Load(d, xt);
+      for (int32_t j = 1; j < k; ++j) m = hn::Max(m, hn::Load(d, xt + j * N));
+      V sum = hn::Zero(d);
+      for (int32_t j = 0; j < k; ++j) {
+        const V e = rmath::ExpShifted(d, hn::Load(d, xt + j * N), m);
+        hn::Store(e, d, st + j * N);
+        sum = hn::Add(sum, e);
+      }
+      V dot = hn::Zero(d);
+      for (int32_t j = 0; j < k; ++j) {
+        const V w = hn::Div(hn::Load(d, st + j * N), sum);
+        hn::Store(w, d, st + j * N);
+        dot = hn::MulAdd(hn::Load(d, gt + j * N), w, dot);
+      }
+      for (int32_t j = 0; j < k; ++j) {
+        hn::Store(hn::Mul(hn::Load(d, st + j * N), hn::Sub(hn::Load(d, gt + j * N), dot)), d,
+                  st + j * N);
+      }
+    } else {
+      // w = s / (sum + eps) when k > 1: ds = (g - <g, w>) / (sum + eps); dxc = ds * s'(xc).
+      const bool sigmoid = o.score == RouterScore::kSigmoid;
+      V sum = hn::Set(d, kNormEps), gs = hn::Zero(d);
+      for (int32_t j = 0; j < k; ++j) {
+        const V x = hn::Load(d, xt + j * N);
+        const V sv = sigmoid ? rmath::Sigmoid(d, x) : rmath::SqrtSoftplus(d, x);
+        hn::Store(sv, d, st + j * N);
+        sum = hn::Add(sum, sv);
+        gs = hn::MulAdd(hn::Load(d, gt + j * N), sv, gs);
+      }
+      const V dot = hn::Div(gs, sum);
+      for (int32_t j = 0; j < k; ++j) {
+        const V x = hn::Load(d, xt + j * N), sv = hn::Load(d, st + j * N);
+        const V gj = hn::Load(d, gt + j * N);
+        const V ds = k > 1 ? hn::Div(hn::Sub(gj, dot), sum) : gj;
+        V grad;
+        if (sigmoid) {
+          grad = hn::Mul(sv, hn::Sub(hn::Set(d, 1.0f), sv));
+        } else {
+          // d sqrt(softplus(x)) / dx = sigmoid(x) / (2 s), 0 where s is 0.
+          grad = hn::IfThenZeroElse(hn::Le(sv, hn::Zero(d)),
+                                    hn::Div(rmath::Sigmoid(d, x), hn::Mul(hn::Set(d, 2.0f), sv)));
+        }
+        hn::Store(hn::Mul(ds, grad), d, st + j * N);
+      }
+    }
+    for (int32_t l = 0; l < used; ++l) {
+      for (int32_t j = 0; j < k; ++j) dxc[(r0 + l) * k + j] = st[j * N + l];
+    }
+  }
+}
+
 }  // namespace moekit::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -424,6 +498,7 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::detail {
 
 HWY_EXPORT(RouteLanes);
+HWY_EXPORT(RouteBackwardChosen);
 
 bool route_lanes_apply(const RouteOptions& o, int64_t E) {
   return o.k <= kLaneMaxK && E <= kLaneMaxExperts && o.k <= E;
@@ -436,6 +511,11 @@ int64_t route_lanes_work_floats(int64_t E, int32_t num_groups, int32_t k) {
 uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
                      float* weights, StreamQueue& queue) {
   return HWY_DYNAMIC_DISPATCH(RouteLanes)(p, t0, rows, work, chosen, weights, queue);
+}
+
+void route_backward_chosen(const RouteOptions& o, int32_t rows, const float* g, const float* xc,
+                           float* dxc, float* work) {
+  HWY_DYNAMIC_DISPATCH(RouteBackwardChosen)(o, rows, g, xc, dxc, work);
 }
 
 }  // namespace moekit::detail

@@ -346,7 +346,7 @@ void SparseRow(void* dst, bool bf16, int64_t n, const int32_t* at, const float* 
 // at[i] of row i / count, each a scalar store (the indices of a row are distinct). The rows are
 // read back for writing well after their stores, so no load waits on a store it cannot forward
 // from. Returns the block; *stride receives its row stride.
-template <typename T, class Value>
+template <typename T, bool kAdd = false, class Value>
 HWY_INLINE T* BuildRows(size_t n, size_t rows, const int32_t* at, int32_t count, Value value,
                         float* work, size_t* stride) {
   const hn::ScalableTag<T> dt;
@@ -356,22 +356,24 @@ HWY_INLINE T* BuildRows(size_t n, size_t rows, const int32_t* at, int32_t count,
   for (size_t i = 0; i < rows * *stride; i += N) hn::Store(hn::Zero(dt), dt, block + i);
   const size_t total = rows * static_cast<size_t>(count);
   for (size_t i = 0; i < total; ++i) {
-    block[i / static_cast<size_t>(count) * *stride + static_cast<size_t>(at[i])] = value(i);
+    T& slot = block[i / static_cast<size_t>(count) * *stride + static_cast<size_t>(at[i])];
+    slot = kAdd ? slot + value(i) : value(i);
   }
   return block;
 }
 
-char* BuildSparseRows(bool bf16, int64_t n, int64_t rows, const int32_t* at, const float* values,
-                      int32_t count, float* work, size_t* stride_bytes) {
-  const size_t len = static_cast<size_t>(n);
+char* BuildSparseRows(bool bf16, bool sum, int64_t n, int64_t rows, const int32_t* at,
+                      const float* values, int32_t count, float* work, size_t* stride_bytes) {
+  const size_t len = static_cast<size_t>(n), r = static_cast<size_t>(rows);
   size_t stride;
-  float* block = BuildRows<float>(
-      len, static_cast<size_t>(rows), at, count, [values](size_t i) { return values[i]; }, work,
-      &stride);
+  const auto value = [values](size_t i) { return values[i]; };
+  float* block = sum ? BuildRows<float, true>(len, r, at, count, value, work, &stride)
+                     : BuildRows<float>(len, r, at, count, value, work, &stride);
   if (bf16) {
     // Each row rounded in place: its bf16 lands in the first half of its own f32 row.
-    for (int64_t r = 0; r < rows; ++r)
-      WriteRow<true, false>(block + r * stride, len, block + r * stride);
+    for (size_t i = 0; i < r; ++i) {
+      WriteRow<true, false>(block + i * stride, len, block + i * stride);
+    }
   }
   *stride_bytes = stride * sizeof(float);
   return reinterpret_cast<char*>(block);
@@ -439,10 +441,10 @@ void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* v
                 int32_t count, bool stream, float* work) {
   HWY_DYNAMIC_DISPATCH(SparseRow)(dst, t == DType::kBF16, n, at, values, count, stream, work);
 }
-char* build_sparse_rows(DType t, int64_t n, int64_t rows, const int32_t* at, const float* values,
-                        int32_t count, float* work, size_t* stride_bytes) {
-  return HWY_DYNAMIC_DISPATCH(BuildSparseRows)(t == DType::kBF16, n, rows, at, values, count, work,
-                                               stride_bytes);
+char* build_sparse_rows(DType t, bool sum, int64_t n, int64_t rows, const int32_t* at,
+                        const float* values, int32_t count, float* work, size_t* stride_bytes) {
+  return HWY_DYNAMIC_DISPATCH(BuildSparseRows)(t == DType::kBF16, sum, n, rows, at, values, count,
+                                               work, stride_bytes);
 }
 char* build_map_rows(int64_t n, int64_t rows, const int32_t* at, int32_t count, float* work,
                      size_t* stride_bytes) {

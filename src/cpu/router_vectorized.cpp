@@ -319,8 +319,8 @@ void write_route_rows(const RouteProblem& p, int64_t t0, int64_t t1, const int32
   const RouteOutputs& out = p.out;
   size_t stride;
   if (out.probs.data) {
-    const char* block =
-        build_sparse_rows(out.probs.dtype, E, t1 - t0, chosen, w, k, s.probs_block.data(), &stride);
+    const char* block = build_sparse_rows(out.probs.dtype, /*sum=*/false, E, t1 - t0, chosen, w, k,
+                                          s.probs_block.data(), &stride);
     write_block(out.probs, t0, t1, block, stride, E * dtype_size(out.probs.dtype), stream.probs,
                 queue);
   }
@@ -386,35 +386,6 @@ void backward_pre_softmax_row(const RouteBackwardProblem& p, int64_t t, const fl
   } else {
     store_row_from_float(dx, E, out, p.d_logits.dtype);
   }
-}
-
-// Every other score: only the chosen logits xc get gradient (dxc[i] for logit idx[i]).
-void backward_chosen_row(const RouteBackwardProblem& p, int64_t t, const float* g, const float* xc,
-                         const Streaming& stream, Scratch& s) {
-  const RouteOptions& o = p.options;
-  const int32_t k = o.k;
-  const auto* idx = reinterpret_cast<const int32_t*>(row_ptr(p.topk_indices, t));
-  float* dxc = s.key.data();  // [k]
-  if (o.score == RouterScore::kSoftmax) {
-    // w = softmax(x[idx]): dx[idx] = w * (g - <g, w>).
-    const float sum = row_exp_shifted(xc, row_max(xc, k), dxc, k);
-    float dot = 0.0f;
-    for (int32_t i = 0; i < k; ++i) dot += g[i] * (dxc[i] /= sum);
-    for (int32_t i = 0; i < k; ++i) dxc[i] *= g[i] - dot;
-  } else {
-    // w = s[idx] / (sum + eps) when k > 1: ds = (g - <g, w>) / (sum + eps).
-    float* sv = s.s.data();  // [k] their scores, in one vector call
-    const float sum = activation_row(o.score, xc, sv, k) + kNormEps;
-    float dot = 0.0f;
-    for (int32_t i = 0; i < k; ++i) dot += g[i] * sv[i] / sum;
-    for (int32_t i = 0; i < k; ++i) {
-      const float ds = k > 1 ? (g[i] - dot) / sum : g[i];
-      dxc[i] = ds * activation_grad(o.score, xc[i], sv[i]);
-    }
-  }
-  // Zeros, then the chosen (summed should an index repeat).
-  sparse_row(row_ptr(p.d_logits, t), p.d_logits.dtype, p.logits.shape[1], idx, dxc, k,
-             stream.d_logits, s.row_work.data());
 }
 
 // Aux scores of one row into q (f32 [E]); returns the normaliser of sigmoid-family scores.
@@ -496,24 +467,36 @@ Status route_backward_vectorized(const RouteBackwardProblem& p) {
   Streaming stream;
   stream.d_logits = worth_streaming(p.d_logits);
   const int32_t k = p.options.k;
-  const bool dense = p.options.score == RouterScore::kSoftmax && p.options.pre_softmax;
-  for_each_block(p.logits.shape[0], p.logits.shape[1], k, 0, kGatherRows,
-                 [&](int64_t t0, int64_t t1, Scratch& s) {
-                   float* g = s.gathered.data();     // [kGatherRows, k]
-                   float* xc = g + kGatherRows * k;  // [kGatherRows, k]
-                   for (int64_t t = t0; t < t1; ++t) {
-                     const int64_t at = (t - t0) * k;
-                     gather_chosen(p, t, g + at, dense ? nullptr : xc + at);
-                   }
-                   for (int64_t t = t0; t < t1; ++t) {
-                     const int64_t at = (t - t0) * k;
-                     if (dense) {
-                       backward_pre_softmax_row(p, t, g + at, stream, s);
-                     } else {
-                       backward_chosen_row(p, t, g + at, xc + at, stream, s);
-                     }
-                   }
-                 });
+  const int64_t T = p.logits.shape[0], E = p.logits.shape[1];
+  if (p.options.score == RouterScore::kSoftmax && p.options.pre_softmax) {
+    // Every logit gets gradient: row by row.
+    for_each_block(T, E, k, 0, kGatherRows, [&](int64_t t0, int64_t t1, Scratch& s) {
+      float* g = s.gathered.data();  // [kGatherRows, k]
+      for (int64_t t = t0; t < t1; ++t) gather_chosen(p, t, g + (t - t0) * k, nullptr);
+      for (int64_t t = t0; t < t1; ++t) backward_pre_softmax_row(p, t, g + (t - t0) * k, stream, s);
+    });
+    return {};
+  }
+  // Only the chosen logits get gradient: gathered for a block of rows, their gradients computed
+  // with the rows in vector lanes, and the block's d_logits rows built and written together.
+  for_each_block(T, E, k, 0, kLaneRows, [&](int64_t t0, int64_t t1, Scratch& s) {
+    s.reserve_lanes(E, k, 0);
+    for (int64_t t = t1; t < std::min(T, t1 + kLaneRows); ++t) prefetch_row(p.logits, t);
+    float* g = s.gathered.data();     // [kLaneRows, k]
+    float* xc = g + kGatherRows * k;  // [kLaneRows, k]
+    float* dxc = s.lane_w.data();     // [kLaneRows, k]
+    for (int64_t t = t0; t < t1; ++t) gather_chosen(p, t, g + (t - t0) * k, xc + (t - t0) * k);
+    route_backward_chosen(p.options, static_cast<int32_t>(t1 - t0), g, xc, dxc, s.lanes.data());
+    int32_t* idx = s.lane_chosen.data();  // [kLaneRows, k]
+    for (int64_t t = t0; t < t1; ++t) {
+      std::memcpy(idx + (t - t0) * k, row_ptr(p.topk_indices, t), k * sizeof(int32_t));
+    }
+    size_t stride;
+    const char* block = build_sparse_rows(p.d_logits.dtype, /*sum=*/true, E, t1 - t0, idx, dxc, k,
+                                          s.probs_block.data(), &stride);
+    write_block(p.d_logits, t0, t1, block, stride, E * dtype_size(p.d_logits.dtype),
+                stream.d_logits, nullptr);
+  });
   return {};
 }
 

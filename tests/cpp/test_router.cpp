@@ -823,6 +823,48 @@ TEST(Route, NaNLogitsStillGiveKDistinctValidExperts) {
   }
 }
 
+TEST(Route, BackwardSumsTheGradientsOfRepeatedIndices) {
+  // topk_indices come from the caller and may name an expert twice in a row: both slots'
+  // gradients land on it, summed, in every implementation (rows in and past whole lane blocks).
+  const int64_t T = 37, E = 24;
+  const int32_t k = 4;
+  std::mt19937 rng(41);
+  HostTensor logits(DType::kF32, {T, E}), idx(DType::kI32, {T, k}), d_w(DType::kF32, {T, k}),
+      d_probs(DType::kF32, {T, E});
+  logits.fill_random(rng);
+  d_w.fill_random(rng);
+  d_probs.fill_random(rng);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t i = 0; i < k; ++i) idx.set({t, i}, static_cast<double>(rng() % E));
+    idx.set({t, k - 1}, idx.get({t, 0}));  // a repeat in every row
+  }
+  for (const RouterScore score :
+       {RouterScore::kSoftmax, RouterScore::kSigmoid, RouterScore::kSqrtSoftplus}) {
+    for (const bool pre : {false, true}) {
+      if (pre && score != RouterScore::kSoftmax) continue;
+      SCOPED_TRACE(fmt::format("score={} pre={}", static_cast<int>(score), pre));
+      Options o;
+      o.score = score;
+      o.pre_softmax = pre;
+      o.k = k;
+      o.scale = 0.5;
+      HostTensor got(DType::kF32, {T, E}), want(DType::kF32, {T, E});
+      ASSERT_TRUE(route_backward(logits.in(), idx.in(), d_probs.in(), d_w.in(),
+                                 to_route_options(o, RouterImpl::kVectorized), got.mut())
+                      .ok());
+      ASSERT_TRUE(route_backward(logits.in(), idx.in(), d_probs.in(), d_w.in(),
+                                 to_route_options(o, RouterImpl::kReference), want.mut())
+                      .ok());
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t e = 0; e < E; ++e) {
+          const double w = want.get({t, e});
+          ASSERT_NEAR(got.get({t, e}), w, 1e-5 * (1 + std::fabs(w))) << t << "," << e;
+        }
+      }
+    }
+  }
+}
+
 TEST(Route, Bf16BackwardEqualsF32BackwardOnTheSameValues) {
   // The backward reads bf16 logits through its own path (only the chosen are converted); on
   // bf16-exact values it must give exactly what the oracle-checked f32 path gives.
