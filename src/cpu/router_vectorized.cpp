@@ -136,7 +136,7 @@ Scratch& thread_scratch(int64_t E, int32_t k, int32_t groups) {
 
 // Asks for row t of v ahead of its use (rows are processed in order; the hardware prefetcher
 // does not see across the per-row work soon enough).
-void prefetch_row(const ConstTensorView& v, int64_t t) {
+[[gnu::always_inline]] inline void prefetch_row(const ConstTensorView& v, int64_t t) {
   if (t < v.shape[0]) prefetch_bytes(row_ptr(v, t), v.shape[1] * dtype_size(v.dtype));
 }
 
@@ -481,11 +481,13 @@ Status route_backward_vectorized(const RouteBackwardProblem& p) {
   // with the rows in vector lanes, and the block's d_logits rows built and written together.
   for_each_block(T, E, k, 0, kLaneRows, [&](int64_t t0, int64_t t1, Scratch& s) {
     s.reserve_lanes(E, k, 0);
-    for (int64_t t = t1; t < std::min(T, t1 + kLaneRows); ++t) prefetch_row(p.logits, t);
     float* g = s.gathered.data();     // [kLaneRows, k]
     float* xc = g + kGatherRows * k;  // [kLaneRows, k]
     float* dxc = s.lane_w.data();     // [kLaneRows, k]
-    for (int64_t t = t0; t < t1; ++t) gather_chosen(p, t, g + (t - t0) * k, xc + (t - t0) * k);
+    for (int64_t t = t0; t < t1; ++t) {
+      prefetch_row(p.logits, t + kLaneRows);  // the next block's, a row at a time
+      gather_chosen(p, t, g + (t - t0) * k, xc + (t - t0) * k);
+    }
     route_backward_chosen(p.options, static_cast<int32_t>(t1 - t0), g, xc, dxc, s.lanes.data());
     int32_t* idx = s.lane_chosen.data();  // [kLaneRows, k]
     for (int64_t t = t0; t < t1; ++t) {

@@ -77,8 +77,10 @@ struct StreamQueue {
 };
 
 // Asks for the cache lines of `bytes` at p (nullptr: nothing) ahead of their use, where the
-// hardware prefetchers do not see the access pattern soon enough.
-inline void prefetch_bytes(const void* p, size_t bytes) {
+// hardware prefetchers do not see the access pattern soon enough. Always inlined, here and in
+// any helper around it: GCC takes a function that only prefetches for one without effects and
+// deletes the calls to it (it did, for every caller, until 2026-11-22).
+[[gnu::always_inline]] inline void prefetch_bytes(const void* p, size_t bytes) {
   if (!p) return;
   for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b);
 }
