@@ -348,17 +348,20 @@ void SparseRow(void* dst, bool bf16, int64_t n, const int32_t* at, const float* 
 // from. Returns the block; *stride receives its row stride.
 template <typename T, bool kAdd = false, class Value>
 HWY_INLINE T* BuildRows(size_t n, size_t rows, const int32_t* at, int32_t count, Value value,
-                        float* work, size_t* stride) {
+                        float* work, size_t* stride_out) {
   const hn::ScalableTag<T> dt;
-  const size_t N = hn::Lanes(dt);
-  *stride = (n + N - 1) / N * N;
+  const size_t N = hn::Lanes(dt), stride = (n + N - 1) / N * N;
   T* block = reinterpret_cast<T*>(AlignedWork(work));
-  for (size_t i = 0; i < rows * *stride; i += N) hn::Store(hn::Zero(dt), dt, block + i);
-  const size_t total = rows * static_cast<size_t>(count);
-  for (size_t i = 0; i < total; ++i) {
-    T& slot = block[i / static_cast<size_t>(count) * *stride + static_cast<size_t>(at[i])];
-    slot = kAdd ? slot + value(i) : value(i);
+  for (size_t i = 0; i < rows * stride; i += N) hn::Store(hn::Zero(dt), dt, block + i);
+  const size_t per_row = static_cast<size_t>(count);
+  for (size_t r = 0; r < rows; ++r) {
+    T* row = block + r * stride;
+    for (size_t j = r * per_row; j < (r + 1) * per_row; ++j) {
+      T& slot = row[at[j]];
+      slot = kAdd ? slot + value(j) : value(j);
+    }
   }
+  *stride_out = stride;
   return block;
 }
 
