@@ -197,40 +197,58 @@ void KeepGroups(const RouteOptions& o, int64_t E, const float* xt, float* score,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Streams up to `lines` of the queued output lines.
-HWY_INLINE void Drip(StreamQueue& q, int lines) {
-  const D d;
-  constexpr size_t kStep = HWY_LANES(float) * sizeof(float);  // bytes per vector; divides 64
-  for (int i = 0; i < lines && !q.empty(); ++i) {
-    StreamQueue::Run& run = q.runs[q.next];
-    for (size_t b = 0; b < StreamQueue::kLine; b += kStep) {
-      hn::Stream(hn::LoadU(d, reinterpret_cast<const float*>(run.src + b)), d,
-                 reinterpret_cast<float*>(run.dst + b));
+// Streams the lines a StreamQueue holds, a few per step of other work. Its cursor is its own, so
+// that a copy of it in a hot loop lives in registers; Finish() streams the rest and empties the
+// queue.
+class Dripper {
+ public:
+  explicit Dripper(StreamQueue& q) : q_(&q) { NextRun(); }
+  HWY_INLINE void Step(int lines) {
+    const D d;
+    constexpr size_t kStep = HWY_LANES(float) * sizeof(float);  // bytes per vector; divides 64
+    for (int i = 0; i < lines && left_ > 0; ++i) {
+      for (size_t b = 0; b < StreamQueue::kLine; b += kStep) {
+        hn::Stream(hn::LoadU(d, reinterpret_cast<const float*>(src_ + b)), d,
+                   reinterpret_cast<float*>(dst_ + b));
+      }
+      src_ += StreamQueue::kLine;
+      dst_ += StreamQueue::kLine;
+      if (--left_ == 0) NextRun();
     }
-    run.src += StreamQueue::kLine;
-    run.dst += StreamQueue::kLine;
-    if (--run.lines == 0) ++q.next;
   }
-}
+  void Finish() {
+    while (left_ > 0) Step(64);
+    q_->count = q_->next = 0;
+  }
 
-// Streams all of the queue and empties it.
-void DrainAll(StreamQueue& q) {
-  while (!q.empty()) Drip(q, 64);
-  q.count = q.next = 0;
-}
+ private:
+  void NextRun() {
+    left_ = 0;
+    if (q_->next == q_->count) return;
+    const StreamQueue::Run& run = q_->runs[q_->next++];
+    src_ = run.src;
+    dst_ = run.dst;
+    left_ = run.lines;
+  }
+
+  StreamQueue* q_;
+  const char* src_ = nullptr;
+  char* dst_ = nullptr;
+  size_t left_ = 0;
+};
 
 // ---------------------------------------------------------------------------------------------
 // The top k by packed keys, the weights, and the output order, for one vector of rows. C >= k + 1
 // slots. Returns the lanes left undecided as a mask.
-// Streams two queued lines per expert.
-template <int C>
-hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, const float* kept,
-                           int32_t* chosen_t, float* weights_t, StreamQueue& queue) {
+// bias: [E], zeros when the options have none. Streams two queued lines per expert.
+template <int C, bool kGroups>
+hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, const float* bias,
+                           const float* kept, int32_t* chosen_t, float* weights_t,
+                           Dripper& dripper) {
   const D d;
   const DI di;
   const size_t N = hn::Lanes(d);
   const int32_t k = o.k;
-  const float* bias = o.expert_bias.empty() ? nullptr : o.expert_bias.data();
   int32_t bits = 0;
   while ((int64_t{1} << bits) < E) ++bits;
   const VI low_mask = hn::Set(di, (1 << bits) - 1), high_mask = hn::Not(low_mask);
@@ -238,25 +256,26 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
   VI top[C];
 #pragma GCC unroll 32
   for (int j = 0; j < C; ++j) top[j] = hn::Set(di, INT_MIN);
-  // Over every key: the largest and smallest orderable value (a non-finite key shows as one
-  // beyond those of +-inf), and the OR of their low bits (0: the packing lost nothing).
-  VI ord_max = hn::Set(di, INT_MIN), ord_min = hn::Set(di, INT_MAX), lost = hn::Zero(di);
-  const int64_t G = o.num_groups > 0 ? o.num_groups : 1, per_group = E / G;
-  VI low = low_mask;  // (2^b - 1) - e: the low bits of expert e's packed key
+  // Over every key: the smallest orderable value (a negative NaN orders below -inf), and the OR
+  // of their low bits (0: the packing lost nothing). The largest is top[0]'s.
+  VI ord_min = hn::Set(di, INT_MAX), lost = hn::Zero(di);
+  const int64_t G = kGroups ? o.num_groups : 1, per_group = E / G;
+  VI low = low_mask;       // (2^b - 1) - e: the low bits of expert e's packed key
+  Dripper drip = dripper;  // its cursor in registers through the loop
   for (int64_t g = 0; g < G; ++g) {
-    const auto keep = o.num_groups > 0
-                          ? hn::RebindMask(di, hn::MaskFromVec(hn::Load(d, kept + g * N)))
-                          : hn::FirstN(di, N);
+    auto keep = hn::FirstN(di, N);
+    if constexpr (kGroups) keep = hn::RebindMask(di, hn::MaskFromVec(hn::Load(d, kept + g * N)));
     for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
-      const VI bits_of = hn::BitCast(di, Key(xt, bias, e, N));
+      const VI key = hn::BitCast(
+          di, hn::Add(hn::Load(d, xt + e * static_cast<int64_t>(N)), hn::Set(d, bias[e])));
       // Negative floats order backwards as integers: flip all but their sign bit.
-      const VI ord = hn::Xor(bits_of, hn::And(hn::ShiftRight<31>(bits_of), hn::Set(di, INT_MAX)));
-      ord_max = hn::Max(ord_max, ord);
+      const VI ord = hn::Xor(key, hn::And(hn::ShiftRight<31>(key), hn::Set(di, INT_MAX)));
       ord_min = hn::Min(ord_min, ord);
       lost = hn::Or(lost, ord);
-      VI c = hn::IfThenElse(keep, hn::Or(hn::And(ord, high_mask), low), hn::Set(di, INT_MIN));
+      VI c = hn::Or(hn::And(ord, high_mask), low);
+      if constexpr (kGroups) c = hn::IfThenElse(keep, c, hn::Set(di, INT_MIN));
       low = hn::Sub(low, hn::Set(di, 1));
-      Drip(queue, 2);
+      drip.Step(2);
 #pragma GCC unroll 32
       for (int j = 0; j < C; ++j) {
         const VI hi = hn::Max(top[j], c);
@@ -265,9 +284,11 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
       }
     }
   }
+  dripper = drip;
   // ord(+inf) = 0x7f800000 and ord(-inf) = 0x807fffff (as a signed int): a key is non-finite
-  // when its ord is at or beyond them.
-  auto undecided = hn::Or(hn::Gt(ord_max, hn::Set(di, 0x7f7fffff)),
+  // when its ord is at or beyond them. The largest key of all is in top[0] (a +inf or +NaN key
+  // puts its group first, and a NaN group is never ranked below another, so with groups too).
+  auto undecided = hn::Or(hn::Gt(hn::And(top[0], high_mask), hn::Set(di, 0x7f7fffff)),
                           hn::Lt(ord_min, hn::Set(di, static_cast<int32_t>(0x80800000u))));
   const auto lossy = hn::Ne(hn::And(lost, low_mask), hn::Zero(di));
   if (k < E) {
@@ -360,6 +381,28 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
   return hn::RebindMask(d, undecided);
 }
 
+// ChooseAndWeigh with the fewest slots that hold k + 1, from the few networks compiled.
+hn::Mask<D> Choose(const RouteOptions& o, int64_t E, const float* xt, const float* bias,
+                   const float* kept, int32_t* chosen_t, float* weights_t, Dripper& dripper) {
+  const bool groups = o.num_groups > 0;
+  if (o.k <= 2) {
+    return groups ? ChooseAndWeigh<3, true>(o, E, xt, bias, kept, chosen_t, weights_t, dripper)
+                  : ChooseAndWeigh<3, false>(o, E, xt, bias, kept, chosen_t, weights_t, dripper);
+  }
+  if (o.k <= 4) {
+    return groups ? ChooseAndWeigh<5, true>(o, E, xt, bias, kept, chosen_t, weights_t, dripper)
+                  : ChooseAndWeigh<5, false>(o, E, xt, bias, kept, chosen_t, weights_t, dripper);
+  }
+  if (o.k <= 8) {
+    return groups ? ChooseAndWeigh<9, true>(o, E, xt, bias, kept, chosen_t, weights_t, dripper)
+                  : ChooseAndWeigh<9, false>(o, E, xt, bias, kept, chosen_t, weights_t, dripper);
+  }
+  return groups ? ChooseAndWeigh<kLaneMaxK + 1, true>(o, E, xt, bias, kept, chosen_t, weights_t,
+                                                      dripper)
+                : ChooseAndWeigh<kLaneMaxK + 1, false>(o, E, xt, bias, kept, chosen_t, weights_t,
+                                                       dripper);
+}
+
 uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
                     float* weights, StreamQueue& queue) {
   const D d;
@@ -367,16 +410,24 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
   const RouteOptions& o = p.options;
   const int64_t E = p.logits.shape[1];
   const int32_t k = o.k;
+  Dripper dripper(queue);
   if (N > static_cast<size_t>(kLaneRows)) {  // a wider target: the row kernels do it all
-    DrainAll(queue);
+    dripper.Finish();
     return (uint32_t{1} << rows) - 1;
   }
-  // work: xt [E, N], group scores [G, N], kept [G, N], chosen and weights by slot [k, N].
+  // work: xt [E, N], group scores [G, N], kept [G, N], chosen and weights by slot [k, N], and
+  // E zeros for the bias when there is none.
   float* xt = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(work) + 63) & ~uintptr_t{63});
   float* score = xt + E * static_cast<int64_t>(N);
   float* kept = score + o.num_groups * static_cast<int64_t>(N);
   auto* chosen_t = reinterpret_cast<int32_t*>(kept + o.num_groups * static_cast<int64_t>(N));
   float* weights_t = reinterpret_cast<float*>(chosen_t + k * static_cast<int64_t>(N));
+  const float* bias = o.expert_bias.data();
+  if (o.expert_bias.empty()) {
+    float* zeros = weights_t + k * static_cast<int64_t>(N);
+    std::fill(zeros, zeros + E, 0.0f);
+    bias = zeros;
+  }
 
   uint32_t undecided = 0;
   for (int32_t r0 = 0; r0 < rows; r0 += static_cast<int32_t>(N)) {
@@ -391,16 +442,7 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
     Transpose(row, next, p.logits.dtype, E, xt);
     Scores(o, E, xt);
     if (o.num_groups > 0) KeepGroups(o, E, xt, score, kept);
-    hn::Mask<D> bad;
-    if (k <= 2) {
-      bad = ChooseAndWeigh<3>(o, E, xt, kept, chosen_t, weights_t, queue);
-    } else if (k <= 4) {
-      bad = ChooseAndWeigh<5>(o, E, xt, kept, chosen_t, weights_t, queue);
-    } else if (k <= 8) {
-      bad = ChooseAndWeigh<9>(o, E, xt, kept, chosen_t, weights_t, queue);
-    } else {
-      bad = ChooseAndWeigh<kLaneMaxK + 1>(o, E, xt, kept, chosen_t, weights_t, queue);
-    }
+    const hn::Mask<D> bad = Choose(o, E, xt, bias, kept, chosen_t, weights_t, dripper);
     uint8_t bad_bits[8] = {};
     hn::StoreMaskBits(d, bad, bad_bits);
     uint32_t bad_rows = 0;
@@ -413,7 +455,7 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
     }
     undecided |= bad_rows << r0;
   }
-  DrainAll(queue);
+  dripper.Finish();
   return undecided;
 }
 
@@ -505,7 +547,7 @@ bool route_lanes_apply(const RouteOptions& o, int64_t E) {
 }
 
 int64_t route_lanes_work_floats(int64_t E, int32_t num_groups, int32_t k) {
-  return (E + 2 * static_cast<int64_t>(num_groups) + 2 * k) * kLaneRows + 16;
+  return (E + 2 * static_cast<int64_t>(num_groups) + 2 * k) * kLaneRows + E + 16;
 }
 
 uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
