@@ -295,17 +295,21 @@ void choose_and_weigh_row(const RouteProblem& p, int64_t t, Scratch& s) {
 // when `stream`, queued for streaming (queue) or streamed at once (no queue).
 void write_block(const TensorView& out, int64_t t0, int64_t t1, const char* block, size_t stride,
                  size_t row_bytes, bool stream, StreamQueue* queue) {
-  for (int64_t t = t0; t < t1; ++t) {
-    char* dst = row_ptr(out, t);
-    const char* src = block + (t - t0) * stride;
+  const auto write = [&](char* dst, const char* src, size_t bytes) {
     if (!stream) {
-      std::memcpy(dst, src, row_bytes);
+      std::memcpy(dst, src, bytes);
     } else if (queue) {
-      queue->push(dst, src, row_bytes);
+      queue->push(dst, src, bytes);
     } else {
-      stream_bytes(dst, src, row_bytes);
+      stream_bytes(dst, src, bytes);
     }
+  };
+  // Rows back to back in the block and in the output go as one run.
+  if (stride == row_bytes && out.stride[0] * dtype_size(out.dtype) == row_bytes) {
+    write(row_ptr(out, t0), block, (t1 - t0) * row_bytes);
+    return;
   }
+  for (int64_t t = t0; t < t1; ++t) write(row_ptr(out, t), block + (t - t0) * stride, row_bytes);
 }
 
 // Writes the outputs of rows [t0, t1) from their chosen experts and weights (row t at
@@ -328,13 +332,19 @@ void write_route_rows(const RouteProblem& p, int64_t t0, int64_t t1, const int32
     const char* block = build_map_rows(E, t1 - t0, chosen, k, s.map_block.data(), &stride);
     write_block(out.routing_map, t0, t1, block, stride, E, stream.map, queue);
   }
-  for (int64_t t = t0; t < t1; ++t) {
-    if (out.topk_indices.data) {
-      std::memcpy(row_ptr(out.topk_indices, t), chosen + (t - t0) * k, k * sizeof(int32_t));
+  // [rows, k] each; one copy when the output's rows are back to back too.
+  if (out.topk_indices.data) {
+    const bool packed = out.topk_indices.stride[0] == k;
+    for (int64_t t = t0; t < t1; t += packed ? t1 - t0 : 1) {
+      std::memcpy(row_ptr(out.topk_indices, t), chosen + (t - t0) * k,
+                  (packed ? t1 - t0 : 1) * k * sizeof(int32_t));
     }
-    if (out.topk_weights.data) {
-      store_row_from_float(w + (t - t0) * k, k, row_ptr(out.topk_weights, t),
-                           out.topk_weights.dtype);
+  }
+  if (out.topk_weights.data) {
+    const bool packed = out.topk_weights.stride[0] == k;
+    for (int64_t t = t0; t < t1; t += packed ? t1 - t0 : 1) {
+      store_row_from_float(w + (t - t0) * k, (packed ? t1 - t0 : 1) * k,
+                           row_ptr(out.topk_weights, t), out.topk_weights.dtype);
     }
   }
 }
