@@ -257,7 +257,8 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
 #pragma GCC unroll 32
   for (int j = 0; j < C; ++j) top[j] = hn::Set(di, INT_MIN);
   // Over every key: the smallest orderable value (a negative NaN orders below -inf), and the OR
-  // of their low bits (0: the packing lost nothing). The largest is top[0]'s.
+  // of the keys' own low bits: 0 when every key's are (bf16 logits under post-softmax), and then
+  // equal high bits mean equal keys, so the packing lost nothing. The largest is top[0]'s.
   VI ord_min = hn::Set(di, INT_MAX), lost = hn::Zero(di);
   const int64_t G = kGroups ? o.num_groups : 1, per_group = E / G;
   VI low = low_mask;       // (2^b - 1) - e: the low bits of expert e's packed key
@@ -271,7 +272,7 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
       // Negative floats order backwards as integers: flip all but their sign bit.
       const VI ord = hn::Xor(key, hn::And(hn::ShiftRight<31>(key), hn::Set(di, INT_MAX)));
       ord_min = hn::Min(ord_min, ord);
-      lost = hn::Or(lost, ord);
+      lost = hn::Or(lost, key);  // not ord's: ord flips a negative key's low bits
       VI c = hn::Or(hn::And(ord, high_mask), low);
       if constexpr (kGroups) c = hn::IfThenElse(keep, c, hn::Set(di, INT_MIN));
       low = hn::Sub(low, hn::Set(di, 1));
