@@ -279,9 +279,11 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
       drip.Step(2);
 #pragma GCC unroll 32
       for (int j = 0; j < C; ++j) {
-        const VI hi = hn::Max(top[j], c);
-        c = hn::Min(top[j], c);
-        top[j] = hi;
+        // The min first: then the max can overwrite the slot in place, and the carry moves to a
+        // new register each slot, with no copy between them.
+        const VI lo = hn::Min(top[j], c);
+        top[j] = hn::Max(top[j], c);
+        c = lo;
       }
     }
   }
