@@ -70,12 +70,11 @@ uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, float* wor
                      float* weights, StreamQueue& queue);
 
 // The backward for every score but pre-softmax, whose gradient reaches only the chosen logits,
-// with the rows in the vector lanes (router_lanes.cpp): from g[r * k + i], the cotangent of
-// row r's i-th weight times the scaling factor, and xc[r * k + i], the logit it was chosen by,
-// dxc[r * k + i], that logit's gradient; rows <= kLaneRows. work: room for 3 * k * kLaneRows + 16
-// floats.
-void route_backward_chosen(const RouteOptions& o, int32_t rows, const float* g, const float* xc,
-                           float* dxc, float* work);
+// for kLaneRows rows with the rows in the vector lanes (router_lanes.cpp). All three arrays are
+// slot-major, [k, kLaneRows], slot i of row r at i * kLaneRows + r: from g, the cotangent of each
+// chosen weight times the scaling factor, and xc, the logit it was chosen by, dxc, that logit's
+// gradient. Rows past the caller's last are computed too (from whatever g and xc hold there).
+void route_backward_chosen(const RouteOptions& o, const float* g, const float* xc, float* dxc);
 
 // Loss kernels (router_losses.cpp), one implementation each: threaded row loops on the vector
 // math below. Arguments are validated; tokens_per_expert is [B, E] i32 (B = 1 for the batch
@@ -118,16 +117,18 @@ void group_top_sums(const float* x, int64_t groups, int64_t per_group, int32_t c
 //   sparse_row:        written once to dst (streamed when `stream` and dst is aligned for it):
 //                      dst[0, n) f32 | bf16 = 0 with values[j] added at at[j] (summed in f32 where
 //                      an index repeats, then rounded once); work: room for n + kRowWorkPad floats.
-//   build_sparse_rows: `rows` such rows in work, from at / values [rows, count], in dtype t
-//                      (f32 | bf16); with `sum`, repeats within a row add up, else the indices of
-//                      a row must be distinct; returns the first row, the others *stride_bytes
-//                      apart. work: room for rows * (n + kRowWorkPad) floats.
+//   build_sparse_rows: `rows` such rows in work, from at [rows, count] and the values of row r,
+//                      slot i at values[r * row_step + i * slot_step], in dtype t (f32 | bf16);
+//                      with `sum`, repeats within a row add up, else the indices of a row must be
+//                      distinct; returns the first row, the others *stride_bytes apart. work:
+//                      room for rows * (n + kRowWorkPad) floats.
 //   build_map_rows:    the same for a routing map: bool rows, 0 with 1 at at[r * count + j].
 inline constexpr int64_t kRowWorkPad = 128;
 void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* values,
                 int32_t count, bool stream, float* work);
 char* build_sparse_rows(DType t, bool sum, int64_t n, int64_t rows, const int32_t* at,
-                        const float* values, int32_t count, float* work, size_t* stride_bytes);
+                        const float* values, int64_t row_step, int64_t slot_step, int32_t count,
+                        float* work, size_t* stride_bytes);
 char* build_map_rows(int64_t n, int64_t rows, const int32_t* at, int32_t count, float* work,
                      size_t* stride_bytes);
 

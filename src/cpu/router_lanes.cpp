@@ -505,75 +505,60 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
 }
 
 // ---------------------------------------------------------------------------------------------
-// The backward through the chosen logits (every score but pre-softmax), rows in the lanes:
-// g, xc, dxc [rows, k] as route_backward_chosen documents; work: [2k + k, N] floats, aligned.
-void RouteBackwardChosen(const RouteOptions& o, int32_t rows, const float* g, const float* xc,
-                         float* dxc, float* work) {
+// The backward through the chosen logits (every score but pre-softmax), rows in the lanes: g, xc
+// and dxc slot-major [k, kLaneRows], as route_backward_chosen documents.
+void RouteBackwardChosen(const RouteOptions& o, const float* g, const float* xc, float* dxc) {
   const D d;
   const size_t N = hn::Lanes(d);
   const int32_t k = o.k;
-  float* gt = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(work) + 63) & ~uintptr_t{63});
-  float* xt = gt + k * static_cast<int64_t>(N);
-  float* st = xt + k * static_cast<int64_t>(N);
-  for (int32_t r0 = 0; r0 < rows; r0 += static_cast<int32_t>(N)) {
-    const int32_t used = std::min<int32_t>(static_cast<int32_t>(N), rows - r0);
-    // [used, k] -> [k, N], padding lanes 0.
-    for (int32_t j = 0; j < k; ++j) {
-      for (size_t l = 0; l < N; ++l) {
-        const bool real = static_cast<int32_t>(l) < used;
-        gt[j * N + l] = real ? g[(r0 + l) * k + j] : 0.0f;
-        xt[j * N + l] = real ? xc[(r0 + l) * k + j] : 0.0f;
-      }
-    }
+  const auto at = [](int32_t slot, size_t r0) { return slot * kLaneRows + r0; };
+  for (size_t r0 = 0; r0 < static_cast<size_t>(kLaneRows); r0 += N) {
     if (o.score == RouterScore::kSoftmax) {
       // w = softmax(xc): dxc = w * (g - <g, w>).
-      V m = hn::Load(d, xt);
-      for (int32_t j = 1; j < k; ++j) m = hn::Max(m, hn::Load(d, xt + j * N));
+      V m = hn::LoadU(d, xc + at(0, r0));
+      for (int32_t j = 1; j < k; ++j) m = hn::Max(m, hn::LoadU(d, xc + at(j, r0)));
       V sum = hn::Zero(d);
       for (int32_t j = 0; j < k; ++j) {
-        const V e = rmath::ExpShifted(d, hn::Load(d, xt + j * N), m);
-        hn::Store(e, d, st + j * N);
+        const V e = rmath::ExpShifted(d, hn::LoadU(d, xc + at(j, r0)), m);
+        hn::StoreU(e, d, dxc + at(j, r0));
         sum = hn::Add(sum, e);
       }
       V dot = hn::Zero(d);
       for (int32_t j = 0; j < k; ++j) {
-        const V w = hn::Div(hn::Load(d, st + j * N), sum);
-        hn::Store(w, d, st + j * N);
-        dot = hn::MulAdd(hn::Load(d, gt + j * N), w, dot);
+        const V w = hn::Div(hn::LoadU(d, dxc + at(j, r0)), sum);
+        hn::StoreU(w, d, dxc + at(j, r0));
+        dot = hn::MulAdd(hn::LoadU(d, g + at(j, r0)), w, dot);
       }
       for (int32_t j = 0; j < k; ++j) {
-        hn::Store(hn::Mul(hn::Load(d, st + j * N), hn::Sub(hn::Load(d, gt + j * N), dot)), d,
-                  st + j * N);
+        const V w = hn::LoadU(d, dxc + at(j, r0));
+        hn::StoreU(hn::Mul(w, hn::Sub(hn::LoadU(d, g + at(j, r0)), dot)), d, dxc + at(j, r0));
       }
-    } else {
-      // w = s / (sum + eps) when k > 1: ds = (g - <g, w>) / (sum + eps); dxc = ds * s'(xc).
-      const bool sigmoid = o.score == RouterScore::kSigmoid;
-      V sum = hn::Set(d, kNormEps), gs = hn::Zero(d);
-      for (int32_t j = 0; j < k; ++j) {
-        const V x = hn::Load(d, xt + j * N);
-        const V sv = sigmoid ? rmath::Sigmoid(d, x) : rmath::SqrtSoftplus(d, x);
-        hn::Store(sv, d, st + j * N);
-        sum = hn::Add(sum, sv);
-        gs = hn::MulAdd(hn::Load(d, gt + j * N), sv, gs);
-      }
-      const V dot = hn::Div(gs, sum);
-      for (int32_t j = 0; j < k; ++j) {
-        const V x = hn::Load(d, xt + j * N), sv = hn::Load(d, st + j * N);
-        const V gj = hn::Load(d, gt + j * N);
-        const V ds = k > 1 ? hn::Div(hn::Sub(gj, dot), sum) : gj;
-        V grad;
-        if (sigmoid) {
-          grad = hn::Mul(sv, hn::Sub(hn::Set(d, 1.0f), sv));
-        } else {
-          // d sqrt(softplus(x)) / dx = sigmoid(x) / (2 s), 0 where s is 0.
-          grad = hn::IfThenZeroElse(hn::Le(sv, hn::Zero(d)),
-                                    hn::Div(rmath::Sigmoid(d, x), hn::Mul(hn::Set(d, 2.0f), sv)));
-        }
-        hn::Store(hn::Mul(ds, grad), d, st + j * N);
-      }
+      continue;
     }
-    for (int32_t l = 0; l < used; ++l) {
-      for (int32_t j = 0; j < k; ++j) dxc[(r0 + l) * k + j] = st[j * N + l];
+    // w = s / (sum + eps) when k > 1: ds = (g - <g, w>) / (sum + eps); dxc = ds * s'(xc).
+    const bool sigmoid = o.score == RouterScore::kSigmoid;
+    V sum = hn::Set(d, kNormEps), gs = hn::Zero(d);
+    for (int32_t j = 0; j < k; ++j) {
+      const V x = hn::LoadU(d, xc + at(j, r0));
+      const V sv = sigmoid ? rmath::Sigmoid(d, x) : rmath::SqrtSoftplus(d, x);
+      hn::StoreU(sv, d, dxc + at(j, r0));
+      sum = hn::Add(sum, sv);
+      gs = hn::MulAdd(hn::LoadU(d, g + at(j, r0)), sv, gs);
+    }
+    const V dot = hn::Div(gs, sum);
+    for (int32_t j = 0; j < k; ++j) {
+      const V x = hn::LoadU(d, xc + at(j, r0)), sv = hn::LoadU(d, dxc + at(j, r0));
+      const V gj = hn::LoadU(d, g + at(j, r0));
+      const V ds = k > 1 ? hn::Div(hn::Sub(gj, dot), sum) : gj;
+      V grad;
+      if (sigmoid) {
+        grad = hn::Mul(sv, hn::Sub(hn::Set(d, 1.0f), sv));
+      } else {
+        // d sqrt(softplus(x)) / dx = sigmoid(x) / (2 s), 0 where s is 0.
+        grad = hn::IfThenZeroElse(hn::Le(sv, hn::Zero(d)),
+                                  hn::Div(rmath::Sigmoid(d, x), hn::Mul(hn::Set(d, 2.0f), sv)));
+      }
+      hn::StoreU(hn::Mul(ds, grad), d, dxc + at(j, r0));
     }
   }
 }
@@ -600,9 +585,8 @@ uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, float* wor
   return HWY_DYNAMIC_DISPATCH(RouteLanes)(p, t0, rows, work, chosen, weights, queue);
 }
 
-void route_backward_chosen(const RouteOptions& o, int32_t rows, const float* g, const float* xc,
-                           float* dxc, float* work) {
-  HWY_DYNAMIC_DISPATCH(RouteBackwardChosen)(o, rows, g, xc, dxc, work);
+void route_backward_chosen(const RouteOptions& o, const float* g, const float* xc, float* dxc) {
+  HWY_DYNAMIC_DISPATCH(RouteBackwardChosen)(o, g, xc, dxc);
 }
 
 }  // namespace moekit::detail

@@ -342,8 +342,8 @@ void SparseRow(void* dst, bool bf16, int64_t n, const int32_t* at, const float* 
 }
 
 // Rows of one output built together in `work` ([rows, stride] elements from the first aligned
-// vector, stride = n rounded up to whole vectors of T): zeroed, then value(i) stored at
-// at[i] of row i / count, each a scalar store (the indices of a row are distinct). The rows are
+// vector, stride = n rounded up to whole vectors of T): zeroed, then value(r, i) stored (kAdd:
+// added) at at[r * count + i] of row r, each a scalar store. The rows are
 // read back for writing well after their stores, so no load waits on a store it cannot forward
 // from. Returns the block; *stride receives its row stride.
 template <typename T, bool kAdd = false, class Value>
@@ -358,7 +358,7 @@ HWY_INLINE T* BuildRows(size_t n, size_t rows, const int32_t* at, int32_t count,
     T* row = block + r * stride;
     for (size_t j = r * per_row; j < (r + 1) * per_row; ++j) {
       T& slot = row[at[j]];
-      slot = kAdd ? slot + value(j) : value(j);
+      slot = kAdd ? slot + value(r, j - r * per_row) : value(r, j - r * per_row);
     }
   }
   *stride_out = stride;
@@ -366,10 +366,13 @@ HWY_INLINE T* BuildRows(size_t n, size_t rows, const int32_t* at, int32_t count,
 }
 
 char* BuildSparseRows(bool bf16, bool sum, int64_t n, int64_t rows, const int32_t* at,
-                      const float* values, int32_t count, float* work, size_t* stride_bytes) {
+                      const float* values, int64_t row_step, int64_t slot_step, int32_t count,
+                      float* work, size_t* stride_bytes) {
   const size_t len = static_cast<size_t>(n), r = static_cast<size_t>(rows);
   size_t stride;
-  const auto value = [values](size_t i) { return values[i]; };
+  const auto value = [=](size_t row, size_t slot) {
+    return values[static_cast<int64_t>(row) * row_step + static_cast<int64_t>(slot) * slot_step];
+  };
   float* block = sum ? BuildRows<float, true>(len, r, at, count, value, work, &stride)
                      : BuildRows<float>(len, r, at, count, value, work, &stride);
   if (bf16) {
@@ -386,7 +389,7 @@ char* BuildMapRows(int64_t n, int64_t rows, const int32_t* at, int32_t count, fl
                    size_t* stride_bytes) {
   return reinterpret_cast<char*>(BuildRows<uint8_t>(
       static_cast<size_t>(n), static_cast<size_t>(rows), at, count,
-      [](size_t) { return uint8_t{1}; }, work, stride_bytes));
+      [](size_t, size_t) { return uint8_t{1}; }, work, stride_bytes));
 }
 
 }  // namespace moekit::detail::HWY_NAMESPACE
@@ -445,9 +448,10 @@ void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* v
   HWY_DYNAMIC_DISPATCH(SparseRow)(dst, t == DType::kBF16, n, at, values, count, stream, work);
 }
 char* build_sparse_rows(DType t, bool sum, int64_t n, int64_t rows, const int32_t* at,
-                        const float* values, int32_t count, float* work, size_t* stride_bytes) {
-  return HWY_DYNAMIC_DISPATCH(BuildSparseRows)(t == DType::kBF16, sum, n, rows, at, values, count,
-                                               work, stride_bytes);
+                        const float* values, int64_t row_step, int64_t slot_step, int32_t count,
+                        float* work, size_t* stride_bytes) {
+  return HWY_DYNAMIC_DISPATCH(BuildSparseRows)(t == DType::kBF16, sum, n, rows, at, values,
+                                               row_step, slot_step, count, work, stride_bytes);
 }
 char* build_map_rows(int64_t n, int64_t rows, const int32_t* at, int32_t count, float* work,
                      size_t* stride_bytes) {

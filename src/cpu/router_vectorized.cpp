@@ -339,8 +339,9 @@ void write_route_rows(const RouteProblem& p, int64_t t0, int64_t t1, const int32
   const RouteOutputs& out = p.out;
   size_t stride;
   if (out.probs.data) {
-    const char* block = build_sparse_rows(out.probs.dtype, /*sum=*/false, E, t1 - t0, chosen, w, k,
-                                          s.probs_block.data(), &stride);
+    const char* block =
+        build_sparse_rows(out.probs.dtype, /*sum=*/false, E, t1 - t0, chosen, w,
+                          /*row_step=*/k, /*slot_step=*/1, k, s.probs_block.data(), &stride);
     write_block(out.probs, t0, t1, block, stride, E * dtype_size(out.probs.dtype), stream.probs,
                 queue);
   }
@@ -370,24 +371,24 @@ void route_row(const RouteProblem& p, int64_t t, const Streaming& stream, Scratc
   write_route_rows(p, t, t + 1, s.chosen.data(), s.w.data(), stream, s, nullptr);
 }
 
-// Row t's gathered inputs: g[i], the cotangent of chosen weight i times the scaling factor, and
-// (when xc is not null) xc[i], the logit of chosen expert i, as f32.
-void gather_chosen(const RouteBackwardProblem& p, int64_t t, float* g, float* xc) {
+// Row t's gathered inputs: g[i * step], the cotangent of chosen weight i times the scaling
+// factor, and (when xc is not null) xc[i * step], the logit of chosen expert i, as f32.
+void gather_chosen(const RouteBackwardProblem& p, int64_t t, float* g, float* xc, int64_t step) {
   const int32_t k = p.options.k;
   const auto* idx = reinterpret_cast<const int32_t*>(row_ptr(p.topk_indices, t));
-  for (int32_t i = 0; i < k; ++i) g[i] = 0.0f;
-  if (p.d_probs.data) {
-    const char* row = row_ptr(p.d_probs, t);
-    for (int32_t i = 0; i < k; ++i) g[i] += load_as_float(row, p.d_probs.dtype, idx[i]);
+  const char* d_probs = p.d_probs.data ? row_ptr(p.d_probs, t) : nullptr;
+  const char* d_w = p.d_topk_weights.data ? row_ptr(p.d_topk_weights, t) : nullptr;
+  for (int32_t i = 0; i < k; ++i) {
+    float gi = 0.0f;
+    if (d_probs) gi += load_as_float(d_probs, p.d_probs.dtype, idx[i]);
+    if (d_w) gi += load_as_float(d_w, p.d_topk_weights.dtype, i);
+    g[i * step] = gi * p.options.scaling_factor;
   }
-  if (p.d_topk_weights.data) {
-    const char* row = row_ptr(p.d_topk_weights, t);
-    for (int32_t i = 0; i < k; ++i) g[i] += load_as_float(row, p.d_topk_weights.dtype, i);
-  }
-  for (int32_t i = 0; i < k; ++i) g[i] *= p.options.scaling_factor;
   if (!xc) return;
   const char* logits_row = row_ptr(p.logits, t);
-  for (int32_t i = 0; i < k; ++i) xc[i] = load_as_float(logits_row, p.logits.dtype, idx[i]);
+  for (int32_t i = 0; i < k; ++i) {
+    xc[i * step] = load_as_float(logits_row, p.logits.dtype, idx[i]);
+  }
 }
 
 // Pre-softmax: s = softmax(x), w_i = s[idx_i]; dx = s * (ge - <ge, s>) with ge = g scattered to
@@ -499,7 +500,7 @@ Status route_backward_vectorized(const RouteBackwardProblem& p) {
     // Every logit gets gradient: row by row.
     for_each_block(T, E, k, 0, kGatherRows, [&](int64_t t0, int64_t t1, Scratch& s) {
       float* g = s.gathered.data();  // [kGatherRows, k]
-      for (int64_t t = t0; t < t1; ++t) gather_chosen(p, t, g + (t - t0) * k, nullptr);
+      for (int64_t t = t0; t < t1; ++t) gather_chosen(p, t, g + (t - t0) * k, nullptr, 1);
       for (int64_t t = t0; t < t1; ++t) backward_pre_softmax_row(p, t, g + (t - t0) * k, stream, s);
     });
     return {};
@@ -508,20 +509,26 @@ Status route_backward_vectorized(const RouteBackwardProblem& p) {
   // with the rows in vector lanes, and the block's d_logits rows built and written together.
   for_each_block(T, E, k, 0, kLaneRows, [&](int64_t t0, int64_t t1, Scratch& s) {
     s.reserve_lanes(E, k, 0);
-    float* g = s.gathered.data();     // [kLaneRows, k]
-    float* xc = g + kGatherRows * k;  // [kLaneRows, k]
-    float* dxc = s.lane_w.data();     // [kLaneRows, k]
+    // Slot-major, [k, kLaneRows]: slot i of row t0 + r at i * kLaneRows + r.
+    float* g = s.gathered.data();
+    float* xc = g + kGatherRows * k;
+    float* dxc = s.lane_w.data();
+    if (t1 - t0 < kLaneRows) {  // the rows past the end: zeros, for the lanes they fill
+      std::fill(g, g + kLaneRows * k, 0.0f);
+      std::fill(xc, xc + kLaneRows * k, 0.0f);
+    }
     for (int64_t t = t0; t < t1; ++t) {
       prefetch_row(p.logits, t + kLaneRows);  // the next block's, a row at a time
-      gather_chosen(p, t, g + (t - t0) * k, xc + (t - t0) * k);
+      gather_chosen(p, t, g + (t - t0), xc + (t - t0), kLaneRows);
     }
-    route_backward_chosen(p.options, static_cast<int32_t>(t1 - t0), g, xc, dxc, s.lanes.data());
+    route_backward_chosen(p.options, g, xc, dxc);
     int32_t* idx = s.lane_chosen.data();  // [kLaneRows, k]
     for (int64_t t = t0; t < t1; ++t) {
       std::memcpy(idx + (t - t0) * k, row_ptr(p.topk_indices, t), k * sizeof(int32_t));
     }
     size_t stride;
-    const char* block = build_sparse_rows(p.d_logits.dtype, /*sum=*/true, E, t1 - t0, idx, dxc, k,
+    const char* block = build_sparse_rows(p.d_logits.dtype, /*sum=*/true, E, t1 - t0, idx, dxc,
+                                          /*row_step=*/1, /*slot_step=*/kLaneRows, k,
                                           s.probs_block.data(), &stride);
     write_block(p.d_logits, t0, t1, block, stride, E * dtype_size(p.d_logits.dtype),
                 stream.d_logits, nullptr);
