@@ -286,9 +286,12 @@ Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, Cons
     return static_cast<const int32_t*>(topk_indices.data) + t * topk_indices.stride[0];
   };
   bool any_bad = false;
+#pragma omp parallel for reduction(|| : any_bad) if (T * k >= (1 << 16))
   for (int64_t t = 0; t < T; ++t) {
     const int32_t* row = index_row(t);
-    for (int64_t i = 0; i < k; ++i) any_bad |= static_cast<uint32_t>(row[i]) >= E;
+    bool bad = false;
+    for (int64_t i = 0; i < k; ++i) bad |= static_cast<uint32_t>(row[i]) >= E;
+    any_bad = any_bad || bad;
   }
   for (int64_t t = 0; t < T && any_bad; ++t) {
     const int32_t* row = index_row(t);
