@@ -186,6 +186,19 @@ RouteOptions to_route_options(const Options& o, RouterImpl impl) {
   return r;
 }
 
+// Options without bias, from the fields a test's table of cases sets.
+Options make_options(RouterScore score, bool pre_softmax, int32_t k, int32_t num_groups,
+                     int32_t group_topk, double scale) {
+  Options o;
+  o.score = score;
+  o.pre_softmax = pre_softmax;
+  o.k = k;
+  o.num_groups = num_groups;
+  o.group_topk = group_topk;
+  o.scale = scale;
+  return o;
+}
+
 constexpr RouterImpl kImpls[] = {RouterImpl::kVectorized, RouterImpl::kReference};
 const char* impl_name(RouterImpl i) { return i == RouterImpl::kReference ? "ref" : "vec"; }
 
@@ -573,13 +586,7 @@ TEST(Route, TokenLaneBlocksWithHardRowsMatchTheReference) {
     SCOPED_TRACE(fmt::format("score={} pre={} E={} k={} groups={} dtype={}",
                              static_cast<int>(c.score), c.pre_softmax, c.E, c.k, c.num_groups,
                              dtype_name(c.dtype)));
-    Options o;
-    o.score = c.score;
-    o.pre_softmax = c.pre_softmax;
-    o.k = c.k;
-    o.num_groups = c.num_groups;
-    o.group_topk = c.group_topk;
-    o.scale = 1.5;
+    Options o = make_options(c.score, c.pre_softmax, c.k, c.num_groups, c.group_topk, 1.5);
     if (c.bias) {
       o.bias.resize(c.E);
       for (float& b : o.bias) b = normal(rng) * 0.01f;
@@ -693,13 +700,7 @@ TEST(Route, EveryVectorTargetMatchesTheReference) {
     // Outputs in the logits dtype; enough rows that probs and d_logits pass the 4 MiB streaming
     // threshold.
     const int64_t T = (4 << 20) / (c.E * static_cast<int64_t>(dtype_size(c.out_type))) + 7;
-    Options o;
-    o.score = c.score;
-    o.pre_softmax = c.pre_softmax;
-    o.k = c.k;
-    o.num_groups = c.num_groups;
-    o.group_topk = c.group_topk;
-    o.scale = 1.5;
+    Options o = make_options(c.score, c.pre_softmax, c.k, c.num_groups, c.group_topk, 1.5);
     if (c.score == RouterScore::kSigmoid) {
       o.bias.resize(c.E);
       for (float& b : o.bias) b = static_cast<float>(rng() % 64) / 4096.0f;
