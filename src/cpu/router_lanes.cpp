@@ -53,10 +53,21 @@ void TransposeScalar(const char* const* rows, DType t, size_t N, int64_t e0, int
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// The activation a transposition can apply on its way out (Activation::kNone: the logits).
+enum class Activation { kNone, kSigmoid, kSqrtSoftplus };
+
+template <Activation kAct>
+HWY_INLINE V Activate(D d, V x) {
+  if constexpr (kAct == Activation::kSigmoid) return rmath::Sigmoid(d, x);
+  if constexpr (kAct == Activation::kSqrtSoftplus) return rmath::SqrtSoftplus(d, x);
+  return x;
+}
+
 // Experts [e0, e0 + 16) of 16 rows: sixteen row vectors become sixteen expert vectors in four
 // rounds of in-register shuffles (pairs of floats, pairs of pairs, then 128-bit blocks twice).
-// Also asks for the same experts of the next 16 rows, `next`, ahead of their use.
-template <bool kBf16>
+// Also asks for the same experts of the next 16 rows, `next`, ahead of their use, and stores
+// each expert's vector through kAct (the score computed while the vector is in a register).
+template <bool kBf16, Activation kAct>
 void Transpose16(const char* const* rows, const char* const* next, int64_t e0, float* xt) {
   const D d;
   static_assert(HWY_LANES(float) == 16, "AVX-512 holds 16 floats");
@@ -85,33 +96,62 @@ void Transpose16(const char* const* rows, const char* const* next, int64_t e0, f
     const __m512 even_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
     const __m512 odd_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
     float* out = xt + e0 * 16;
-    _mm512_store_ps(out + c * 16, _mm512_shuffle_f32x4(even_lo, even_hi, 0x88));
-    _mm512_store_ps(out + (4 + c) * 16, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88));
-    _mm512_store_ps(out + (8 + c) * 16, _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD));
-    _mm512_store_ps(out + (12 + c) * 16, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD));
+    const auto put = [d, out](int expert, __m512 v) {
+      hn::Store(Activate<kAct>(d, V{v}), d, out + expert * 16);
+    };
+    put(c, _mm512_shuffle_f32x4(even_lo, even_hi, 0x88));
+    put(4 + c, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88));
+    put(8 + c, _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD));
+    put(12 + c, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD));
   }
 }
 #endif
 
-// All E experts of N rows into xt (aligned); `next`: the N rows after them, to prefetch.
-void Transpose(const char* const* rows, const char* const* next, DType t, int64_t E, float* xt) {
+// All E experts of N rows into xt (aligned); `next`: the N rows after them, to prefetch. Where
+// the options' score is an activation, the whole vectors of experts go out as scores; returns
+// the first expert whose vector is still a logit (Scores takes it from there).
+int64_t Transpose(const RouteOptions& o, const char* const* rows, const char* const* next, DType t,
+                  int64_t E, float* xt) {
   const size_t N = hn::Lanes(D());
   int64_t e = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  for (; e + 16 <= E; e += 16) {
-    t == DType::kBF16 ? Transpose16<true>(rows, next, e, xt)
-                      : Transpose16<false>(rows, next, e, xt);
+  const bool bf16 = t == DType::kBF16;
+  const auto tiles = [&](auto tile) {
+    for (; e + 16 <= E; e += 16) tile(e);
+  };
+  switch (o.score) {
+    case RouterScore::kSigmoid:
+      bf16 ? tiles([&](int64_t e0) { Transpose16<true, Activation::kSigmoid>(rows, next, e0, xt); })
+           : tiles(
+                 [&](int64_t e0) { Transpose16<false, Activation::kSigmoid>(rows, next, e0, xt); });
+      break;
+    case RouterScore::kSqrtSoftplus:
+      bf16 ? tiles([&](int64_t e0) {
+        Transpose16<true, Activation::kSqrtSoftplus>(rows, next, e0, xt);
+      })
+           : tiles([&](int64_t e0) {
+               Transpose16<false, Activation::kSqrtSoftplus>(rows, next, e0, xt);
+             });
+      break;
+    default:
+      bf16 ? tiles([&](int64_t e0) { Transpose16<true, Activation::kNone>(rows, next, e0, xt); })
+           : tiles([&](int64_t e0) { Transpose16<false, Activation::kNone>(rows, next, e0, xt); });
+      TransposeScalar(rows, t, N, e, E, xt);
+      return 0;  // softmax: nothing scored yet
   }
 #else
+  (void)o;
   (void)next;
 #endif
+  const int64_t scored = e;
   TransposeScalar(rows, t, N, e, E, xt);
+  return scored;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Scores, in place: xt becomes the scores weights are taken from (the logits themselves under
-// post-softmax).
-void Scores(const RouteOptions& o, int64_t E, float* xt) {
+// post-softmax); experts below `from` are scores already.
+void Scores(const RouteOptions& o, int64_t E, int64_t from, float* xt) {
   const D d;
   const size_t N = hn::Lanes(d);
   if (o.score == RouterScore::kSoftmax && !o.pre_softmax) return;
@@ -129,7 +169,7 @@ void Scores(const RouteOptions& o, int64_t E, float* xt) {
     return;
   }
   const bool sigmoid = o.score == RouterScore::kSigmoid;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = from; e < E; ++e) {
     const V x = hn::Load(d, xt + e * N);
     hn::Store(sigmoid ? rmath::Sigmoid(d, x) : rmath::SqrtSoftplus(d, x), d, xt + e * N);
   }
@@ -203,17 +243,20 @@ void KeepGroups(const RouteOptions& o, int64_t E, const float* xt, float* score,
 class Dripper {
  public:
   explicit Dripper(StreamQueue& q) : q_(&q) { NextRun(); }
-  HWY_INLINE void Step(int lines) {
+  HWY_INLINE void Step(size_t lines) {
     const D d;
     constexpr size_t kStep = HWY_LANES(float) * sizeof(float);  // bytes per vector; divides 64
-    for (int i = 0; i < lines && left_ > 0; ++i) {
-      for (size_t b = 0; b < StreamQueue::kLine; b += kStep) {
+    while (lines > 0 && left_ > 0) {
+      const size_t n = lines < left_ ? lines : left_;
+      for (size_t b = 0; b < n * StreamQueue::kLine; b += kStep) {
         hn::Stream(hn::LoadU(d, reinterpret_cast<const float*>(src_ + b)), d,
                    reinterpret_cast<float*>(dst_ + b));
       }
-      src_ += StreamQueue::kLine;
-      dst_ += StreamQueue::kLine;
-      if (--left_ == 0) NextRun();
+      src_ += n * StreamQueue::kLine;
+      dst_ += n * StreamQueue::kLine;
+      left_ -= n;
+      lines -= n;
+      if (left_ == 0) NextRun();
     }
   }
   void Finish() {
@@ -289,10 +332,8 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
       for (; e + 8 <= end; e += 8) {
         VI c[8];
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-          c[i] = packed(e + i);
-          drip.Step(2);
-        }
+        for (int i = 0; i < 8; ++i) c[i] = packed(e + i);
+        drip.Step(16);
         const auto cas = [](VI& a, VI& b) {  // a the larger
           const VI lo = hn::Min(a, b);
           a = hn::Max(a, b);
@@ -484,8 +525,7 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
       row[l] = row_ptr(p.logits, std::min<int64_t>(t, t0 + r0 + used - 1));
       next[l] = row_ptr(p.logits, std::min<int64_t>(t + static_cast<int64_t>(N), T - 1));
     }
-    Transpose(row, next, p.logits.dtype, E, xt);
-    Scores(o, E, xt);
+    Scores(o, E, Transpose(o, row, next, p.logits.dtype, E, xt), xt);
     if (o.num_groups > 0) KeepGroups(o, E, xt, score, kept);
     const hn::Mask<D> bad = Choose(o, E, xt, bias, kept, chosen_t, weights_t, dripper);
     uint8_t bad_bits[8] = {};
