@@ -441,9 +441,20 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
   for (int j = 0; j < kSlots; ++j) {
     if (j < k) w[j] = hn::Mul(w[j], scale);
   }
-// Sort by (weight descending, expert ascending): a bubble network of compare-exchanges.
+  // Sort by (weight descending, expert ascending): a bubble network of compare-exchanges, which
+  // is skipped when every lane is in that order already (the choice order is the weight order
+  // unless a bias or a near-tie reorders it: post-softmax rows almost always are).
+  auto in_order = hn::FirstN(d, N);
 #pragma GCC unroll 32
-  for (int i = 0; i < kSlots; ++i) {
+  for (int j = 1; j < kSlots; ++j) {
+    const auto before =
+        hn::Or(hn::Gt(w[j - 1], w[j]),
+               hn::And(hn::Eq(w[j - 1], w[j]), hn::RebindMask(d, hn::Lt(idx[j - 1], idx[j]))));
+    in_order = hn::And(in_order, before);
+  }
+  const bool sorted = hn::AllTrue(d, in_order);
+#pragma GCC unroll 32
+  for (int i = 0; i < kSlots && !sorted; ++i) {
 #pragma GCC unroll 32
     for (int j = kSlots - 1; j > i; --j) {
       const auto swap =
