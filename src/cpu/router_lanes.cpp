@@ -63,47 +63,54 @@ HWY_INLINE V Activate(D d, V x) {
   return x;
 }
 
-// Experts [e0, e0 + 16) of 16 rows: sixteen row vectors become sixteen expert vectors in four
-// rounds of in-register shuffles (pairs of floats, pairs of pairs, then 128-bit blocks twice).
-// Also asks for the same experts of the next 16 rows, `next`, ahead of their use, and stores
-// each expert's vector through kAct (the score computed while the vector is in a register).
-template <bool kBf16, Activation kAct>
-void Transpose16(const char* const* rows, const char* const* next, int64_t e0, float* xt) {
-  const D d;
-  static_assert(HWY_LANES(float) == 16, "AVX-512 holds 16 floats");
-  constexpr int64_t kElem = kBf16 ? 2 : 4;
-  __m512 r[16], t[16];
-  for (int l = 0; l < 16; ++l) {
-    r[l] = LoadLanes<kBf16>(d, rows[l], static_cast<size_t>(e0)).raw;
-    hwy::Prefetch(next[l] + e0 * kElem);
-  }
-  // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved, per 128-bit block.
+// Transposes the 16x16 floats of r[0, 16) (r[i] lane j is element (i, j)) in four rounds of
+// in-register shuffles (pairs of floats, pairs of pairs, then 128-bit blocks twice) and hands
+// column j, as a vector, to put(j, column). r is clobbered.
+template <class Put>
+HWY_INLINE void Transpose16x16(__m512* r, Put put) {
+  __m512 t[16];
+  // t[2i], t[2i + 1]: r[2i] and r[2i + 1] interleaved, per 128-bit block.
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   }
-  // r[4q + c], block b: rows 4q .. 4q + 3 of expert e0 + 4b + c.
+  // r[4q + c], block b: elements (4q .. 4q + 3, 4b + c).
   for (int q = 0; q < 16; q += 4) {
     r[q] = _mm512_shuffle_ps(t[q], t[q + 2], 0x44);
     r[q + 1] = _mm512_shuffle_ps(t[q], t[q + 2], 0xEE);
     r[q + 2] = _mm512_shuffle_ps(t[q + 1], t[q + 3], 0x44);
     r[q + 3] = _mm512_shuffle_ps(t[q + 1], t[q + 3], 0xEE);
   }
-  // Expert e0 + 4b + c takes block b of r[c], r[4 + c], r[8 + c], r[12 + c], in that order.
+  // Column 4b + c takes block b of r[c], r[4 + c], r[8 + c], r[12 + c], in that order.
   for (int c = 0; c < 4; ++c) {
     const __m512 even_lo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);  // blocks 0, 2
     const __m512 odd_lo = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);   // blocks 1, 3
     const __m512 even_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
     const __m512 odd_hi = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
-    float* out = xt + e0 * 16;
-    const auto put = [d, out](int expert, __m512 v) {
-      hn::Store(Activate<kAct>(d, V{v}), d, out + expert * 16);
-    };
     put(c, _mm512_shuffle_f32x4(even_lo, even_hi, 0x88));
     put(4 + c, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0x88));
     put(8 + c, _mm512_shuffle_f32x4(even_lo, even_hi, 0xDD));
     put(12 + c, _mm512_shuffle_f32x4(odd_lo, odd_hi, 0xDD));
   }
+}
+
+// Experts [e0, e0 + 16) of 16 rows, the row vectors transposed into expert vectors. Also asks
+// for the same experts of the next 16 rows, `next`, ahead of their use, and stores each
+// expert's vector through kAct (the score computed while the vector is in a register).
+template <bool kBf16, Activation kAct>
+void Transpose16(const char* const* rows, const char* const* next, int64_t e0, float* xt) {
+  const D d;
+  static_assert(HWY_LANES(float) == 16, "AVX-512 holds 16 floats");
+  constexpr int64_t kElem = kBf16 ? 2 : 4;
+  __m512 r[16];
+  for (int l = 0; l < 16; ++l) {
+    r[l] = LoadLanes<kBf16>(d, rows[l], static_cast<size_t>(e0)).raw;
+    hwy::Prefetch(next[l] + e0 * kElem);
+  }
+  float* out = xt + e0 * 16;
+  Transpose16x16(r, [d, out](int expert, __m512 v) {
+    hn::Store(Activate<kAct>(d, V{v}), d, out + expert * 16);
+  });
 }
 #endif
 
@@ -500,6 +507,30 @@ hn::Mask<D> Choose(const RouteOptions& o, int64_t E, const float* xt, const floa
                                                        dripper);
 }
 
+// Slot-major [k, N] values (slot j of lane l at j * N + l) to rows [used, k] (row l at l * k):
+// on AVX-512 one 16x16 transpose and a masked store per row.
+template <typename T>
+void SlotsToRows(const T* slots, int32_t k, int32_t used, T* rows) {
+  static_assert(sizeof(T) == sizeof(float), "32-bit values");
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  __m512 r[16];
+  for (int j = 0; j < 16; ++j) {
+    r[j] = j < k ? _mm512_loadu_ps(reinterpret_cast<const float*>(slots) + j * 16)
+                 : _mm512_setzero_ps();
+  }
+  const __mmask16 first_k = static_cast<__mmask16>((1u << k) - 1);
+  auto* out = reinterpret_cast<float*>(rows);
+  Transpose16x16(r, [&](int l, __m512 v) {
+    if (l < used) _mm512_mask_storeu_ps(out + l * k, first_k, v);
+  });
+#else
+  const size_t N = hn::Lanes(D());
+  for (int32_t l = 0; l < used; ++l) {
+    for (int32_t j = 0; j < k; ++j) rows[l * k + j] = slots[j * N + l];
+  }
+#endif
+}
+
 uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
                     float* weights, StreamQueue& queue) {
   const D d;
@@ -544,11 +575,9 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
     uint32_t bad_rows = 0;
     for (int32_t l = 0; l < used; ++l) {
       bad_rows |= static_cast<uint32_t>((bad_bits[l / 8] >> (l % 8)) & 1) << l;
-      for (int32_t j = 0; j < k; ++j) {
-        chosen[(r0 + l) * k + j] = chosen_t[j * N + l];
-        weights[(r0 + l) * k + j] = weights_t[j * N + l];
-      }
     }
+    SlotsToRows(chosen_t, k, used, chosen + r0 * k);
+    SlotsToRows(weights_t, k, used, weights + r0 * k);
     undecided |= bad_rows << r0;
   }
   dripper.Finish();
