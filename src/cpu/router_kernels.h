@@ -113,19 +113,14 @@ bool row_top_k(const float* x, int64_t n, int32_t k, int32_t* candidates, float*
 void group_top_sums(const float* x, int64_t groups, int64_t per_group, int32_t count, float* work,
                     float* out);
 
-// Output rows built in scratch, at[j] in [0, n):
-//   sparse_row:        written once to dst (streamed when `stream` and dst is aligned for it):
-//                      dst[0, n) f32 | bf16 = 0 with values[j] added at at[j] (summed in f32 where
-//                      an index repeats, then rounded once); work: room for n + kRowWorkPad floats.
-//   build_sparse_rows: `rows` such rows in work, from at [rows, count] and the values of row r,
-//                      slot i at values[r * row_step + i * slot_step], in dtype t (f32 | bf16);
-//                      with `sum`, repeats within a row add up, else the indices of a row must be
-//                      distinct; returns the first row, the others *stride_bytes apart. work:
-//                      room for rows * (n + kRowWorkPad) floats.
-//   build_map_rows:    the same for a routing map: bool rows, 0 with 1 at at[r * count + j].
+// Output rows built together in scratch, at[r * count + i] in [0, n):
+//   build_sparse_rows: `rows` rows of dtype t (f32 | bf16), 0 with the value of row r, slot i
+//                      (values[r * row_step + i * slot_step]) at at[r * count + i]; with `sum`,
+//                      repeats within a row add up, else the indices of a row must be distinct.
+//                      Returns the first row, the others *stride_bytes apart. work: room for
+//                      rows * (n + kRowWorkPad) floats.
+//   build_map_rows:    the same for a routing map: bool rows, 0 with 1 at at[r * count + i].
 inline constexpr int64_t kRowWorkPad = 128;
-void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* values,
-                int32_t count, bool stream, float* work);
 char* build_sparse_rows(DType t, bool sum, int64_t n, int64_t rows, const int32_t* at,
                         const float* values, int64_t row_step, int64_t slot_step, int32_t count,
                         float* work, size_t* stride_bytes);

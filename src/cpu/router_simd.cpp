@@ -292,53 +292,10 @@ void StreamBytes(void* dst, const void* src, size_t bytes) {
   std::memcpy(out + head + body, in + head + body, bytes - head - body);
 }
 
-// The row built in aligned vectors of `work`: 0 with values[j] added at at[j] for j < count,
-// each update a whole-vector load and store (so that every load is forwarded from the store
-// before it, never from part of one, and repeats sum). Returns its first float.
-HWY_INLINE float* BuildSparse(size_t n, const int32_t* at, const float* values, size_t count,
-                              float* work) {
-  const D d;
-  const lanes::DI di;
-  const int32_t N = static_cast<int32_t>(hn::Lanes(d));
-  float* row = AlignedWork(work);
-  for (size_t i = 0; i < n; i += N) hn::Store(hn::Zero(d), d, row + i);
-  const auto iota = hn::Iota(di, 0);  // once: Iota may build its vector through memory
-  for (size_t j = 0; j < count; ++j) {
-    const int32_t base = at[j] / N * N;
-    const auto lane = hn::RebindMask(d, hn::Eq(iota, hn::Set(di, at[j] - base)));
-    const V v = hn::Load(d, row + base);
-    hn::Store(hn::IfThenElse(lane, hn::Add(v, hn::Set(d, values[j])), v), d, row + base);
-  }
-  return row;
-}
-
 // row[0, n) (f32) to dst as f32 or bf16 (see StoreRow).
 template <bool kBf16, bool kStream>
 void WriteRow(const float* row, size_t n, void* dst) {
   StoreRow<kBf16, kStream>(row, n, dst, [](V v) { return v; });
-}
-
-// row[0, len) (f32) to dst as f32 or bf16, written once: streamed vector by vector when dst is
-// aligned for it; when it is not, converted in place and streamed from there (the aligned
-// middle, plain ends); or plainly.
-void WriteBuiltRow(float* row, size_t len, bool bf16, bool stream, void* dst) {
-  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
-  if (!stream) {
-    bf16 ? WriteRow<true, false>(row, len, dst) : WriteRow<false, false>(row, len, dst);
-  } else if (StreamAligned(dst, elem)) {
-    bf16 ? WriteRow<true, true>(row, len, dst) : WriteRow<false, true>(row, len, dst);
-  } else {
-    if (bf16) WriteRow<true, false>(row, len, row);
-    StreamBytes(dst, row, len * elem);
-  }
-}
-
-// dst[0, n) = 0 with values[j] added at at[j] for j < count, f32 or bf16, written once.
-void SparseRow(void* dst, bool bf16, int64_t n, const int32_t* at, const float* values,
-               int32_t count, bool stream, float* work) {
-  const size_t len = static_cast<size_t>(n);
-  WriteBuiltRow(BuildSparse(len, at, values, static_cast<size_t>(count), work), len, bf16, stream,
-                dst);
 }
 
 // Rows of one output built together in `work` ([rows, stride] elements from the first aligned
@@ -407,7 +364,6 @@ HWY_EXPORT(RowTopK);
 HWY_EXPORT(RowTopSum);
 HWY_EXPORT(GroupTopSums);
 HWY_EXPORT(StreamBytes);
-HWY_EXPORT(SparseRow);
 HWY_EXPORT(BuildSparseRows);
 HWY_EXPORT(BuildMapRows);
 
@@ -443,10 +399,6 @@ void stream_bytes(void* dst, const void* src, size_t bytes) {
 }
 void stream_fence() { hwy::FlushStream(); }
 
-void sparse_row(void* dst, DType t, int64_t n, const int32_t* at, const float* values,
-                int32_t count, bool stream, float* work) {
-  HWY_DYNAMIC_DISPATCH(SparseRow)(dst, t == DType::kBF16, n, at, values, count, stream, work);
-}
 char* build_sparse_rows(DType t, bool sum, int64_t n, int64_t rows, const int32_t* at,
                         const float* values, int64_t row_step, int64_t slot_step, int32_t count,
                         float* work, size_t* stride_bytes) {

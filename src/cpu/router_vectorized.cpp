@@ -79,7 +79,6 @@ struct Scratch {
   std::vector<float> gathered;        // [2, kGatherRows, k]: a block's chosen logits and g
   std::vector<int32_t> chosen, top;   // [k + 1]
   std::vector<int32_t> kept_groups;   // [num_groups]
-  std::vector<float> row_work;        // [E + kRowWorkPad]: output rows are built here
   std::vector<float> probs_block;     // [kLaneRows * (E + kRowWorkPad)]: blocks of output rows
   std::vector<float> map_block;       // [kLaneRows * (E + kRowWorkPad)]
   StreamQueue queue;                  // the streamed rows of the last block, not yet written
@@ -96,7 +95,6 @@ struct Scratch {
       aux.resize(E);
       candidates.resize(E);
       values.resize(E + 64);
-      row_work.resize(E + kRowWorkPad);
       probs_block.resize(kLaneRows * (E + kRowWorkPad));
       map_block.resize(kLaneRows * (E + kRowWorkPad));
     }
