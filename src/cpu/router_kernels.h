@@ -59,15 +59,16 @@ Status aux_scores_backward_vectorized(const AuxScoresBackwardProblem& p);
 // chosen[r * k + i] and weights[r * k + i] (row t0 + r, in the output order: descending weight,
 // ties to the lower expert; scaled). Returns the rows it left undecided, bit r for row t0 + r:
 // rows with a non-finite key, and rows whose k-th and (k+1)-th keys are too close for its packed
-// compare; the caller routes those with the row kernels. work: route_lanes_work_floats floats.
+// compare; the caller routes those with the row kernels. zero_bias: E zeros, the bias of options
+// without one. work: route_lanes_work_floats floats.
 // While it computes it streams what `queue` holds, a few lines at a time, and returns it empty.
 inline constexpr int32_t kLaneRows = 16;
 inline constexpr int32_t kLaneMaxK = 16;
 inline constexpr int64_t kLaneMaxExperts = 4096;
 bool route_lanes_apply(const RouteOptions& o, int64_t E);
 int64_t route_lanes_work_floats(int64_t E, int32_t num_groups, int32_t k);
-uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
-                     float* weights, StreamQueue& queue);
+uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, const float* zero_bias,
+                     float* work, int32_t* chosen, float* weights, StreamQueue& queue);
 
 // The backward for every score but pre-softmax, whose gradient reaches only the chosen logits,
 // for kLaneRows rows with the rows in the vector lanes (router_lanes.cpp). All three arrays are

@@ -114,44 +114,39 @@ void Transpose16(const char* const* rows, const char* const* next, int64_t e0, f
 }
 #endif
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// The whole 16-expert tiles of the 16 rows through Transpose16; returns the first expert left.
+template <Activation kAct>
+int64_t TransposeTiles(bool bf16, const char* const* rows, const char* const* next, int64_t E,
+                       float* xt) {
+  int64_t e = 0;
+  for (; e + 16 <= E; e += 16) {
+    bf16 ? Transpose16<true, kAct>(rows, next, e, xt) : Transpose16<false, kAct>(rows, next, e, xt);
+  }
+  return e;
+}
+#endif
+
 // All E experts of N rows into xt (aligned); `next`: the N rows after them, to prefetch. Where
-// the options' score is an activation, the whole vectors of experts go out as scores; returns
-// the first expert whose vector is still a logit (Scores takes it from there).
+// the options' score is an activation, the whole tiles of experts go out as scores; returns the
+// first expert whose vector is still a logit (Scores takes it from there).
 int64_t Transpose(const RouteOptions& o, const char* const* rows, const char* const* next, DType t,
                   int64_t E, float* xt) {
-  const size_t N = hn::Lanes(D());
-  int64_t e = 0;
+  int64_t tiled = 0, scored = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const bool bf16 = t == DType::kBF16;
-  const auto tiles = [&](auto tile) {
-    for (; e + 16 <= E; e += 16) tile(e);
-  };
-  switch (o.score) {
-    case RouterScore::kSigmoid:
-      bf16 ? tiles([&](int64_t e0) { Transpose16<true, Activation::kSigmoid>(rows, next, e0, xt); })
-           : tiles(
-                 [&](int64_t e0) { Transpose16<false, Activation::kSigmoid>(rows, next, e0, xt); });
-      break;
-    case RouterScore::kSqrtSoftplus:
-      bf16 ? tiles([&](int64_t e0) {
-        Transpose16<true, Activation::kSqrtSoftplus>(rows, next, e0, xt);
-      })
-           : tiles([&](int64_t e0) {
-               Transpose16<false, Activation::kSqrtSoftplus>(rows, next, e0, xt);
-             });
-      break;
-    default:
-      bf16 ? tiles([&](int64_t e0) { Transpose16<true, Activation::kNone>(rows, next, e0, xt); })
-           : tiles([&](int64_t e0) { Transpose16<false, Activation::kNone>(rows, next, e0, xt); });
-      TransposeScalar(rows, t, N, e, E, xt);
-      return 0;  // softmax: nothing scored yet
+  if (o.score == RouterScore::kSigmoid) {
+    tiled = scored = TransposeTiles<Activation::kSigmoid>(bf16, rows, next, E, xt);
+  } else if (o.score == RouterScore::kSqrtSoftplus) {
+    tiled = scored = TransposeTiles<Activation::kSqrtSoftplus>(bf16, rows, next, E, xt);
+  } else {
+    tiled = TransposeTiles<Activation::kNone>(bf16, rows, next, E, xt);  // softmax: unscored
   }
 #else
   (void)o;
   (void)next;
 #endif
-  const int64_t scored = e;
-  TransposeScalar(rows, t, N, e, E, xt);
+  TransposeScalar(rows, t, hn::Lanes(D()), tiled, E, xt);
   return scored;
 }
 
@@ -182,23 +177,23 @@ void Scores(const RouteOptions& o, int64_t E, int64_t from, float* xt) {
   }
 }
 
-// The key expert e is chosen by: its score plus its bias (+ 0 without one, which also makes -0
-// into +0, so that the packed keys of equal scores are equal).
+// The key expert e is chosen by: its score plus its bias (bias: [E], zeros when the options have
+// none; adding 0 also makes -0 into +0, so that the packed keys of equal scores are equal).
 HWY_INLINE V Key(const float* xt, const float* bias, int64_t e, size_t N) {
   const D d;
-  return hn::Add(hn::Load(d, xt + e * static_cast<int64_t>(N)), hn::Set(d, bias ? bias[e] : 0.0f));
+  return hn::Add(hn::Load(d, xt + e * static_cast<int64_t>(N)), hn::Set(d, bias[e]));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Group-limited choice: kept[g * N + l] = all ones when group g is among row l's best group_topk,
 // else 0 (as float bits).
-void KeepGroups(const RouteOptions& o, int64_t E, const float* xt, float* score, float* kept) {
+void KeepGroups(const RouteOptions& o, int64_t E, const float* xt, const float* bias, float* score,
+                float* kept) {
   const D d;
   const DI di;
   const size_t N = hn::Lanes(d);
   const int64_t G = o.num_groups, per_group = E / G;
   const int32_t count = o.k / o.group_topk;
-  const float* bias = o.expert_bias.empty() ? nullptr : o.expert_bias.data();
   for (int64_t g = 0; g < G; ++g) {
     const int64_t e0 = g * per_group, e1 = e0 + per_group;
     V sum;
@@ -290,7 +285,7 @@ class Dripper {
 // ---------------------------------------------------------------------------------------------
 // The top k by packed keys, the weights, and the output order, for one vector of rows. C >= k + 1
 // slots. Returns the lanes left undecided as a mask.
-// bias: [E], zeros when the options have none. Streams two queued lines per expert.
+// bias: as Key's. Streams queued output lines as it goes.
 template <int C, bool kGroups>
 hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, const float* bias,
                            const float* kept, int32_t* chosen_t, float* weights_t,
@@ -318,8 +313,7 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
     if constexpr (kGroups) keep = hn::RebindMask(di, hn::MaskFromVec(hn::Load(d, kept + g * N)));
     // Expert e's packed key (INT_MIN outside the kept groups), the running checks updated.
     const auto packed = [&](int64_t e) {
-      const VI key = hn::BitCast(
-          di, hn::Add(hn::Load(d, xt + e * static_cast<int64_t>(N)), hn::Set(d, bias[e])));
+      const VI key = hn::BitCast(di, Key(xt, bias, e, N));
       // Negative floats order backwards as integers: flip all but their sign bit.
       const VI ord = hn::Xor(key, hn::And(hn::ShiftRight<31>(key), hn::Set(di, INT_MAX)));
       ord_min = hn::Min(ord_min, ord);
@@ -531,8 +525,8 @@ void SlotsToRows(const T* slots, int32_t k, int32_t used, T* rows) {
 #endif
 }
 
-uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
-                    float* weights, StreamQueue& queue) {
+uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, const float* zero_bias,
+                    float* work, int32_t* chosen, float* weights, StreamQueue& queue) {
   const D d;
   const size_t N = hn::Lanes(d);
   const RouteOptions& o = p.options;
@@ -543,19 +537,13 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
     dripper.Finish();
     return (uint32_t{1} << rows) - 1;
   }
-  // work: xt [E, N], group scores [G, N], kept [G, N], chosen and weights by slot [k, N], and
-  // E zeros for the bias when there is none.
+  // work: xt [E, N], group scores [G, N], kept [G, N], chosen and weights by slot [k, N].
   float* xt = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(work) + 63) & ~uintptr_t{63});
   float* score = xt + E * static_cast<int64_t>(N);
   float* kept = score + o.num_groups * static_cast<int64_t>(N);
   auto* chosen_t = reinterpret_cast<int32_t*>(kept + o.num_groups * static_cast<int64_t>(N));
   float* weights_t = reinterpret_cast<float*>(chosen_t + k * static_cast<int64_t>(N));
-  const float* bias = o.expert_bias.data();
-  if (o.expert_bias.empty()) {
-    float* zeros = weights_t + k * static_cast<int64_t>(N);
-    std::fill(zeros, zeros + E, 0.0f);
-    bias = zeros;
-  }
+  const float* bias = o.expert_bias.empty() ? zero_bias : o.expert_bias.data();
 
   uint32_t undecided = 0;
   for (int32_t r0 = 0; r0 < rows; r0 += static_cast<int32_t>(N)) {
@@ -568,7 +556,7 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work
       next[l] = row_ptr(p.logits, std::min<int64_t>(t + static_cast<int64_t>(N), T - 1));
     }
     Scores(o, E, Transpose(o, row, next, p.logits.dtype, E, xt), xt);
-    if (o.num_groups > 0) KeepGroups(o, E, xt, score, kept);
+    if (o.num_groups > 0) KeepGroups(o, E, xt, bias, score, kept);
     const hn::Mask<D> bad = Choose(o, E, xt, bias, kept, chosen_t, weights_t, dripper);
     uint8_t bad_bits[8] = {};
     hn::StoreMaskBits(d, bad, bad_bits);
@@ -657,12 +645,12 @@ bool route_lanes_apply(const RouteOptions& o, int64_t E) {
 }
 
 int64_t route_lanes_work_floats(int64_t E, int32_t num_groups, int32_t k) {
-  return (E + 2 * static_cast<int64_t>(num_groups) + 2 * k) * kLaneRows + E + 16;
+  return (E + 2 * static_cast<int64_t>(num_groups) + 2 * k) * kLaneRows + 16;
 }
 
-uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, float* work, int32_t* chosen,
-                     float* weights, StreamQueue& queue) {
-  return HWY_DYNAMIC_DISPATCH(RouteLanes)(p, t0, rows, work, chosen, weights, queue);
+uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, const float* zero_bias,
+                     float* work, int32_t* chosen, float* weights, StreamQueue& queue) {
+  return HWY_DYNAMIC_DISPATCH(RouteLanes)(p, t0, rows, zero_bias, work, chosen, weights, queue);
 }
 
 void route_backward_chosen(const RouteOptions& o, const float* g, const float* xc, float* dxc) {

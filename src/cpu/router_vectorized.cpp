@@ -84,6 +84,7 @@ struct Scratch {
   StreamQueue queue;                  // the streamed rows of the last block, not yet written
   TopList list;                       // the scalar fallback, and the group choice
   std::vector<float> lanes;           // route_lanes's work
+  std::vector<float> zero_bias;       // [E] zeros: route_lanes's bias when there is none
   std::vector<int32_t> lane_chosen;   // [kLaneRows, k]
   std::vector<float> lane_w;          // [kLaneRows, k]
 
@@ -109,6 +110,7 @@ struct Scratch {
   void reserve_lanes(int64_t E, int32_t k, int32_t groups) {
     const auto floats = static_cast<size_t>(route_lanes_work_floats(E, groups, k));
     if (lanes.size() < floats) lanes.resize(floats);
+    if (zero_bias.size() < static_cast<size_t>(E)) zero_bias.resize(E, 0.0f);
     if (lane_w.size() < static_cast<size_t>(kLaneRows * k)) {
       lane_chosen.resize(kLaneRows * k);
       lane_w.resize(kLaneRows * k);
@@ -473,7 +475,8 @@ Status route_vectorized(const RouteProblem& p) {
       float* w = s.lane_w.data();
       prefetch_plain_outputs(p, stream, t0, t1);
       const uint32_t undecided =
-          route_lanes(p, t0, static_cast<int32_t>(t1 - t0), s.lanes.data(), chosen, w, s.queue);
+          route_lanes(p, t0, static_cast<int32_t>(t1 - t0), s.zero_bias.data(), s.lanes.data(),
+                      chosen, w, s.queue);
       for (int64_t t = t0; t < t1; ++t) {
         if ((undecided >> (t - t0)) & 1) {
           choose_and_weigh_row(p, t, s);

@@ -827,11 +827,12 @@ TEST(Route, NaNLogitsStillGiveKDistinctValidExperts) {
 TEST(Route, BackwardSumsTheGradientsOfRepeatedIndices) {
   // topk_indices come from the caller and may name an expert twice in a row: both slots'
   // gradients land on it, summed, in every implementation (rows in and past whole lane blocks).
+  // Every input has padded rows, so that a block's rows are read by their own strides.
   const int64_t T = 37, E = 24;
   const int32_t k = 4;
   std::mt19937 rng(41);
-  HostTensor logits(DType::kF32, {T, E}), idx(DType::kI32, {T, k}), d_w(DType::kF32, {T, k}),
-      d_probs(DType::kF32, {T, E});
+  HostTensor logits(DType::kF32, {T, E}, 1), idx(DType::kI32, {T, k}, 3),
+      d_w(DType::kF32, {T, k}, 2), d_probs(DType::kF32, {T, E}, 5);
   logits.fill_random(rng);
   d_w.fill_random(rng);
   d_probs.fill_random(rng);
