@@ -1,5 +1,5 @@
 // Public ragged_dot entry points: validate every argument (nothing is written before this is
-// done), reduce the call to one of the two grouped-GEMM problems of cpu/grouped_gemm.h, and
+// done), reduce the call to one of the two grouped-GEMM problems of ragged_dot_problem.h, and
 // dispatch it to the first implementation that the options allow (the reference last).
 #include "moekit/ragged_dot.h"
 
@@ -11,6 +11,7 @@
 
 #include "check.h"
 #include "cpu/grouped_gemm.h"
+#include "ragged_dot_problem.h"
 
 namespace moekit {
 namespace {
@@ -87,47 +88,14 @@ Status dispatch(const char* op, const Implementation<Problem> (&table)[N], Ragge
       op, fmt::format("no implementation {} for this call", static_cast<int>(want)));
 }
 
-// Shapes common to the forward and the input gradient: a [m, kc] input times the per-group
-// matrices of rhs into a [m, n_out] output.
+// The forward and the input gradient, once row_problem() has checked the shapes.
 Status row_grouped(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
                    std::span<const int32_t> sizes, const char* c_name, TensorView c,
                    const RaggedDotOptions& opt, bool contract_over_rhs_n) {
-  MOEKIT_RETURN_IF_ERROR(check_view(op, a_name, a, 2));
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "rhs", rhs, 3));
-  MOEKIT_RETURN_IF_ERROR(check_view(op, c_name, c, 2));
-  MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, a_name, a.dtype));
-  MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "rhs", rhs.dtype, a_name, a.dtype));
-  MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, c_name, c.dtype, a.dtype));
-
-  // rhs[j] is [K, n] (or [n, K] transposed). Its dims and strides, named by role:
-  const int k_dim = opt.rhs_transposed ? 2 : 1, n_dim = opt.rhs_transposed ? 1 : 2;
-  const int in_dim = contract_over_rhs_n ? n_dim : k_dim;   // contracted with a's columns
-  const int out_dim = contract_over_rhs_n ? k_dim : n_dim;  // becomes c's columns
-  const int64_t m = a.shape[0];
-  MOEKIT_RETURN_IF_ERROR(
-      check_dim(op, "rhs", rhs, in_dim, a.shape[1], fmt::format("{}.shape[1]", a_name).c_str()));
-  MOEKIT_RETURN_IF_ERROR(
-      check_dim(op, c_name, c, 0, m, fmt::format("{}.shape[0]", a_name).c_str()));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, c_name, c, 1, rhs.shape[out_dim],
-                                   fmt::format("rhs.shape[{}]", out_dim).c_str()));
-  GroupRows groups;
-  MOEKIT_RETURN_IF_ERROR(check_groups(op, sizes, opt.group_offset, rhs.shape[0], m, &groups));
-
-  RowGroupedGemm g{a.dtype,
-                   c.dtype,
-                   m,
-                   a.shape[1],
-                   c.shape[1],
-                   a.data,
-                   a.stride[0],
-                   rhs.data,
-                   rhs.stride[0],
-                   rhs.stride[in_dim],
-                   rhs.stride[out_dim],
-                   c.data,
-                   c.stride[0],
-                   groups,
-                   opt.accumulate};
+  RowGroupedGemm g;
+  MOEKIT_RETURN_IF_ERROR(detail::row_problem(op, a_name, a, rhs, c_name, c, opt,
+                                             contract_over_rhs_n, /*allow_f16=*/false, &g));
+  MOEKIT_RETURN_IF_ERROR(check_groups(op, sizes, opt.group_offset, rhs.shape[0], g.m, &g.groups));
   return dispatch(op, kRowImpls, opt.impl, g);
 }
 
@@ -150,27 +118,11 @@ Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out,
                        std::span<const int32_t> group_sizes, TensorView d_rhs,
                        const RaggedDotOptions& options) {
   const char* op = "ragged_dot_drhs";
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "lhs", lhs, 2));
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_out", d_out, 2));
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_rhs", d_rhs, 3));
-  MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "lhs", lhs.dtype));
-  MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "d_out", d_out.dtype, "lhs", lhs.dtype));
-  MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_rhs", d_rhs.dtype, lhs.dtype));
-  const int64_t m = lhs.shape[0];
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_out", d_out, 0, m, "lhs.shape[0]"));
-  const int k_dim = options.rhs_transposed ? 2 : 1, n_dim = options.rhs_transposed ? 1 : 2;
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_rhs", d_rhs, k_dim, lhs.shape[1], "lhs.shape[1]"));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_rhs", d_rhs, n_dim, d_out.shape[1], "d_out.shape[1]"));
-  GroupRows groups;
+  ContractionGroupedGemm g;
   MOEKIT_RETURN_IF_ERROR(
-      check_groups(op, group_sizes, options.group_offset, d_rhs.shape[0], m, &groups));
-
-  // d_rhs[j] is X^T Y over the group's rows, with X the operand that indexes d_rhs's rows.
-  const ConstTensorView& x = options.rhs_transposed ? d_out : lhs;
-  const ConstTensorView& y = options.rhs_transposed ? lhs : d_out;
-  ContractionGroupedGemm g{lhs.dtype,       d_rhs.dtype,     m,      x.shape[1],        y.shape[1],
-                           x.data,          x.stride[0],     y.data, y.stride[0],       d_rhs.data,
-                           d_rhs.stride[0], d_rhs.stride[1], groups, options.accumulate};
+      detail::contraction_problem(op, lhs, d_out, d_rhs, options, /*allow_f16=*/false, &g));
+  MOEKIT_RETURN_IF_ERROR(
+      check_groups(op, group_sizes, options.group_offset, d_rhs.shape[0], g.m, &g.groups));
   return dispatch(op, kContractionImpls, options.impl, g);
 }
 

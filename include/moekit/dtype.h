@@ -8,8 +8,9 @@
 
 namespace moekit {
 
-// kBool is one byte holding 0 or 1 (the routing map).
-enum class DType : uint8_t { kF32, kBF16, kI32, kBool };
+// kBool is one byte holding 0 or 1 (the routing map). kF16 (IEEE half) is taken by the CUDA
+// backend's ragged_dot only.
+enum class DType : uint8_t { kF32, kBF16, kI32, kBool, kF16 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -17,6 +18,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::kI32:
       return 4;
     case DType::kBF16:
+    case DType::kF16:
       return 2;
     case DType::kBool:
       return 1;
@@ -34,6 +36,8 @@ constexpr std::string_view dtype_name(DType t) {
       return "i32";
     case DType::kBool:
       return "bool";
+    case DType::kF16:
+      return "f16";
   }
   return "?";
 }
