@@ -2,6 +2,8 @@
 // on a preset's real shapes (m = tokens * k routed rows, K = H, n = F, E groups), each beside a
 // dense oneDNN matmul of the same FLOPs and operand layouts run in the same process, and with
 // --ep-shards S one shard's call (E/S local groups) beside the full call.
+#include "bench_ragged_dot.h"
+
 #include <fmt/format.h>
 
 #include <functional>
@@ -16,70 +18,18 @@
 namespace moekit::tools {
 namespace {
 
-struct Options : BenchOptions {
-  std::string out_dtype;  // empty: the input dtype
-  int shards = 1;
-  int shard = -1;  // which shard's call to time; -1: the middle one
-  double imbalance = 0.25;
-  double mem_limit_gib = 12;
-};
+using Options = RaggedDotBenchOptions;
+using Row = RaggedDotRow;
 
-struct Row {
-  std::string pass;
-  int64_t tokens, m, E, e_loc, offset, local_rows;
-  int shards;
-  Timing t, dense;
-  double flops, dense_flops, full_ms;  // full_ms: the full call's time, for shard rows
-  std::string dense_impl;
-};
-
-int run(const Options& o) {
-  const Preset* p = find_preset(o.preset);
-  if (!p)
-    throw CLI::ValidationError("--preset",
-                               "unknown preset '" + o.preset + "'; known: " + preset_names());
-  const DType in = parse_dtype(o.dtype);
-  const DType out = o.out_dtype.empty() ? in : parse_dtype(o.out_dtype, "--out-dtype");
-  if (o.shards < 1 || p->E % o.shards != 0) {
-    throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
-  }
-  const int shard = o.shard < 0 ? o.shards / 2 : o.shard;
-  if (shard >= o.shards) throw CLI::ValidationError("--shard", "must be < --ep-shards");
-
-  const std::string header = fmt::format(
-      "moekit bench ragged_dot  preset={} (H={} F={} E={} k={})  dtype={} out={}  {}  {}", p->name,
-      p->H, p->F, p->E, p->k, dtype_name(in), dtype_name(out), machine_description(), today_iso());
-  std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
-  fmt::print(text, "{}\n", header);
-  fmt::print(text,
-             "groups: expert e gets rows in proportion to 1 + {}*u_e, u_e ~ U(-1,1), seed {}\n",
-             o.imbalance, o.seed);
-
-  Progress progress(static_cast<int>(o.tokens.size()) * 3);
-  std::vector<Row> rows;
+// The CPU timing: each pass beside a dense oneDNN matmul of the same FLOPs and layouts.
+void time_cpu(const Options& o, const Preset& p, DType in, DType out, int shard, std::FILE* text,
+              Progress& progress, std::vector<Row>& rows) {
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
 
   for (int64_t T : o.tokens) {
-    // Fit the weights (and their gradient) in memory: otherwise a stated subset of experts, with
-    // the same rows per expert.
-    const int64_t K = p->H, n = p->F;
-    int64_t E = p->E, m = T * p->k;
-    auto bytes = [&](int64_t e, int64_t mm) {
-      return static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
-                                 out_es * (mm * n + mm * K + e * K * n));
-    };
-    const double limit = o.mem_limit_gib * (1ull << 30);
-    if (bytes(E, m) > limit) {
-      int64_t e = E;
-      while (e > o.shards && bytes(e, m * e / E) > limit) e -= o.shards;
-      fmt::print(text,
-                 "note: {} experts need {:.1f} GiB (> --mem-limit-gib {}); running {} of them "
-                 "with the same rows per expert ({} rows instead of {})\n",
-                 E, bytes(E, m) / (1ull << 30), o.mem_limit_gib, e, m * e / E, m);
-      m = m * e / E;
-      E = e;
-    }
-    const auto sizes = imbalanced_group_sizes(m, E, o.imbalance, o.seed);
+    const RaggedDotProblem pr = ragged_dot_problem(p, T, in, out, o, text);
+    const int64_t m = pr.m, E = pr.E, K = pr.K, n = pr.n;
+    const std::vector<int32_t>& sizes = pr.sizes;
 
     Buffer lhs(m * K * in_es), rhs(E * K * n * in_es), d_out(m * n * in_es);
     Buffer y(m * n * out_es), d_lhs(m * K * out_es), d_rhs(E * K * n * out_es);
@@ -118,21 +68,14 @@ int run(const Options& o) {
                                               dnnl::memory::dims{n, 1});
         da = lhs.data(), db = d_out.data(), dc = d_rhs.data();
       }
-      const std::string where = fmt::format("{} T={} {}", p->name, T, pass);
+      const std::string where = fmt::format("{} T={} {}", p.name, T, pass);
 
-      Row full{pass, T, m, E, E, 0, m, 1, {}, {}, 0, 0, 0, dense->impl()};
-      full.flops = full.dense_flops = 2.0 * m * K * n;
+      Row full = full_row(pass, pr, "oneDNN " + dense->impl());
       std::vector<std::function<void()>> fns{[&] { check(call(E, 0)); },
                                              [&] { dense->run(da, db, dc); }};
       Row shard_row = full;
       if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
-        shard_row.shards = o.shards;
-        shard_row.e_loc = E / o.shards;
-        shard_row.offset = static_cast<int32_t>(shard * shard_row.e_loc);
-        shard_row.local_rows =
-            ragged_dot_flops(sizes, static_cast<int32_t>(shard_row.offset), shard_row.e_loc, 1, 1) /
-            2;
-        shard_row.flops = 2.0 * shard_row.local_rows * K * n;
+        shard_row = one_shard_row(full, pr, o.shards, shard);
         fns.push_back(
             [&] { check(call(shard_row.e_loc, static_cast<int32_t>(shard_row.offset))); });
       }
@@ -147,7 +90,40 @@ int run(const Options& o) {
       }
     }
   }
+}
+
+int run(const Options& o) {
+  const Preset* p = find_preset(o.preset);
+  if (!p)
+    throw CLI::ValidationError("--preset",
+                               "unknown preset '" + o.preset + "'; known: " + preset_names());
+  const DType in = parse_dtype(o.dtype);
+  const DType out = o.out_dtype.empty() ? in : parse_dtype(o.out_dtype, "--out-dtype");
+  if (o.shards < 1 || p->E % o.shards != 0) {
+    throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
+  }
+  const int shard = o.shard < 0 ? o.shards / 2 : o.shard;
+  if (shard >= o.shards) throw CLI::ValidationError("--shard", "must be < --ep-shards");
+
+  std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
+  fmt::print(text,
+             "moekit bench ragged_dot  preset={} (H={} F={} E={} k={})  dtype={} out={}  "
+             "device={}  {}\n",
+             p->name, p->H, p->F, p->E, p->k, dtype_name(in), dtype_name(out), o.device,
+             today_iso());
+  fmt::print(text,
+             "groups: expert e gets rows in proportion to 1 + {}*u_e, u_e ~ U(-1,1), seed {}\n",
+             o.imbalance, o.seed);
+  std::vector<Row> rows;
+  Progress progress(static_cast<int>(o.tokens.size()) * 3);
+  std::string machine = machine_description();
+  if (o.device == "cuda") {
+    machine = time_ragged_dot_cuda(o, *p, in, out, shard, text, progress, rows);
+  } else {
+    time_cpu(o, *p, in, out, shard, text, progress, rows);
+  }
   progress.finish();
+  fmt::print(text, "machine: {}\n", machine);
 
   // The table.
   fmt::print(text, "\n{:>6} {:>5} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}\n", "tokens",
@@ -168,7 +144,7 @@ int run(const Options& o) {
   fmt::print(text,
              "\nms: median of {} runs after {} warm-up, ragged_dot, dense and shard runs "
              "alternating; TFLOP/s = 2*rows*K*n / time; dense: one "
-             "oneDNN matmul of all m rows ({}); shard k/S: E/S local groups from group_offset "
+             "matmul of all m rows ({}); shard k/S: E/S local groups from group_offset "
              "k*E/S, 'of full' its time over the full call's.\n",
              o.reps, o.warmup, rows.empty() ? "" : rows.front().dense_impl);
 
@@ -208,7 +184,9 @@ int run(const Options& o) {
                        {"tflops", r.flops / (r.t.median_ms * 1e9)},
                        {"dense_ms", r.dense.median_ms},
                        {"dense_tflops", r.dense_flops / (r.dense.median_ms * 1e9)},
-                       {"dense_impl", r.dense_impl}};
+                       {"dense_impl", r.dense_impl},
+                       {"device", o.device},
+                       {"machine", machine}};
       j["ratio_to_dense"] = j["tflops"].get<double>() / j["dense_tflops"].get<double>();
       if (r.shards > 1) j["ratio_to_full"] = r.t.median_ms / r.full_ms;
       arr.push_back(j);
@@ -220,8 +198,51 @@ int run(const Options& o) {
 
 }  // namespace
 
+RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, DType out,
+                                    const RaggedDotBenchOptions& o, std::FILE* text) {
+  // Fit the weights (and their gradient) in memory: otherwise a stated subset of experts, with
+  // the same rows per expert.
+  const size_t in_es = dtype_size(in), out_es = dtype_size(out);
+  const int64_t K = p.H, n = p.F;
+  int64_t E = p.E, m = tokens * p.k;
+  auto bytes = [&](int64_t e, int64_t mm) {
+    return static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
+                               out_es * (mm * n + mm * K + e * K * n));
+  };
+  const double limit = o.mem_limit_gib * (1ull << 30);
+  if (bytes(E, m) > limit) {
+    int64_t e = E;
+    while (e > o.shards && bytes(e, m * e / E) > limit) e -= o.shards;
+    fmt::print(text,
+               "note: {} experts need {:.1f} GiB (> --mem-limit-gib {}); running {} of them "
+               "with the same rows per expert ({} rows instead of {})\n",
+               E, bytes(E, m) / (1ull << 30), o.mem_limit_gib, e, m * e / E, m);
+    m = m * e / E;
+    E = e;
+  }
+  return {tokens, m, E, K, n, imbalanced_group_sizes(m, E, o.imbalance, o.seed)};
+}
+
+RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
+                      const std::string& dense_impl) {
+  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0, pr.m, 1, {}, {}, 0, 0, 0, dense_impl};
+  r.flops = r.dense_flops = 2.0 * pr.m * pr.K * pr.n;
+  return r;
+}
+
+RaggedDotRow one_shard_row(const RaggedDotRow& full, const RaggedDotProblem& pr, int shards,
+                           int shard) {
+  RaggedDotRow r = full;
+  r.shards = shards;
+  r.e_loc = pr.E / shards;
+  r.offset = shard * r.e_loc;
+  r.local_rows = ragged_dot_flops(pr.sizes, static_cast<int32_t>(r.offset), r.e_loc, 1, 1) / 2;
+  r.flops = 2.0 * r.local_rows * pr.K * pr.n;
+  return r;
+}
+
 void register_bench_ragged_dot(CLI::App& bench) {
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<RaggedDotBenchOptions>();
   CLI::App* cmd = bench.add_subcommand(
       "ragged_dot", "Time ragged_dot (forward, input and weight gradient) against dense oneDNN");
   opts->preset = "qwen3-30b-a3b";
@@ -230,6 +251,11 @@ void register_bench_ragged_dot(CLI::App& bench) {
   opts->warmup = 2;
   opts->reps = 5;
   add_bench_options(*cmd, *opts, "Input dtype: bf16 | f32");
+  cmd->add_option("--device", opts->device,
+                  "cpu: beside a dense oneDNN matmul; cuda: on the GPU, beside a dense cuBLAS "
+                  "matmul, timed with CUDA events")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--out-dtype", opts->out_dtype, "Output dtype: bf16 | f32 (default: --dtype)");
   cmd->add_option("--ep-shards", opts->shards, "Also time one of S expert-parallel shards")
       ->capture_default_str();

@@ -67,6 +67,8 @@ struct HostTensor {
         return reinterpret_cast<const int32_t*>(bytes.data())[o];
       case DType::kBool:
         return static_cast<double>(reinterpret_cast<const uint8_t*>(bytes.data())[o]);
+      case DType::kF16:
+        return static_cast<double>(reinterpret_cast<const _Float16*>(bytes.data())[o]);
     }
     return 0;
   }
@@ -83,6 +85,9 @@ struct HostTensor {
         break;
       case DType::kBool:
         reinterpret_cast<uint8_t*>(bytes.data())[o] = static_cast<uint8_t>(v);
+        break;
+      case DType::kF16:  // f32 first, then round to nearest even, as a device would
+        reinterpret_cast<_Float16*>(bytes.data())[o] = static_cast<_Float16>(static_cast<float>(v));
         break;
     }
   }

@@ -1,0 +1,135 @@
+// The steps every CUDA grouped GEMM shares (plan.cuh): the zero kernels, and the cached
+// properties of the device.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+
+#include "cuda/grouped_gemm_cuda.h"
+#include "cuda/plan.cuh"
+
+namespace moekit::detail::cuda {
+namespace {
+
+constexpr int kZeroThreads = 256;
+
+// Zeroes `bytes` bytes at p: 16-byte stores where p and bytes allow, else single bytes.
+__device__ void zero_bytes(char* p, int64_t bytes) {
+  if ((reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(bytes)) % 16 == 0) {
+    auto* v = reinterpret_cast<int4*>(p);
+    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) v[i] = make_int4(0, 0, 0, 0);
+  } else {
+    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) p[i] = 0;
+  }
+}
+
+// Rows [0, begin) and [end, m) of c, taken as one list of m - (end - begin) rows, grid-strided.
+__global__ void __launch_bounds__(kZeroThreads)
+    zero_outside_kernel(char* c, int64_t row_pitch, int64_t row_bytes, int64_t m,
+                        const int64_t* bounds) {
+  const int64_t begin = bounds[0], end = bounds[1];
+  const int64_t outside = m - (end - begin);
+  for (int64_t v = blockIdx.x; v < outside; v += gridDim.x) {
+    const int64_t r = v < begin ? v : v + (end - begin);
+    zero_bytes(c + r * row_pitch, row_bytes);
+  }
+}
+
+// blockIdx.y strides over the local groups, blockIdx.x over the rows of an empty group's matrix.
+__global__ void __launch_bounds__(kZeroThreads)
+    zero_empty_kernel(char* c, int64_t batch_pitch, int64_t row_pitch, int64_t row_bytes, int64_t p,
+                      int64_t num_local, const int64_t* rows) {
+  for (int64_t j = blockIdx.y; j < num_local; j += gridDim.y) {
+    if (rows[j] != 0) continue;
+    for (int64_t i = blockIdx.x; i < p; i += gridDim.x) {
+      zero_bytes(c + j * batch_pitch + i * row_pitch, row_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+Status zero_outside_local_rows(const char* op, void* c, size_t elem_bytes, int64_t ld, int64_t n,
+                               int64_t m, const Plan& plan, cudaStream_t stream) {
+  if (m == 0 || n == 0) return {};
+  const auto e = static_cast<int64_t>(elem_bytes);
+  const unsigned blocks = static_cast<unsigned>(m < 4096 ? m : 4096);
+  zero_outside_kernel<<<blocks, kZeroThreads, 0, stream>>>(static_cast<char*>(c), ld * e, n * e, m,
+                                                           plan.bounds);
+  return launch_status(op, "the kernel zeroing non-local rows");
+}
+
+Status zero_empty_groups(const char* op, void* c, size_t elem_bytes, int64_t batch, int64_t ld,
+                         int64_t p, int64_t q, int64_t num_local, const Plan& plan,
+                         cudaStream_t stream) {
+  if (num_local == 0 || p == 0 || q == 0) return {};
+  const auto e = static_cast<int64_t>(elem_bytes);
+  const dim3 grid(static_cast<unsigned>(p < 64 ? p : 64),
+                  static_cast<unsigned>(num_local < 65535 ? num_local : 65535));
+  zero_empty_kernel<<<grid, kZeroThreads, 0, stream>>>(static_cast<char*>(c), batch * e, ld * e,
+                                                       q * e, p, num_local, plan.rows);
+  return launch_status(op, "the kernel zeroing empty groups");
+}
+
+Status device_info(DeviceInfo* out) {
+  constexpr int kMaxDevices = 64;
+  // Packed (arch << 32 | sm_count) per device; 0 until read.
+  static std::array<std::atomic<uint64_t>, kMaxDevices> cache{};
+  int device = 0;
+  MOEKIT_RETURN_IF_ERROR(cuda_status("ragged_dot", "cudaGetDevice", cudaGetDevice(&device)));
+  uint64_t packed = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (packed == 0) {
+    int major = 0, minor = 0, sms = 0;
+    MOEKIT_RETURN_IF_ERROR(
+        cuda_status("ragged_dot", "cudaDeviceGetAttribute",
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)));
+    MOEKIT_RETURN_IF_ERROR(
+        cuda_status("ragged_dot", "cudaDeviceGetAttribute",
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)));
+    MOEKIT_RETURN_IF_ERROR(
+        cuda_status("ragged_dot", "cudaDeviceGetAttribute",
+                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)));
+    packed = (static_cast<uint64_t>(major * 10 + minor) << 32) | static_cast<uint32_t>(sms);
+    if (device < kMaxDevices) cache[device].store(packed, std::memory_order_relaxed);
+  }
+  *out = DeviceInfo{device, static_cast<int>(packed >> 32), static_cast<int>(packed & 0xffffffffu)};
+  return {};
+}
+
+bool tensor_core_eligible(DType in, std::initializer_list<const void*> pointers,
+                          std::initializer_list<int64_t> extents) {
+  if (in != DType::kBF16 && in != DType::kF16) return false;
+  for (const void* p : pointers) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  }
+  for (int64_t e : extents) {
+    if (e % 8 != 0) return false;
+  }
+  return true;
+}
+
+// Row strides and widths in elements of 2 bytes: multiples of 8 keep every row 16-byte aligned.
+// rhs[j] has one unit stride (its innermost dimension); the other is its leading dimension.
+bool tensor_core_eligible(const RowGroupedGemm& g) {
+  return tensor_core_eligible(g.in_type, {g.a, g.b, g.c},
+                              {g.lda, g.b_batch, std::max(g.b_s0, g.b_s1), g.ldc, g.kc, g.n});
+}
+
+bool tensor_core_eligible(const ContractionGroupedGemm& g) {
+  return tensor_core_eligible(g.in_type, {g.x, g.y, g.c},
+                              {g.ldx, g.ldy, g.c_batch, g.ldc, g.p, g.q});
+}
+
+}  // namespace moekit::detail::cuda
+
+int moekit::cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}

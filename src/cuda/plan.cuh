@@ -1,0 +1,149 @@
+// Internal (nvcc only): the steps every CUDA grouped GEMM shares. The plan kernel turns the
+// device group sizes and offset into each local group's rows, the zero kernels write the parts
+// of the output that no GEMM tile covers, and the workspace layout puts both where the GEMM
+// reads them. See grouped_gemm_cuda.h for the order of the steps.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+#include <string>
+
+#include "cuda/grouped_gemm_cuda.h"
+#include "cuda/plan_math.h"
+#include "moekit/status.h"
+
+namespace moekit::detail::cuda {
+
+inline constexpr size_t kWorkspaceAlign = 256;
+
+constexpr size_t align_up(size_t bytes, size_t a = kWorkspaceAlign) {
+  return (bytes + a - 1) / a * a;
+}
+
+// The plan in the workspace, first thing in it:
+//   bounds [2]      the local row range [local_begin, local_end), clipped to m
+//   begin  [E_loc]  first row of local group j
+//   rows   [E_loc]  rows of local group j (0 for an empty group, or one clipped away)
+// followed, from plan_bytes() on, by the implementation's own arguments.
+struct Plan {
+  int64_t* bounds;
+  int64_t* begin;
+  int64_t* rows;
+};
+
+constexpr size_t plan_bytes(int64_t num_local) {
+  return align_up(sizeof(int64_t) * static_cast<size_t>(2 + 2 * num_local));
+}
+
+inline Plan plan_in(void* workspace, int64_t num_local) {
+  auto* p = static_cast<int64_t*>(workspace);
+  return Plan{p, p + 2, p + 2 + num_local};
+}
+
+// The implementation's own part of the workspace.
+inline char* args_area(void* workspace, int64_t num_local) {
+  return static_cast<char*>(workspace) + plan_bytes(num_local);
+}
+
+// "op: CUDA error in what: message" for the last launch or call, ok when there was none.
+inline Status cuda_status(const char* op, const char* what, cudaError_t e) {
+  if (e == cudaSuccess) return {};
+  return Status::internal(op, std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+inline Status launch_status(const char* op, const char* what) {
+  return cuda_status(op, what, cudaGetLastError());
+}
+
+inline Status check_workspace(const char* op, const CudaExec& exec, size_t need) {
+  if (exec.workspace_bytes < need || (need > 0 && exec.workspace == nullptr)) {
+    return Status::invalid_argument(
+        op, "exec.workspace_bytes", std::to_string(exec.workspace_bytes),
+        "smaller than ragged_dot_cuda_workspace_size(E_loc) = " + std::to_string(need));
+  }
+  if (reinterpret_cast<uintptr_t>(exec.workspace) % kWorkspaceAlign != 0) {
+    return Status::invalid_argument(op, "exec.workspace", "misaligned",
+                                    "must be 256-byte aligned (cudaMalloc gives that)");
+  }
+  return {};
+}
+
+inline constexpr int kPlanThreads = 256;
+
+// One block. Groups [0, offset + E_loc) are scanned in chunks of kPlanThreads with a running
+// carry; emit(j, begin, rows) writes local group j's implementation arguments.
+template <class Emit>
+__global__ void __launch_bounds__(kPlanThreads)
+    plan_kernel(DeviceGroups groups, int64_t m, Plan plan, Emit emit) {
+  using Scan = cub::BlockScan<int64_t, kPlanThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  const int64_t num_local = groups.num_local;
+  const int64_t offset = clamp_group_offset(
+      groups.offset != nullptr ? *groups.offset : groups.host_offset, groups.count, num_local);
+  const int64_t last = offset + num_local;  // one past the last local group
+  if (num_local == 0 && threadIdx.x == 0) plan.bounds[0] = plan.bounds[1] = 0;
+  int64_t carry = 0;  // rows of the groups before this chunk
+  for (int64_t base = 0; base < last; base += kPlanThreads) {
+    const int64_t g = base + threadIdx.x;
+    const int64_t size = g < last ? clamp_group_size(groups.sizes[g]) : 0;
+    int64_t start, chunk_rows;
+    Scan(scan_storage).ExclusiveSum(size, start, chunk_rows);
+    start += carry;
+    if (g >= offset && g < last) {
+      const int64_t j = g - offset;
+      const RowRange r = clip_rows(start, size, m);
+      plan.begin[j] = r.begin;
+      plan.rows[j] = r.end - r.begin;
+      emit(j, r.begin, r.end - r.begin);
+      if (j == 0) plan.bounds[0] = r.begin;
+      if (j == num_local - 1) plan.bounds[1] = r.end;
+    }
+    carry += chunk_rows;
+    __syncthreads();  // scan_storage is reused by the next chunk
+  }
+}
+
+// An emitter that writes nothing beyond the plan (the portable kernels read the plan only).
+struct EmitNothing {
+  __device__ void operator()(int64_t, int64_t, int64_t) const {}
+};
+
+template <class Emit>
+Status launch_plan(const char* op, const DeviceGroups& groups, int64_t m, Plan plan,
+                   const Emit& emit, cudaStream_t stream) {
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(groups, m, plan, emit);
+  return launch_status(op, "the plan kernel");
+}
+
+// Sets to 0 the rows of c [m, n] (row stride ld elements of elem_bytes each) outside
+// [bounds[0], bounds[1]): rows of non-local groups and past sum(group_sizes).
+Status zero_outside_local_rows(const char* op, void* c, size_t elem_bytes, int64_t ld, int64_t n,
+                               int64_t m, const Plan& plan, cudaStream_t stream);
+
+// Sets to 0 the [p, q] matrices c + j*batch (row stride ld) of the local groups j with no rows.
+Status zero_empty_groups(const char* op, void* c, size_t elem_bytes, int64_t batch, int64_t ld,
+                         int64_t p, int64_t q, int64_t num_local, const Plan& plan,
+                         cudaStream_t stream);
+
+// Steps 1 and 2 of every implementation: the plan (with `emit`), then the zeros.
+template <class Emit>
+Status plan_and_zero(const char* op, const RowGroupedGemm& g, const DeviceGroups& groups,
+                     void* workspace, const Emit& emit, cudaStream_t stream) {
+  const Plan plan = plan_in(workspace, groups.num_local);
+  MOEKIT_RETURN_IF_ERROR(launch_plan(op, groups, g.m, plan, emit, stream));
+  if (g.accumulate) return {};
+  return zero_outside_local_rows(op, g.c, dtype_size(g.out_type), g.ldc, g.n, g.m, plan, stream);
+}
+template <class Emit>
+Status plan_and_zero(const char* op, const ContractionGroupedGemm& g, const DeviceGroups& groups,
+                     void* workspace, const Emit& emit, cudaStream_t stream) {
+  const Plan plan = plan_in(workspace, groups.num_local);
+  MOEKIT_RETURN_IF_ERROR(launch_plan(op, groups, g.m, plan, emit, stream));
+  if (g.accumulate) return {};
+  return zero_empty_groups(op, g.c, dtype_size(g.out_type), g.c_batch, g.ldc, g.p, g.q,
+                           groups.num_local, plan, stream);
+}
+
+}  // namespace moekit::detail::cuda

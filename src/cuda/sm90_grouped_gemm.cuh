@@ -1,0 +1,172 @@
+// Internal (nvcc, sm_90a only): CUTLASS 3.x grouped GEMM for Hopper. TMA loads, wgmma on a
+// cooperative warp-specialised persistent kernel, a per-group problem list that the plan kernel
+// writes on the device: the host never sees the group sizes, and the grid is one CTA per
+// multiprocessor whatever they are. The kernel family of tc_grouped_gemm.cuh; instantiated per
+// input dtype in sm90_grouped_gemm_<dtype>.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cute/tensor.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/group_array_problem_shape.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include "cuda/grouped_gemm_cuda.h"
+#include "cuda/plan.cuh"
+#include "cuda/tc_grouped_gemm.cuh"
+
+namespace moekit::detail::cuda::sm90 {
+
+using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (M, N, K)
+using Shape3 = ProblemShape::UnderlyingProblemShape;
+
+// A cute stride of CUTLASS's grouped layouts has one run-time element among its first two
+// modes (the leading dimension), the others static (1 and the unused batch stride 0).
+template <class Stride>
+__device__ Stride leading(int64_t ld) {
+  Stride s{};
+  if constexpr (cute::is_static_v<cute::tuple_element_t<0, Stride>>) {
+    cute::get<1>(s) = ld;
+  } else {
+    cute::get<0>(s) = ld;
+  }
+  return s;
+}
+
+// One grouped GEMM: D_j [M_j, N] (+)= A_j [M_j, K_j] @ B_j [K_j, N], f32 accumulation, D row-major
+// (C is D itself, read only when beta = 1). LayoutA / LayoutB are CUTLASS's tags for A (M x K)
+// and B (K x N): RowMajor or ColumnMajor.
+template <class TIn, class TOut, class LayoutA, class LayoutB>
+struct Kernel {
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  static constexpr int kAlignIn = 16 / sizeof(TIn);
+  static constexpr int kAlignOut = 16 / sizeof(TOut);
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, TOut,
+      cutlass::layout::RowMajor*, kAlignOut, TOut, cutlass::layout::RowMajor*, kAlignOut,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<TOut, float>>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TIn, LayoutA*, kAlignIn, TIn, LayoutB*,
+      kAlignIn, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using StrideA = typename GemmKernel::InternalStrideA;
+  using StrideB = typename GemmKernel::InternalStrideB;
+  using StrideC = typename GemmKernel::InternalStrideC;
+  using StrideD = typename GemmKernel::InternalStrideD;
+  using ElementA = typename Gemm::ElementA;
+  using ElementB = typename Gemm::ElementB;
+  using ElementD = typename Gemm::EpilogueOutputOp::ElementOutput;
+  static constexpr const char* kOp = "ragged_dot (CUDA, sm90)";
+
+  // The per-group arrays in the workspace, after the plan; then CUTLASS's own workspace.
+  struct Arrays {
+    Shape3* shapes;
+    const ElementA** a;
+    const ElementB** b;
+    const ElementD** c;
+    ElementD** d;
+    StrideA* stride_a;
+    StrideB* stride_b;
+    StrideC* stride_c;
+    StrideD* stride_d;
+    void* cutlass_workspace;
+
+    // Group j: D [m, n] (+)= A [m, k] @ B [k, n], each with its leading dimension.
+    __device__ void set(int64_t j, int m, int n, int k, const ElementA* a, int64_t lda,
+                        const ElementB* b, int64_t ldb, ElementD* d, int64_t ldd) const {
+      shapes[j] = Shape3(m, n, k);
+      this->a[j] = a;
+      this->b[j] = b;
+      c[j] = d;
+      this->d[j] = d;
+      stride_a[j] = leading<StrideA>(lda);
+      stride_b[j] = leading<StrideB>(ldb);
+      stride_c[j] = leading<StrideC>(ldd);
+      stride_d[j] = leading<StrideD>(ldd);
+    }
+  };
+
+  // workspace may be null (for sizing): addresses are computed as integers.
+  static Arrays arrays_in(void* workspace, int64_t num_local) {
+    uintptr_t p = reinterpret_cast<uintptr_t>(workspace) + plan_bytes(num_local);
+    const auto n = static_cast<size_t>(num_local);
+    auto take = [&](size_t bytes) {
+      const uintptr_t at = p;
+      p += align_up(bytes);
+      return reinterpret_cast<void*>(at);
+    };
+    Arrays r;
+    r.shapes = static_cast<Shape3*>(take(n * sizeof(Shape3)));
+    r.a = static_cast<const ElementA**>(take(n * sizeof(void*)));
+    r.b = static_cast<const ElementB**>(take(n * sizeof(void*)));
+    r.c = static_cast<const ElementD**>(take(n * sizeof(void*)));
+    r.d = static_cast<ElementD**>(take(n * sizeof(void*)));
+    r.stride_a = static_cast<StrideA*>(take(n * sizeof(StrideA)));
+    r.stride_b = static_cast<StrideB*>(take(n * sizeof(StrideB)));
+    r.stride_c = static_cast<StrideC*>(take(n * sizeof(StrideC)));
+    r.stride_d = static_cast<StrideD*>(take(n * sizeof(StrideD)));
+    r.cutlass_workspace = reinterpret_cast<void*>(p);
+    return r;
+  }
+
+  static typename Gemm::Arguments arguments(const Arrays& w, int64_t num_local, bool accumulate,
+                                            const DeviceInfo& info) {
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = info.device;
+    hw.sm_count = info.sm_count;
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {static_cast<int>(num_local), w.shapes, nullptr},  // no host shapes: read on the device
+        {w.a, w.stride_a, w.b, w.stride_b},
+        {{}, w.c, w.stride_c, w.d, w.stride_d},
+        hw};
+    auto& fusion = args.epilogue.thread;
+    fusion.alpha = 1.0f;
+    fusion.beta = accumulate ? 1.0f : 0.0f;  // beta = 0: C is never read
+    fusion.alpha_ptr = nullptr;
+    fusion.beta_ptr = nullptr;
+    return args;
+  }
+
+  static size_t workspace_size(int64_t num_local, const DeviceInfo& info) {
+    const Arrays w = arrays_in(nullptr, num_local);
+    const size_t ours = reinterpret_cast<uintptr_t>(w.cutlass_workspace);
+    return ours + align_up(Gemm::get_workspace_size(arguments(w, num_local, false, info)));
+  }
+
+  static Status run(const Arrays& w, int64_t num_local, bool accumulate, const DeviceInfo& info,
+                    cudaStream_t stream) {
+    auto args = arguments(w, num_local, accumulate, info);
+    Gemm gemm;
+    if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
+      return Status::internal(kOp, "CUTLASS cannot implement this grouped GEMM");
+    }
+    if (gemm.initialize(args, w.cutlass_workspace, stream) != cutlass::Status::kSuccess) {
+      return Status::internal(kOp, "CUTLASS grouped GEMM initialisation failed");
+    }
+    if (gemm.run(stream) != cutlass::Status::kSuccess) {
+      return launch_status(kOp, "the CUTLASS sm90 grouped GEMM");
+    }
+    return launch_status(kOp, "the CUTLASS sm90 grouped GEMM");
+  }
+};
+
+}  // namespace moekit::detail::cuda::sm90

@@ -1,0 +1,457 @@
+// The CUDA ragged_dot (ragged_dot_cuda.h) against the CPU scalar reference of ragged_dot.h.
+//
+// Without a GPU (or built without CUDA) the tests that need one skip with a message; the rules
+// for device-resident sizes (cuda/plan_math.h) and the host-side argument checks run anyway.
+//
+// Inputs are multiples of 1/64 in [-1, 1]: exact in bf16 and f16, with exact products, and with
+// every partial sum exact in f32 while sums stay under 4096 in magnitude (every shape here). So
+// the GPU result must equal the reference bit for bit, whatever order either sums in; a bf16 or
+// f16 output is the exact f32 result rounded once to nearest even.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/plan_math.h"
+#include "host_tensor.h"
+#include "moekit/ragged_dot.h"
+#include "moekit/ragged_dot_cuda.h"
+
+#if MOEKIT_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace moekit {
+namespace {
+
+// --- The device-side rules, on the host -------------------------------------------------------
+
+TEST(CudaPlanRules, NegativeSizesCountAsZero) {
+  EXPECT_EQ(detail::cuda::clamp_group_size(-5), 0);
+  EXPECT_EQ(detail::cuda::clamp_group_size(std::numeric_limits<int32_t>::min()), 0);
+  EXPECT_EQ(detail::cuda::clamp_group_size(7), 7);
+}
+
+TEST(CudaPlanRules, OffsetIsClampedIntoRange) {
+  EXPECT_EQ(detail::cuda::clamp_group_offset(-1, 8, 2), 0);
+  EXPECT_EQ(detail::cuda::clamp_group_offset(3, 8, 2), 3);
+  EXPECT_EQ(detail::cuda::clamp_group_offset(6, 8, 2), 6);
+  EXPECT_EQ(detail::cuda::clamp_group_offset(7, 8, 2), 6);
+  EXPECT_EQ(detail::cuda::clamp_group_offset(1 << 30, 8, 8), 0);
+}
+
+TEST(CudaPlanRules, RowsAreClippedToM) {
+  auto r = detail::cuda::clip_rows(10, 5, 100);
+  EXPECT_EQ(r.begin, 10);
+  EXPECT_EQ(r.end, 15);
+  r = detail::cuda::clip_rows(98, 5, 100);
+  EXPECT_EQ(r.begin, 98);
+  EXPECT_EQ(r.end, 100);
+  r = detail::cuda::clip_rows(int64_t{1} << 40, 5, 100);
+  EXPECT_EQ(r.begin, 100);
+  EXPECT_EQ(r.end, 100);
+}
+
+// --- Host-side checks: made before anything touches the device --------------------------------
+
+TEST(CudaBadInput, ShapesDtypesAndGroupsAreCheckedOnTheHost) {
+  HostTensor lhs(DType::kBF16, {8, 16}), rhs(DType::kBF16, {2, 16, 24}), out(DType::kF32, {8, 24});
+  int32_t fake_sizes[4] = {};
+  const CudaGroups groups{fake_sizes, 4, nullptr};
+  RaggedDotOptions opt;
+  opt.group_offset = 1;
+  const CudaExec exec{};
+
+  HostTensor bad_out(DType::kF32, {8, 23});
+  Status s = ragged_dot_cuda(lhs.in(), rhs.in(), groups, bad_out.mut(), opt, exec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  EXPECT_EQ(s.argument(), "out.shape");
+
+  HostTensor f32_rhs(DType::kF32, {2, 16, 24});
+  s = ragged_dot_cuda(lhs.in(), f32_rhs.in(), groups, out.mut(), opt, exec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  EXPECT_EQ(s.argument(), "rhs.dtype");
+
+  s = ragged_dot_cuda(lhs.in(), rhs.in(), CudaGroups{fake_sizes, 1, nullptr}, out.mut(), opt, exec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  EXPECT_EQ(s.argument(), "groups.count");
+
+  s = ragged_dot_cuda(lhs.in(), rhs.in(), CudaGroups{nullptr, 4, nullptr}, out.mut(), opt, exec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  EXPECT_EQ(s.argument(), "groups.sizes");
+
+  RaggedDotOptions far = opt;
+  far.group_offset = 3;  // G - E_loc = 2
+  s = ragged_dot_cuda(lhs.in(), rhs.in(), groups, out.mut(), far, exec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  EXPECT_EQ(s.argument(), "group_offset");
+
+  HostTensor d_rhs(DType::kF32, {2, 16, 25}), d_out(DType::kBF16, {8, 24});
+  s = ragged_dot_drhs_cuda(lhs.in(), d_out.in(), groups, d_rhs.mut(), opt, exec);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  EXPECT_EQ(s.argument(), "d_rhs.shape");
+
+  // f16 is a CUDA dtype only: the CPU entry points name it as unsupported.
+  HostTensor h_lhs(DType::kF16, {8, 16}), h_rhs(DType::kF16, {2, 16, 24});
+  const int32_t host_sizes[4] = {2, 2, 2, 2};
+  s = ragged_dot(h_lhs.in(), h_rhs.in(), host_sizes, out.mut(), opt);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+  EXPECT_EQ(s.argument(), "lhs.dtype");
+}
+
+TEST(CudaBadInput, BuiltWithoutCudaSaysSo) {
+  if (cuda_built()) GTEST_SKIP() << "built with CUDA";
+  HostTensor lhs(DType::kBF16, {8, 16}), rhs(DType::kBF16, {2, 16, 24}), out(DType::kF32, {8, 24});
+  int32_t fake_sizes[2] = {};
+  const Status s =
+      ragged_dot_cuda(lhs.in(), rhs.in(), CudaGroups{fake_sizes, 2, nullptr}, out.mut(), {}, {});
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.message();
+  EXPECT_EQ(cuda_device_count(), 0);
+}
+
+#if MOEKIT_HAS_CUDA
+
+// --- On the GPU ---------------------------------------------------------------------------------
+
+// Skips the calling test unless a device is present.
+#define MOEKIT_REQUIRE_GPU()                                                                 \
+  do {                                                                                       \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU test is skipped"; \
+  } while (0)
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
+
+// A device copy of a host tensor (same strides, padding included).
+struct DeviceTensor {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceTensor(size_t n) : bytes(std::max<size_t>(n, 1)) {
+    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() { cudaFree(ptr); }
+  void upload(const HostTensor& h) {
+    cudaMemcpy(ptr, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice);
+  }
+  void download(HostTensor& h) const {
+    cudaMemcpy(h.bytes.data(), ptr, h.bytes.size(), cudaMemcpyDeviceToHost);
+  }
+  template <class View>
+  View view_as(HostTensor& h) const {
+    View v = h.view<View>();
+    v.data = ptr;
+    return v;
+  }
+};
+
+struct GpuCase {
+  int64_t m, K, n;
+  std::vector<int32_t> sizes;  // as the device holds them: may be negative or sum past m
+  int32_t offset;              // likewise, when device_offset
+  int64_t e_loc;
+  DType in = DType::kBF16, out = DType::kF32;
+  bool transposed = false, accumulate = false, device_offset = false;
+  int64_t row_pad = 0;
+  std::string name;
+};
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
+
+// Multiples of 1/64 in [-1, 1] in every element, padding included.
+void fill_sixty_fourths(HostTensor& t, std::mt19937& rng) {
+  std::uniform_int_distribution<int> k(-64, 64);
+  for (size_t i = 0; i < t.bytes.size() / dtype_size(t.dtype); ++i) t.set_flat(i, k(rng) / 64.0);
+}
+
+// The groups as the device rules read them, written out plainly: negative sizes are 0, the
+// offset is clamped into range, and rows past m are dropped from their groups.
+struct Sanitized {
+  std::vector<int32_t> sizes;
+  int32_t offset;
+};
+Sanitized sanitize(const GpuCase& c) {
+  Sanitized s{c.sizes, c.offset};
+  const int64_t G = static_cast<int64_t>(c.sizes.size());
+  s.offset = static_cast<int32_t>(std::clamp<int64_t>(c.offset, 0, G - c.e_loc));
+  int64_t left = c.m;
+  for (auto& v : s.sizes) {
+    v = static_cast<int32_t>(std::min<int64_t>(std::max(v, 0), left));
+    left -= v;
+  }
+  return s;
+}
+
+// A host tensor of the same values in f32, for the reference.
+HostTensor as_f32(const HostTensor& t) {
+  HostTensor r(DType::kF32, t.shape);
+  r.strides = t.strides;
+  r.bytes.resize(t.bytes.size() / dtype_size(t.dtype) * 4);
+  for (size_t i = 0; i < t.bytes.size() / dtype_size(t.dtype); ++i) r.set_flat(i, t.get_flat(i));
+  return r;
+}
+
+// Every element of `got` equals `want` (an f32 reference, rounded to got's dtype) exactly.
+void expect_equal(const HostTensor& got, const HostTensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape, want.shape);
+  int failures = 0;
+  const int64_t rows = got.shape.size() == 3 ? got.shape[0] * got.shape[1] : got.shape[0];
+  const int64_t cols = got.shape.back();
+  for (int64_t r = 0; r < rows && failures < 8; ++r) {
+    for (int64_t col = 0; col < cols && failures < 8; ++col) {
+      const int64_t og = r * got.strides[got.shape.size() - 2] + col;
+      const int64_t ow = r * want.strides[want.shape.size() - 2] + col;
+      HostTensor one(got.dtype, {1});
+      one.set_flat(0, want.get_flat(ow));  // the rounding to got's dtype
+      const double g = got.get_flat(og), w = one.get_flat(0);
+      if (!(g == w) && !(std::isnan(g) && std::isnan(w))) {
+        ADD_FAILURE() << what << " [" << r << ", " << col << "]: got " << g << ", want " << w;
+        ++failures;
+      }
+    }
+  }
+}
+
+class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, RaggedDotCudaImpl>> {
+ protected:
+  void SetUp() override {
+    c = std::get<0>(GetParam());
+    impl = std::get<1>(GetParam());
+    clean = sanitize(c);
+    opt.rhs_transposed = c.transposed;
+    opt.accumulate = c.accumulate;
+    opt.group_offset = c.device_offset ? 0 : c.offset;
+    ref_opt = opt;
+    ref_opt.group_offset = clean.offset;
+    ref_opt.impl = RaggedDotImpl::kReference;
+  }
+  std::vector<int64_t> rhs_dims() const {
+    return c.transposed ? std::vector<int64_t>{c.e_loc, c.n, c.K}
+                        : std::vector<int64_t>{c.e_loc, c.K, c.n};
+  }
+  // Runs `call(groups, exec)` on the device with the case's groups and a fresh workspace; skips
+  // the test when the implementation refuses this device or call (kUnimplemented).
+  template <class Call>
+  void run_on_device(Call call) {
+    DeviceTensor sizes(c.sizes.size() * sizeof(int32_t)), offset(sizeof(int32_t));
+    cudaMemcpy(sizes.ptr, c.sizes.data(), c.sizes.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+    cudaMemcpy(offset.ptr, &c.offset, sizeof(int32_t), cudaMemcpyHostToDevice);
+    const size_t ws_bytes = ragged_dot_cuda_workspace_size(c.e_loc);
+    DeviceTensor ws(ws_bytes);
+    const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr),
+                            static_cast<int64_t>(c.sizes.size()),
+                            c.device_offset ? static_cast<const int32_t*>(offset.ptr) : nullptr};
+    const Status s = call(groups, CudaExec{nullptr, ws.ptr, ws_bytes});
+    if (s.code() == StatusCode::kUnimplemented && impl != RaggedDotCudaImpl::kAuto) {
+      GTEST_SKIP() << s.message();
+    }
+    ASSERT_TRUE(s.ok()) << s.message();
+    CUDA_OK(cudaDeviceSynchronize());
+  }
+
+  GpuCase c;
+  RaggedDotCudaImpl impl;
+  Sanitized clean;
+  RaggedDotOptions opt, ref_opt;
+  std::mt19937 rng{99};
+};
+
+TEST_P(RaggedDotCuda, Forward) {
+  MOEKIT_REQUIRE_GPU();
+  HostTensor lhs(c.in, {c.m, c.K}, c.row_pad), rhs(c.in, rhs_dims()),
+      out(c.out, {c.m, c.n}, c.row_pad);
+  fill_sixty_fourths(lhs, rng);
+  fill_sixty_fourths(rhs, rng);
+  fill_sixty_fourths(out, rng);  // the previous contents: kept (accumulate) or overwritten
+  HostTensor want = as_f32(out), lhs32 = as_f32(lhs), rhs32 = as_f32(rhs);
+  ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), clean.sizes, want.mut(), ref_opt).ok());
+
+  DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
+  d_lhs.upload(lhs), d_rhs.upload(rhs), d_out.upload(out);
+  run_on_device([&](const CudaGroups& g, const CudaExec& e) {
+    return ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
+                           g, d_out.view_as<TensorView>(out), opt, e, impl);
+  });
+  if (HasFatalFailure() || IsSkipped()) return;
+  d_out.download(out);
+  expect_equal(out, want, "out");
+}
+
+TEST_P(RaggedDotCuda, InputGradient) {
+  MOEKIT_REQUIRE_GPU();
+  HostTensor d_out(c.in, {c.m, c.n}, c.row_pad), rhs(c.in, rhs_dims()),
+      d_lhs(c.out, {c.m, c.K}, c.row_pad);
+  fill_sixty_fourths(d_out, rng);
+  fill_sixty_fourths(rhs, rng);
+  fill_sixty_fourths(d_lhs, rng);
+  HostTensor want = as_f32(d_lhs), d_out32 = as_f32(d_out), rhs32 = as_f32(rhs);
+  ASSERT_TRUE(ragged_dot_dlhs(d_out32.in(), rhs32.in(), clean.sizes, want.mut(), ref_opt).ok());
+
+  DeviceTensor a(d_out.bytes.size()), b(rhs.bytes.size()), r(d_lhs.bytes.size());
+  a.upload(d_out), b.upload(rhs), r.upload(d_lhs);
+  run_on_device([&](const CudaGroups& g, const CudaExec& e) {
+    return ragged_dot_dlhs_cuda(a.view_as<ConstTensorView>(d_out), b.view_as<ConstTensorView>(rhs),
+                                g, r.view_as<TensorView>(d_lhs), opt, e, impl);
+  });
+  if (HasFatalFailure() || IsSkipped()) return;
+  r.download(d_lhs);
+  expect_equal(d_lhs, want, "d_lhs");
+}
+
+TEST_P(RaggedDotCuda, WeightGradient) {
+  MOEKIT_REQUIRE_GPU();
+  HostTensor lhs(c.in, {c.m, c.K}, c.row_pad), d_out(c.in, {c.m, c.n}, c.row_pad),
+      d_rhs(c.out, rhs_dims());
+  fill_sixty_fourths(lhs, rng);
+  fill_sixty_fourths(d_out, rng);
+  fill_sixty_fourths(d_rhs, rng);
+  HostTensor want = as_f32(d_rhs), lhs32 = as_f32(lhs), d_out32 = as_f32(d_out);
+  ASSERT_TRUE(ragged_dot_drhs(lhs32.in(), d_out32.in(), clean.sizes, want.mut(), ref_opt).ok());
+
+  DeviceTensor a(lhs.bytes.size()), b(d_out.bytes.size()), r(d_rhs.bytes.size());
+  a.upload(lhs), b.upload(d_out), r.upload(d_rhs);
+  run_on_device([&](const CudaGroups& g, const CudaExec& e) {
+    return ragged_dot_drhs_cuda(a.view_as<ConstTensorView>(lhs), b.view_as<ConstTensorView>(d_out),
+                                g, r.view_as<TensorView>(d_rhs), opt, e, impl);
+  });
+  if (HasFatalFailure() || IsSkipped()) return;
+  r.download(d_rhs);
+  expect_equal(d_rhs, want, "d_rhs");
+}
+
+// NaN in the rows of non-local groups must not reach any output.
+TEST_P(RaggedDotCuda, NonLocalRowsAreNeverRead) {
+  MOEKIT_REQUIRE_GPU();
+  HostTensor lhs(c.in, {c.m, c.K}, c.row_pad), rhs(c.in, rhs_dims()),
+      out(c.out, {c.m, c.n}, c.row_pad);
+  fill_sixty_fourths(lhs, rng);
+  fill_sixty_fourths(rhs, rng);
+  fill_sixty_fourths(out, rng);
+  // Local row range of the sanitized groups.
+  int64_t begin = 0;
+  for (int32_t j = 0; j < clean.offset; ++j) begin += clean.sizes[j];
+  int64_t end = begin;
+  for (int64_t j = clean.offset; j < clean.offset + c.e_loc; ++j) end += clean.sizes[j];
+  HostTensor lhs32 = as_f32(lhs), want = as_f32(out), rhs32 = as_f32(rhs);
+  for (int64_t r = 0; r < c.m; ++r) {
+    if (r >= begin && r < end) continue;
+    for (int64_t k = 0; k < c.K; ++k) lhs.set({r, k}, std::numeric_limits<double>::quiet_NaN());
+  }
+  ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), clean.sizes, want.mut(), ref_opt).ok());
+  DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
+  d_lhs.upload(lhs), d_rhs.upload(rhs), d_out.upload(out);
+  run_on_device([&](const CudaGroups& g, const CudaExec& e) {
+    return ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
+                           g, d_out.view_as<TensorView>(out), opt, e, impl);
+  });
+  if (HasFatalFailure() || IsSkipped()) return;
+  d_out.download(out);
+  expect_equal(out, want, "out");
+}
+
+std::vector<int32_t> random_sizes(std::mt19937& rng, int64_t groups, int64_t total) {
+  std::vector<int32_t> s(groups, 0);
+  std::uniform_int_distribution<int64_t> pick(0, groups - 1);
+  for (int64_t i = 0; i < total; ++i) ++s[pick(rng)];
+  return s;
+}
+
+std::vector<GpuCase> gpu_cases() {
+  std::vector<GpuCase> out;
+  std::mt19937 rng(11);
+  auto add = [&](GpuCase c, const std::string& name) {
+    for (DType in : {DType::kBF16, DType::kF16, DType::kF32}) {
+      for (DType o : {DType::kF32, in}) {
+        GpuCase x = c;
+        x.in = in, x.out = o;
+        x.name = fmt::format("{}_{}_{}", name, dtype_name(in), dtype_name(o));
+        out.push_back(x);
+        if (in == DType::kF32) break;
+      }
+    }
+  };
+  // The shapes of the CPU tests: odd sizes (portable kernel), and tensor-core-aligned ones.
+  for (int64_t m : {0, 1, 7, 111, 500}) {
+    add({m, 70, 33, random_sizes(rng, 5, m), 0, 5}, fmt::format("m{}_K70_n33_all", m));
+    add({m, 64, 48, random_sizes(rng, 5, m), 0, 5}, fmt::format("m{}_K64_n48_all", m));
+  }
+  for (int32_t shard : {0, 1, 3}) {
+    add({300, 128, 96, random_sizes(rng, 12, 280), shard * 3, 3},
+        fmt::format("shard{}of4_partial", shard));
+  }
+  add({60, 16, 24, {5, 0, 7, 20, 0, 0, 13, 0, 15, 0}, 1, 8}, "empty_groups_edges");
+  add({30, 8, 16, {10, 0, 0, 0, 20}, 1, 3}, "all_local_groups_empty");
+  for (int g : {0, 3, 7}) {
+    std::vector<int32_t> s(8, 0);
+    s[g] = 500;
+    add({500, 256, 128, s, 0, 8}, fmt::format("all_rows_in_group{}", g));
+  }
+  add({20, 0, 8, {5, 10, 5}, 1, 2}, "K0");
+  add({20, 8, 0, {5, 10, 5}, 1, 2}, "n0");
+  add({1000, 512, 256, random_sizes(rng, 64, 1000), 16, 16}, "e64_shard2of4");
+  // Device sizes the host never checked: negative, summing past m, an offset out of range.
+  add({100, 64, 32, {30, -4, 50, 60, 10}, 1, 3}, "sizes_past_m_and_negative");
+  GpuCase far{100, 64, 32, {20, 20, 20, 20}, 9, 2};
+  far.device_offset = true;
+  add(far, "device_offset_past_the_end");
+  GpuCase below{100, 64, 32, {20, 20, 20, 20}, -3, 2};
+  below.device_offset = true;
+  add(below, "device_offset_negative");
+  GpuCase dev{300, 128, 96, random_sizes(rng, 12, 280), 6, 3};
+  dev.device_offset = true;
+  add(dev, "device_offset_shard2of4");
+  // Transposed rhs, accumulate, padded rows (16-byte multiples, and 3 elements: not aligned).
+  std::vector<GpuCase> variants;
+  for (const GpuCase& c : out) {
+    if (c.name.rfind("shard1", 0) == 0 || c.name.rfind("empty_groups", 0) == 0 ||
+        c.name.rfind("m111_", 0) == 0 || c.name.rfind("e64", 0) == 0) {
+      GpuCase t = c;
+      t.transposed = true, t.name += "_T";
+      variants.push_back(t);
+      GpuCase a = c;
+      a.accumulate = true, a.name += "_acc";
+      variants.push_back(a);
+      GpuCase p = c;
+      p.row_pad = 8, p.name += "_rowpad8";
+      variants.push_back(p);
+      GpuCase q = c;
+      q.row_pad = 3, q.transposed = true, q.name += "_rowpad3_T";
+      variants.push_back(q);
+    }
+  }
+  out.insert(out.end(), variants.begin(), variants.end());
+  return out;
+}
+
+std::string impl_name(RaggedDotCudaImpl impl) {
+  switch (impl) {
+    case RaggedDotCudaImpl::kAuto:
+      return "auto";
+    case RaggedDotCudaImpl::kSm90:
+      return "sm90";
+    case RaggedDotCudaImpl::kSm80:
+      return "sm80";
+    case RaggedDotCudaImpl::kPortable:
+      return "portable";
+  }
+  return "?";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gpu, RaggedDotCuda,
+    ::testing::Combine(::testing::ValuesIn(gpu_cases()),
+                       ::testing::Values(RaggedDotCudaImpl::kAuto, RaggedDotCudaImpl::kSm90,
+                                         RaggedDotCudaImpl::kSm80, RaggedDotCudaImpl::kPortable)),
+    [](const auto& info) {
+      return std::get<0>(info.param).name + "_" + impl_name(std::get<1>(info.param));
+    });
+
+#endif  // MOEKIT_HAS_CUDA
+
+}  // namespace
+}  // namespace moekit
