@@ -451,6 +451,75 @@ INSTANTIATE_TEST_SUITE_P(
       return std::get<0>(info.param).name + "_" + impl_name(std::get<1>(info.param));
     });
 
+// A call captured once in a CUDA graph computes the right answer when replayed after the device
+// group sizes and offset change: nothing of them is read on the host, and the launches do not
+// depend on them. Each implementation in turn (kAuto, and those the device has).
+TEST(RaggedDotCudaGraph, ReplaysFollowTheDeviceSizes) {
+  MOEKIT_REQUIRE_GPU();
+  const int64_t m = 512, K = 128, n = 64, G = 8, e_loc = 4;
+  std::mt19937 rng(5);
+  HostTensor lhs(DType::kBF16, {m, K}), rhs(DType::kBF16, {e_loc, K, n}), out(DType::kF32, {m, n});
+  fill_sixty_fourths(lhs, rng);
+  fill_sixty_fourths(rhs, rng);
+  DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
+  d_lhs.upload(lhs), d_rhs.upload(rhs);
+  DeviceTensor sizes(G * sizeof(int32_t)), offset(sizeof(int32_t));
+  const size_t ws_bytes = ragged_dot_cuda_workspace_size(e_loc);
+  DeviceTensor ws(ws_bytes);
+  const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr), G,
+                          static_cast<const int32_t*>(offset.ptr)};
+  HostTensor lhs32 = as_f32(lhs), rhs32 = as_f32(rhs);
+
+  for (RaggedDotCudaImpl impl : {RaggedDotCudaImpl::kAuto, RaggedDotCudaImpl::kSm90,
+                                 RaggedDotCudaImpl::kSm80, RaggedDotCudaImpl::kPortable}) {
+    SCOPED_TRACE(impl_name(impl));
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const CudaExec exec{stream, ws.ptr, ws_bytes};
+    // Warm up outside the capture (first-call attribute queries, kernel attributes).
+    std::vector<int32_t> first = random_sizes(rng, G, m);
+    int32_t first_offset = 0;
+    cudaMemcpy(sizes.ptr, first.data(), G * sizeof(int32_t), cudaMemcpyHostToDevice);
+    cudaMemcpy(offset.ptr, &first_offset, sizeof(int32_t), cudaMemcpyHostToDevice);
+    Status s =
+        ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
+                        groups, d_out.view_as<TensorView>(out), {}, exec, impl);
+    if (s.code() == StatusCode::kUnimplemented) continue;  // not on this device
+    ASSERT_TRUE(s.ok()) << s.message();
+    CUDA_OK(cudaStreamSynchronize(stream));
+
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    s = ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
+                        groups, d_out.view_as<TensorView>(out), {}, exec, impl);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_TRUE(s.ok()) << s.message();
+    cudaGraphExec_t graph_exec;
+    CUDA_OK(cudaGraphInstantiate(&graph_exec, graph, 0));
+
+    for (int round = 0; round < 3; ++round) {
+      std::vector<int32_t> now = random_sizes(rng, G, m - 37 * round);
+      const int32_t now_offset = round;  // 0, 1, 2: shards that overlap differently
+      cudaMemcpy(sizes.ptr, now.data(), G * sizeof(int32_t), cudaMemcpyHostToDevice);
+      cudaMemcpy(offset.ptr, &now_offset, sizeof(int32_t), cudaMemcpyHostToDevice);
+      fill_sixty_fourths(out, rng);
+      d_out.upload(out);
+      CUDA_OK(cudaGraphLaunch(graph_exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      HostTensor want = as_f32(out);
+      RaggedDotOptions ref;
+      ref.group_offset = now_offset;
+      ref.impl = RaggedDotImpl::kReference;
+      ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), now, want.mut(), ref).ok());
+      d_out.download(out);
+      expect_equal(out, want, fmt::format("round {} out", round));
+    }
+    cudaGraphExecDestroy(graph_exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
 #endif  // MOEKIT_HAS_CUDA
 
 }  // namespace
