@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 
 #include "cuda/grouped_gemm_cuda.h"
 #include "cuda/plan.cuh"
@@ -99,28 +100,37 @@ Status device_info(DeviceInfo* out) {
   return {};
 }
 
+// bf16 or f16 inputs; 16-byte aligned pointers; strides that are multiples of 8 elements (a
+// 16-byte aligned row for 2-byte inputs, and for f32 outputs too); GEMM extents in [8, 2^31)
+// and multiples of 8 (CUTLASS's problem sizes are int; K = 0 and n = 0 take the portable path).
 bool tensor_core_eligible(DType in, std::initializer_list<const void*> pointers,
+                          std::initializer_list<int64_t> strides,
                           std::initializer_list<int64_t> extents) {
   if (in != DType::kBF16 && in != DType::kF16) return false;
   for (const void* p : pointers) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   }
+  for (int64_t s : strides) {
+    if (s % 8 != 0) return false;
+  }
   for (int64_t e : extents) {
-    if (e % 8 != 0) return false;
+    if (e <= 0 || e % 8 != 0 || e > std::numeric_limits<int32_t>::max()) return false;
   }
   return true;
 }
 
-// Row strides and widths in elements of 2 bytes: multiples of 8 keep every row 16-byte aligned.
 // rhs[j] has one unit stride (its innermost dimension); the other is its leading dimension.
+// The row count m bounds every group's M (row-grouped) or K (contraction) extent.
 bool tensor_core_eligible(const RowGroupedGemm& g) {
-  return tensor_core_eligible(g.in_type, {g.a, g.b, g.c},
-                              {g.lda, g.b_batch, std::max(g.b_s0, g.b_s1), g.ldc, g.kc, g.n});
+  return g.m <= std::numeric_limits<int32_t>::max() &&
+         tensor_core_eligible(g.in_type, {g.a, g.b, g.c},
+                              {g.lda, g.b_batch, std::max(g.b_s0, g.b_s1), g.ldc}, {g.kc, g.n});
 }
 
 bool tensor_core_eligible(const ContractionGroupedGemm& g) {
-  return tensor_core_eligible(g.in_type, {g.x, g.y, g.c},
-                              {g.ldx, g.ldy, g.c_batch, g.ldc, g.p, g.q});
+  return g.m <= std::numeric_limits<int32_t>::max() &&
+         tensor_core_eligible(g.in_type, {g.x, g.y, g.c}, {g.ldx, g.ldy, g.c_batch, g.ldc},
+                              {g.p, g.q});
 }
 
 }  // namespace moekit::detail::cuda

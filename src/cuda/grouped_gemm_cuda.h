@@ -41,7 +41,8 @@ Status device_info(DeviceInfo* out);
 size_t portable_workspace_size(int64_t num_local);
 
 // Whether the tensor-core implementations take this call: bf16 or f16 inputs, 16-byte aligned
-// base pointers, row strides and contracted / output widths that are multiples of 8 elements.
+// base pointers, row strides that are multiples of 8 elements, and contracted / output widths
+// that are positive multiples of 8 that fit in an int (as every row count must).
 bool tensor_core_eligible(const RowGroupedGemm& g);
 bool tensor_core_eligible(const ContractionGroupedGemm& g);
 
