@@ -43,10 +43,24 @@ inline Plan plan_in(void* workspace, int64_t num_local) {
   return Plan{p, p + 2, p + 2 + num_local};
 }
 
-// The implementation's own part of the workspace.
-inline char* args_area(void* workspace, int64_t num_local) {
-  return static_cast<char*>(workspace) + plan_bytes(num_local);
-}
+// Hands out the implementation's arrays, 256-byte aligned one after the other from
+// plan_bytes() on. Addresses are computed as integers, so a null workspace gives the offsets
+// (for sizing).
+class WorkspaceCursor {
+ public:
+  WorkspaceCursor(void* workspace, int64_t num_local)
+      : at_(reinterpret_cast<uintptr_t>(workspace) + plan_bytes(num_local)) {}
+  template <class T>
+  T* take(int64_t count) {
+    const uintptr_t at = at_;
+    at_ += align_up(sizeof(T) * static_cast<size_t>(count));
+    return reinterpret_cast<T*>(at);
+  }
+  uintptr_t position() const { return at_; }
+
+ private:
+  uintptr_t at_;
+};
 
 // "op: CUDA error in what: message" for the last launch or call, ok when there was none.
 inline Status cuda_status(const char* op, const char* what, cudaError_t e) {

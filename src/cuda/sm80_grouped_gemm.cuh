@@ -66,26 +66,19 @@ struct Kernel {
     }
   };
 
-  // workspace may be null (for sizing): addresses are computed as integers.
   static Arrays arrays_in(void* workspace, int64_t num_local) {
-    uintptr_t p = reinterpret_cast<uintptr_t>(workspace) + plan_bytes(num_local);
-    const auto n = static_cast<size_t>(num_local);
-    auto take = [&](size_t bytes) {
-      const uintptr_t at = p;
-      p += align_up(bytes);
-      return reinterpret_cast<void*>(at);
-    };
+    WorkspaceCursor cursor(workspace, num_local);
     Arrays r;
-    r.shapes = static_cast<cutlass::gemm::GemmCoord*>(take(n * sizeof(cutlass::gemm::GemmCoord)));
-    r.a = static_cast<ElementA**>(take(n * sizeof(void*)));
-    r.b = static_cast<ElementB**>(take(n * sizeof(void*)));
-    r.c = static_cast<ElementD**>(take(n * sizeof(void*)));
-    r.d = static_cast<ElementD**>(take(n * sizeof(void*)));
-    r.lda = static_cast<int64_t*>(take(n * sizeof(int64_t)));
-    r.ldb = static_cast<int64_t*>(take(n * sizeof(int64_t)));
-    r.ldc = static_cast<int64_t*>(take(n * sizeof(int64_t)));
-    r.ldd = static_cast<int64_t*>(take(n * sizeof(int64_t)));
-    r.end = p;
+    r.shapes = cursor.take<cutlass::gemm::GemmCoord>(num_local);
+    r.a = cursor.take<ElementA*>(num_local);
+    r.b = cursor.take<ElementB*>(num_local);
+    r.c = cursor.take<ElementD*>(num_local);
+    r.d = cursor.take<ElementD*>(num_local);
+    r.lda = cursor.take<int64_t>(num_local);
+    r.ldb = cursor.take<int64_t>(num_local);
+    r.ldc = cursor.take<int64_t>(num_local);
+    r.ldd = cursor.take<int64_t>(num_local);
+    r.end = cursor.position();
     return r;
   }
 

@@ -104,26 +104,19 @@ struct Kernel {
     }
   };
 
-  // workspace may be null (for sizing): addresses are computed as integers.
   static Arrays arrays_in(void* workspace, int64_t num_local) {
-    uintptr_t p = reinterpret_cast<uintptr_t>(workspace) + plan_bytes(num_local);
-    const auto n = static_cast<size_t>(num_local);
-    auto take = [&](size_t bytes) {
-      const uintptr_t at = p;
-      p += align_up(bytes);
-      return reinterpret_cast<void*>(at);
-    };
+    WorkspaceCursor cursor(workspace, num_local);
     Arrays r;
-    r.shapes = static_cast<Shape3*>(take(n * sizeof(Shape3)));
-    r.a = static_cast<const ElementA**>(take(n * sizeof(void*)));
-    r.b = static_cast<const ElementB**>(take(n * sizeof(void*)));
-    r.c = static_cast<const ElementD**>(take(n * sizeof(void*)));
-    r.d = static_cast<ElementD**>(take(n * sizeof(void*)));
-    r.stride_a = static_cast<StrideA*>(take(n * sizeof(StrideA)));
-    r.stride_b = static_cast<StrideB*>(take(n * sizeof(StrideB)));
-    r.stride_c = static_cast<StrideC*>(take(n * sizeof(StrideC)));
-    r.stride_d = static_cast<StrideD*>(take(n * sizeof(StrideD)));
-    r.cutlass_workspace = reinterpret_cast<void*>(p);
+    r.shapes = cursor.take<Shape3>(num_local);
+    r.a = cursor.take<const ElementA*>(num_local);
+    r.b = cursor.take<const ElementB*>(num_local);
+    r.c = cursor.take<const ElementD*>(num_local);
+    r.d = cursor.take<ElementD*>(num_local);
+    r.stride_a = cursor.take<StrideA>(num_local);
+    r.stride_b = cursor.take<StrideB>(num_local);
+    r.stride_c = cursor.take<StrideC>(num_local);
+    r.stride_d = cursor.take<StrideD>(num_local);
+    r.cutlass_workspace = reinterpret_cast<void*>(cursor.position());
     return r;
   }
 

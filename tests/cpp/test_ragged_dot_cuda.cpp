@@ -254,6 +254,41 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
     CUDA_OK(cudaDeviceSynchronize());
   }
 
+  // One pass: the inputs x, y and the previous result r drawn at random; the CPU reference
+  // (cpu(x, y, r) on f32 copies) and the device call (gpu(x, y, groups, r, exec) on device
+  // copies) must agree exactly. poison_nonlocal_rows: x's rows outside the local groups hold NaN
+  // on the device, and must not be read.
+  template <class Cpu, class Gpu>
+  void check_pass(HostTensor x, HostTensor y, HostTensor r, const char* name, Cpu cpu, Gpu gpu,
+                  bool poison_nonlocal_rows = false) {
+    fill_sixty_fourths(x, rng);
+    fill_sixty_fourths(y, rng);
+    fill_sixty_fourths(r, rng);  // the previous contents: kept (accumulate) or overwritten
+    HostTensor want = as_f32(r), x32 = as_f32(x), y32 = as_f32(y);
+    ASSERT_TRUE(cpu(x32.in(), y32.in(), want.mut()).ok());
+    if (poison_nonlocal_rows) {
+      int64_t begin = 0;
+      for (int32_t j = 0; j < clean.offset; ++j) begin += clean.sizes[j];
+      int64_t end = begin;
+      for (int64_t j = clean.offset; j < clean.offset + c.e_loc; ++j) end += clean.sizes[j];
+      for (int64_t row = 0; row < x.shape[0]; ++row) {
+        if (row >= begin && row < end) continue;
+        for (int64_t k = 0; k < x.shape[1]; ++k) {
+          x.set({row, k}, std::numeric_limits<double>::quiet_NaN());
+        }
+      }
+    }
+    DeviceTensor dx(x.bytes.size()), dy(y.bytes.size()), dr(r.bytes.size());
+    dx.upload(x), dy.upload(y), dr.upload(r);
+    run_on_device([&](const CudaGroups& g, const CudaExec& e) {
+      return gpu(dx.view_as<ConstTensorView>(x), dy.view_as<ConstTensorView>(y), g,
+                 dr.view_as<TensorView>(r), e);
+    });
+    if (HasFatalFailure() || IsSkipped()) return;
+    dr.download(r);
+    expect_equal(r, want, name);
+  }
+
   GpuCase c;
   RaggedDotCudaImpl impl;
   Sanitized clean;
@@ -263,95 +298,52 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
 
 TEST_P(RaggedDotCuda, Forward) {
   MOEKIT_REQUIRE_GPU();
-  HostTensor lhs(c.in, {c.m, c.K}, c.row_pad), rhs(c.in, rhs_dims()),
-      out(c.out, {c.m, c.n}, c.row_pad);
-  fill_sixty_fourths(lhs, rng);
-  fill_sixty_fourths(rhs, rng);
-  fill_sixty_fourths(out, rng);  // the previous contents: kept (accumulate) or overwritten
-  HostTensor want = as_f32(out), lhs32 = as_f32(lhs), rhs32 = as_f32(rhs);
-  ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), clean.sizes, want.mut(), ref_opt).ok());
-
-  DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
-  d_lhs.upload(lhs), d_rhs.upload(rhs), d_out.upload(out);
-  run_on_device([&](const CudaGroups& g, const CudaExec& e) {
-    return ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
-                           g, d_out.view_as<TensorView>(out), opt, e, impl);
-  });
-  if (HasFatalFailure() || IsSkipped()) return;
-  d_out.download(out);
-  expect_equal(out, want, "out");
+  check_pass(
+      HostTensor(c.in, {c.m, c.K}, c.row_pad), HostTensor(c.in, rhs_dims()),
+      HostTensor(c.out, {c.m, c.n}, c.row_pad), "out",
+      [&](auto lhs, auto rhs, auto out) { return ragged_dot(lhs, rhs, clean.sizes, out, ref_opt); },
+      [&](auto lhs, auto rhs, const CudaGroups& g, auto out, const CudaExec& e) {
+        return ragged_dot_cuda(lhs, rhs, g, out, opt, e, impl);
+      });
 }
 
 TEST_P(RaggedDotCuda, InputGradient) {
   MOEKIT_REQUIRE_GPU();
-  HostTensor d_out(c.in, {c.m, c.n}, c.row_pad), rhs(c.in, rhs_dims()),
-      d_lhs(c.out, {c.m, c.K}, c.row_pad);
-  fill_sixty_fourths(d_out, rng);
-  fill_sixty_fourths(rhs, rng);
-  fill_sixty_fourths(d_lhs, rng);
-  HostTensor want = as_f32(d_lhs), d_out32 = as_f32(d_out), rhs32 = as_f32(rhs);
-  ASSERT_TRUE(ragged_dot_dlhs(d_out32.in(), rhs32.in(), clean.sizes, want.mut(), ref_opt).ok());
-
-  DeviceTensor a(d_out.bytes.size()), b(rhs.bytes.size()), r(d_lhs.bytes.size());
-  a.upload(d_out), b.upload(rhs), r.upload(d_lhs);
-  run_on_device([&](const CudaGroups& g, const CudaExec& e) {
-    return ragged_dot_dlhs_cuda(a.view_as<ConstTensorView>(d_out), b.view_as<ConstTensorView>(rhs),
-                                g, r.view_as<TensorView>(d_lhs), opt, e, impl);
-  });
-  if (HasFatalFailure() || IsSkipped()) return;
-  r.download(d_lhs);
-  expect_equal(d_lhs, want, "d_lhs");
+  check_pass(
+      HostTensor(c.in, {c.m, c.n}, c.row_pad), HostTensor(c.in, rhs_dims()),
+      HostTensor(c.out, {c.m, c.K}, c.row_pad), "d_lhs",
+      [&](auto d_out, auto rhs, auto d_lhs) {
+        return ragged_dot_dlhs(d_out, rhs, clean.sizes, d_lhs, ref_opt);
+      },
+      [&](auto d_out, auto rhs, const CudaGroups& g, auto d_lhs, const CudaExec& e) {
+        return ragged_dot_dlhs_cuda(d_out, rhs, g, d_lhs, opt, e, impl);
+      });
 }
 
 TEST_P(RaggedDotCuda, WeightGradient) {
   MOEKIT_REQUIRE_GPU();
-  HostTensor lhs(c.in, {c.m, c.K}, c.row_pad), d_out(c.in, {c.m, c.n}, c.row_pad),
-      d_rhs(c.out, rhs_dims());
-  fill_sixty_fourths(lhs, rng);
-  fill_sixty_fourths(d_out, rng);
-  fill_sixty_fourths(d_rhs, rng);
-  HostTensor want = as_f32(d_rhs), lhs32 = as_f32(lhs), d_out32 = as_f32(d_out);
-  ASSERT_TRUE(ragged_dot_drhs(lhs32.in(), d_out32.in(), clean.sizes, want.mut(), ref_opt).ok());
-
-  DeviceTensor a(lhs.bytes.size()), b(d_out.bytes.size()), r(d_rhs.bytes.size());
-  a.upload(lhs), b.upload(d_out), r.upload(d_rhs);
-  run_on_device([&](const CudaGroups& g, const CudaExec& e) {
-    return ragged_dot_drhs_cuda(a.view_as<ConstTensorView>(lhs), b.view_as<ConstTensorView>(d_out),
-                                g, r.view_as<TensorView>(d_rhs), opt, e, impl);
-  });
-  if (HasFatalFailure() || IsSkipped()) return;
-  r.download(d_rhs);
-  expect_equal(d_rhs, want, "d_rhs");
+  check_pass(
+      HostTensor(c.in, {c.m, c.K}, c.row_pad), HostTensor(c.in, {c.m, c.n}, c.row_pad),
+      HostTensor(c.out, rhs_dims()), "d_rhs",
+      [&](auto lhs, auto d_out, auto d_rhs) {
+        return ragged_dot_drhs(lhs, d_out, clean.sizes, d_rhs, ref_opt);
+      },
+      [&](auto lhs, auto d_out, const CudaGroups& g, auto d_rhs, const CudaExec& e) {
+        return ragged_dot_drhs_cuda(lhs, d_out, g, d_rhs, opt, e, impl);
+      });
 }
 
 // NaN in the rows of non-local groups must not reach any output.
 TEST_P(RaggedDotCuda, NonLocalRowsAreNeverRead) {
   MOEKIT_REQUIRE_GPU();
-  HostTensor lhs(c.in, {c.m, c.K}, c.row_pad), rhs(c.in, rhs_dims()),
-      out(c.out, {c.m, c.n}, c.row_pad);
-  fill_sixty_fourths(lhs, rng);
-  fill_sixty_fourths(rhs, rng);
-  fill_sixty_fourths(out, rng);
-  // Local row range of the sanitized groups.
-  int64_t begin = 0;
-  for (int32_t j = 0; j < clean.offset; ++j) begin += clean.sizes[j];
-  int64_t end = begin;
-  for (int64_t j = clean.offset; j < clean.offset + c.e_loc; ++j) end += clean.sizes[j];
-  HostTensor lhs32 = as_f32(lhs), want = as_f32(out), rhs32 = as_f32(rhs);
-  for (int64_t r = 0; r < c.m; ++r) {
-    if (r >= begin && r < end) continue;
-    for (int64_t k = 0; k < c.K; ++k) lhs.set({r, k}, std::numeric_limits<double>::quiet_NaN());
-  }
-  ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), clean.sizes, want.mut(), ref_opt).ok());
-  DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
-  d_lhs.upload(lhs), d_rhs.upload(rhs), d_out.upload(out);
-  run_on_device([&](const CudaGroups& g, const CudaExec& e) {
-    return ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
-                           g, d_out.view_as<TensorView>(out), opt, e, impl);
-  });
-  if (HasFatalFailure() || IsSkipped()) return;
-  d_out.download(out);
-  expect_equal(out, want, "out");
+  check_pass(
+      HostTensor(c.in, {c.m, c.K}, c.row_pad), HostTensor(c.in, rhs_dims()),
+      HostTensor(c.out, {c.m, c.n}, c.row_pad), "out",
+      [&](auto lhs, auto rhs, auto out) { return ragged_dot(lhs, rhs, clean.sizes, out, ref_opt); },
+      [&](auto lhs, auto rhs, const CudaGroups& g, auto out, const CudaExec& e) {
+        return ragged_dot_cuda(lhs, rhs, g, out, opt, e, impl);
+      },
+      /*poison_nonlocal_rows=*/true);
 }
 
 std::vector<int32_t> random_sizes(std::mt19937& rng, int64_t groups, int64_t total) {
