@@ -29,19 +29,11 @@ using detail::RowGroupedGemm;
 Status check_groups(const char* op, std::span<const int32_t> sizes, int32_t offset,
                     int64_t num_local, int64_t m, GroupRows* out) {
   const int64_t G = static_cast<int64_t>(sizes.size());
-  if (G < num_local) {
-    return Status::invalid_argument(
-        op, "group_sizes.size()", std::to_string(G),
-        fmt::format("must be >= E_loc = {} (groups held locally)", num_local));
-  }
+  MOEKIT_RETURN_IF_ERROR(detail::check_group_count(op, "group_sizes.size()", G, num_local));
   if (G > 0 && sizes.data() == nullptr) {
     return Status::invalid_argument(op, "group_sizes.data", "null", "non-empty span needs data");
   }
-  if (offset < 0 || offset > G - num_local) {
-    return Status::invalid_argument(
-        op, "group_offset", std::to_string(offset),
-        fmt::format("must be in [0, G - E_loc] = [0, {}]", G - num_local));
-  }
+  MOEKIT_RETURN_IF_ERROR(detail::check_group_offset(op, offset, G, num_local));
   int64_t total = 0, begin = 0, end = 0;
   for (int64_t j = 0; j < G; ++j) {
     if (sizes[j] < 0) {

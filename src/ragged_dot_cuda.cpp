@@ -19,22 +19,13 @@ namespace {
 
 Status check_device_groups(const char* op, const CudaGroups& groups, int64_t num_local,
                            const RaggedDotOptions& options) {
-  if (groups.count < num_local) {
-    return Status::invalid_argument(
-        op, "groups.count", std::to_string(groups.count),
-        fmt::format("must be >= E_loc = {} (groups held locally)", num_local));
-  }
+  MOEKIT_RETURN_IF_ERROR(detail::check_group_count(op, "groups.count", groups.count, num_local));
   if (groups.count > 0 && groups.sizes == nullptr) {
     return Status::invalid_argument(op, "groups.sizes", "null",
                                     fmt::format("{} groups need a size array", groups.count));
   }
-  if (groups.offset == nullptr &&
-      (options.group_offset < 0 || options.group_offset > groups.count - num_local)) {
-    return Status::invalid_argument(
-        op, "group_offset", std::to_string(options.group_offset),
-        fmt::format("must be in [0, G - E_loc] = [0, {}]", groups.count - num_local));
-  }
-  return {};
+  if (groups.offset != nullptr) return {};  // on the device: clamped there
+  return detail::check_group_offset(op, options.group_offset, groups.count, num_local);
 }
 
 #if MOEKIT_HAS_CUDA

@@ -53,6 +53,20 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
   return {};
 }
 
+Status check_group_count(const char* op, const char* count_name, int64_t count, int64_t num_local) {
+  if (count >= num_local) return {};
+  return Status::invalid_argument(
+      op, count_name, std::to_string(count),
+      fmt::format("must be >= E_loc = {} (groups held locally)", num_local));
+}
+
+Status check_group_offset(const char* op, int64_t offset, int64_t count, int64_t num_local) {
+  if (offset >= 0 && offset <= count - num_local) return {};
+  return Status::invalid_argument(
+      op, "group_offset", std::to_string(offset),
+      fmt::format("must be in [0, G - E_loc] = [0, {}]", count - num_local));
+}
+
 Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView d_out,
                            TensorView d_rhs, const RaggedDotOptions& options, bool allow_f16,
                            ContractionGroupedGemm* out) {

@@ -69,6 +69,11 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
                    const char* c_name, TensorView c, const RaggedDotOptions& options,
                    bool contract_over_rhs_n, bool allow_f16, RowGroupedGemm* out);
 
+// G = `count` groups (named by count_name) hold the E_loc local ones: G >= E_loc.
+Status check_group_count(const char* op, const char* count_name, int64_t count, int64_t num_local);
+// A group_offset known on the host is in [0, G - E_loc].
+Status check_group_offset(const char* op, int64_t offset, int64_t count, int64_t num_local);
+
 // The weight gradient: lhs [m, K], d_out [m, n] into d_rhs [E_loc, K, n] ([E_loc, n, K]).
 Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView d_out,
                            TensorView d_rhs, const RaggedDotOptions& options, bool allow_f16,

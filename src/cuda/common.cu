@@ -17,14 +17,23 @@ namespace {
 
 constexpr int kZeroThreads = 256;
 
-// Zeroes `bytes` bytes at p: 16-byte stores where p and bytes allow, else single bytes.
-__device__ void zero_bytes(char* p, int64_t bytes) {
-  if ((reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(bytes)) % 16 == 0) {
-    auto* v = reinterpret_cast<int4*>(p);
-    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) v[i] = make_int4(0, 0, 0, 0);
-  } else {
-    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) p[i] = 0;
+// Zeroes `bytes` bytes at p with the block's threads, in words of type W.
+template <class W>
+__device__ void zero_words(char* p, int64_t bytes) {
+  auto* w = reinterpret_cast<W*>(p);
+  for (int64_t i = threadIdx.x; i < bytes / static_cast<int64_t>(sizeof(W)); i += blockDim.x) {
+    w[i] = W{};
   }
+}
+
+// Zeroes `bytes` bytes at p with the widest stores that p and bytes allow (16 bytes on aligned
+// rows; 4 or 2 on the rows of unaligned widths, as an f32 or a 2-byte element).
+__device__ void zero_bytes(char* p, int64_t bytes) {
+  const auto fit = reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(bytes);
+  if (fit % 16 == 0) return zero_words<int4>(p, bytes);
+  if (fit % 4 == 0) return zero_words<int32_t>(p, bytes);
+  if (fit % 2 == 0) return zero_words<int16_t>(p, bytes);
+  zero_words<char>(p, bytes);
 }
 
 // Rows [0, begin) and [end, m) of c, taken as one list of m - (end - begin) rows, grid-strided.
@@ -53,35 +62,33 @@ __global__ void __launch_bounds__(kZeroThreads)
 
 }  // namespace
 
-Status zero_outside_local_rows(const char* op, void* c, size_t elem_bytes, int64_t ld, int64_t n,
-                               int64_t m, const Plan& plan, cudaStream_t stream) {
-  if (m == 0 || n == 0) return {};
-  const auto e = static_cast<int64_t>(elem_bytes);
-  const unsigned blocks = static_cast<unsigned>(m < 4096 ? m : 4096);
-  zero_outside_kernel<<<blocks, kZeroThreads, 0, stream>>>(static_cast<char*>(c), ld * e, n * e, m,
-                                                           plan.bounds);
+Status zero_uncovered(const char* op, const RowGroupedGemm& g, int64_t, const Plan& plan,
+                      cudaStream_t stream) {
+  if (g.m == 0 || g.n == 0) return {};
+  const auto e = static_cast<int64_t>(dtype_size(g.out_type));
+  const unsigned blocks = static_cast<unsigned>(g.m < 4096 ? g.m : 4096);
+  zero_outside_kernel<<<blocks, kZeroThreads, 0, stream>>>(static_cast<char*>(g.c), g.ldc * e,
+                                                           g.n * e, g.m, plan.bounds);
   return launch_status(op, "the kernel zeroing non-local rows");
 }
 
-Status zero_empty_groups(const char* op, void* c, size_t elem_bytes, int64_t batch, int64_t ld,
-                         int64_t p, int64_t q, int64_t num_local, const Plan& plan,
-                         cudaStream_t stream) {
-  if (num_local == 0 || p == 0 || q == 0) return {};
-  const auto e = static_cast<int64_t>(elem_bytes);
-  const dim3 grid(static_cast<unsigned>(p < 64 ? p : 64),
+Status zero_uncovered(const char* op, const ContractionGroupedGemm& g, int64_t num_local,
+                      const Plan& plan, cudaStream_t stream) {
+  if (num_local == 0 || g.p == 0 || g.q == 0) return {};
+  const auto e = static_cast<int64_t>(dtype_size(g.out_type));
+  const dim3 grid(static_cast<unsigned>(g.p < 64 ? g.p : 64),
                   static_cast<unsigned>(num_local < 65535 ? num_local : 65535));
-  zero_empty_kernel<<<grid, kZeroThreads, 0, stream>>>(static_cast<char*>(c), batch * e, ld * e,
-                                                       q * e, p, num_local, plan.rows);
+  zero_empty_kernel<<<grid, kZeroThreads, 0, stream>>>(
+      static_cast<char*>(g.c), g.c_batch * e, g.ldc * e, g.q * e, g.p, num_local, plan.rows);
   return launch_status(op, "the kernel zeroing empty groups");
 }
 
 Status device_info(DeviceInfo* out) {
-  constexpr int kMaxDevices = 64;
   // Packed (arch << 32 | sm_count) per device; 0 until read.
-  static std::array<std::atomic<uint64_t>, kMaxDevices> cache{};
+  static std::array<std::atomic<uint64_t>, kMaxCachedDevices> cache{};
   int device = 0;
   MOEKIT_RETURN_IF_ERROR(cuda_status("ragged_dot", "cudaGetDevice", cudaGetDevice(&device)));
-  uint64_t packed = device < kMaxDevices ? cache[device].load(std::memory_order_relaxed) : 0;
+  uint64_t packed = device < kMaxCachedDevices ? cache[device].load(std::memory_order_relaxed) : 0;
   if (packed == 0) {
     int major = 0, minor = 0, sms = 0;
     MOEKIT_RETURN_IF_ERROR(
@@ -94,7 +101,7 @@ Status device_info(DeviceInfo* out) {
         cuda_status("ragged_dot", "cudaDeviceGetAttribute",
                     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)));
     packed = (static_cast<uint64_t>(major * 10 + minor) << 32) | static_cast<uint32_t>(sms);
-    if (device < kMaxDevices) cache[device].store(packed, std::memory_order_relaxed);
+    if (device < kMaxCachedDevices) cache[device].store(packed, std::memory_order_relaxed);
   }
   *out = DeviceInfo{device, static_cast<int>(packed >> 32), static_cast<int>(packed & 0xffffffffu)};
   return {};

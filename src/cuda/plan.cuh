@@ -19,6 +19,9 @@ namespace moekit::detail::cuda {
 
 inline constexpr size_t kWorkspaceAlign = 256;
 
+// Per-device caches (device_info, occupancy) hold this many devices; others query every call.
+inline constexpr int kMaxCachedDevices = 64;
+
 constexpr size_t align_up(size_t bytes, size_t a = kWorkspaceAlign) {
   return (bytes + a - 1) / a * a;
 }
@@ -124,40 +127,24 @@ struct EmitNothing {
   __device__ void operator()(int64_t, int64_t, int64_t) const {}
 };
 
-template <class Emit>
-Status launch_plan(const char* op, const DeviceGroups& groups, int64_t m, Plan plan,
-                   const Emit& emit, cudaStream_t stream) {
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(groups, m, plan, emit);
-  return launch_status(op, "the plan kernel");
-}
+// Step 2: sets to 0 what no GEMM tile of the problem writes (common.cu). Row-grouped: the rows
+// of C outside [bounds[0], bounds[1]), those of non-local groups and past sum(group_sizes).
+// Contraction-grouped: the [p, q] matrices C_j of the local groups j with no rows.
+Status zero_uncovered(const char* op, const RowGroupedGemm& g, int64_t num_local, const Plan& plan,
+                      cudaStream_t stream);
+Status zero_uncovered(const char* op, const ContractionGroupedGemm& g, int64_t num_local,
+                      const Plan& plan, cudaStream_t stream);
 
-// Sets to 0 the rows of c [m, n] (row stride ld elements of elem_bytes each) outside
-// [bounds[0], bounds[1]): rows of non-local groups and past sum(group_sizes).
-Status zero_outside_local_rows(const char* op, void* c, size_t elem_bytes, int64_t ld, int64_t n,
-                               int64_t m, const Plan& plan, cudaStream_t stream);
-
-// Sets to 0 the [p, q] matrices c + j*batch (row stride ld) of the local groups j with no rows.
-Status zero_empty_groups(const char* op, void* c, size_t elem_bytes, int64_t batch, int64_t ld,
-                         int64_t p, int64_t q, int64_t num_local, const Plan& plan,
-                         cudaStream_t stream);
-
-// Steps 1 and 2 of every implementation: the plan (with `emit`), then the zeros.
-template <class Emit>
-Status plan_and_zero(const char* op, const RowGroupedGemm& g, const DeviceGroups& groups,
-                     void* workspace, const Emit& emit, cudaStream_t stream) {
+// Steps 1 and 2 of every implementation: the plan (with `emit`), then the zeros (none when
+// accumulating: the untouched parts keep their contents).
+template <class Problem, class Emit>
+Status plan_and_zero(const char* op, const Problem& g, const DeviceGroups& groups, void* workspace,
+                     const Emit& emit, cudaStream_t stream) {
   const Plan plan = plan_in(workspace, groups.num_local);
-  MOEKIT_RETURN_IF_ERROR(launch_plan(op, groups, g.m, plan, emit, stream));
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(groups, g.m, plan, emit);
+  MOEKIT_RETURN_IF_ERROR(launch_status(op, "the plan kernel"));
   if (g.accumulate) return {};
-  return zero_outside_local_rows(op, g.c, dtype_size(g.out_type), g.ldc, g.n, g.m, plan, stream);
-}
-template <class Emit>
-Status plan_and_zero(const char* op, const ContractionGroupedGemm& g, const DeviceGroups& groups,
-                     void* workspace, const Emit& emit, cudaStream_t stream) {
-  const Plan plan = plan_in(workspace, groups.num_local);
-  MOEKIT_RETURN_IF_ERROR(launch_plan(op, groups, g.m, plan, emit, stream));
-  if (g.accumulate) return {};
-  return zero_empty_groups(op, g.c, dtype_size(g.out_type), g.c_batch, g.ldc, g.p, g.q,
-                           groups.num_local, plan, stream);
+  return zero_uncovered(op, g, groups.num_local, plan, stream);
 }
 
 }  // namespace moekit::detail::cuda

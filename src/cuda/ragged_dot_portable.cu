@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
   const int cols = static_cast<int>(g.q - q0 < kTileN ? g.q - q0 : kTileN);
   for (int64_t j = blockIdx.z; j < num_local; j += gridDim.z) {
     const int64_t begin = plan.begin[j], end = begin + plan.rows[j];
-    if (begin >= end) continue;  // an empty group: zeroed by zero_empty_groups (or untouched)
+    if (begin >= end) continue;  // an empty group: zeroed by zero_uncovered (or untouched)
     float acc[4][4] = {};
     tile_product</*kAAlongM=*/true>(
         acc, begin, end,

@@ -14,6 +14,8 @@
 #include <cutlass/gemm/kernel/default_gemm_grouped.h>
 #include <cutlass/gemm/threadblock/threadblock_swizzle.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/grouped_gemm_cuda.h"
@@ -96,24 +98,25 @@ struct Kernel {
     return w.end + align_up(Gemm::get_workspace_size(arguments(w, num_local, false, 1)));
   }
 
+  // One full wave (multiprocessors x resident blocks), the same on every call: read once per
+  // device, since the occupancy query also sets the kernel's attributes.
+  static int threadblocks(const DeviceInfo& info) {
+    static std::array<std::atomic<int>, kMaxCachedDevices> cache{};
+    const bool cached = info.device >= 0 && info.device < kMaxCachedDevices;
+    int blocks = cached ? cache[info.device].load(std::memory_order_relaxed) : 0;
+    if (blocks <= 0) {
+      blocks = Gemm::sufficient(nullptr, 0, info.sm_count);
+      if (cached && blocks > 0) cache[info.device].store(blocks, std::memory_order_relaxed);
+    }
+    return blocks;
+  }
+
   static Status run(const Arrays& w, int64_t num_local, bool accumulate, const DeviceInfo& info,
                     cudaStream_t stream) {
-    // One full wave: multiprocessors x resident blocks, the same on every call.
-    const int threadblocks = Gemm::sufficient(nullptr, 0, info.sm_count);
-    if (threadblocks <= 0) return launch_status(kOp, "the occupancy query of the sm80 kernel");
-    auto args = arguments(w, num_local, accumulate, threadblocks);
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
-      return Status::internal(kOp, "CUTLASS cannot implement this grouped GEMM");
-    }
-    const auto workspace = reinterpret_cast<void*>(w.end);
-    if (gemm.initialize(args, workspace, stream) != cutlass::Status::kSuccess) {
-      return Status::internal(kOp, "CUTLASS grouped GEMM initialisation failed");
-    }
-    if (gemm.run(stream) != cutlass::Status::kSuccess) {
-      return launch_status(kOp, "the CUTLASS sm80 grouped GEMM");
-    }
-    return launch_status(kOp, "the CUTLASS sm80 grouped GEMM");
+    const int blocks = threadblocks(info);
+    MOEKIT_RETURN_IF_ERROR(tc::cutlass_status(kOp, "occupancy query", blocks > 0));
+    return tc::launch<Gemm>(kOp, arguments(w, num_local, accumulate, blocks),
+                            reinterpret_cast<void*>(w.end), stream);
   }
 };
 

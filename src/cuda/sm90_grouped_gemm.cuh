@@ -147,18 +147,8 @@ struct Kernel {
 
   static Status run(const Arrays& w, int64_t num_local, bool accumulate, const DeviceInfo& info,
                     cudaStream_t stream) {
-    auto args = arguments(w, num_local, accumulate, info);
-    Gemm gemm;
-    if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
-      return Status::internal(kOp, "CUTLASS cannot implement this grouped GEMM");
-    }
-    if (gemm.initialize(args, w.cutlass_workspace, stream) != cutlass::Status::kSuccess) {
-      return Status::internal(kOp, "CUTLASS grouped GEMM initialisation failed");
-    }
-    if (gemm.run(stream) != cutlass::Status::kSuccess) {
-      return launch_status(kOp, "the CUTLASS sm90 grouped GEMM");
-    }
-    return launch_status(kOp, "the CUTLASS sm90 grouped GEMM");
+    return tc::launch<Gemm>(kOp, arguments(w, num_local, accumulate, info), w.cutlass_workspace,
+                            stream);
   }
 };
 

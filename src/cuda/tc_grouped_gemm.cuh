@@ -15,16 +15,40 @@
 
 #include <cuda_runtime.h>
 #include <cutlass/bfloat16.h>
+#include <cutlass/cutlass.h>
 #include <cutlass/half.h>
 #include <cutlass/layout/matrix.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "cuda/grouped_gemm_cuda.h"
 #include "cuda/plan.cuh"
 
 namespace moekit::detail::cuda::tc {
+
+// A CUTLASS step's outcome as a Status, with the CUDA error behind a failure when there is one.
+inline Status cutlass_status(const char* op, const char* what, bool succeeded) {
+  const cudaError_t e = cudaGetLastError();
+  if (succeeded && e == cudaSuccess) return {};
+  return Status::internal(
+      op, std::string("CUTLASS ") + what + " failed" +
+              (e != cudaSuccess ? std::string(": ") + cudaGetErrorString(e) : std::string()));
+}
+
+// Checks, initialises (its workspace, its kernel's shared-memory limit) and launches a CUTLASS
+// grouped GEMM on `stream`. The arguments hold no group sizes, so every call launches the same.
+template <class Gemm>
+Status launch(const char* op, const typename Gemm::Arguments& args, void* workspace,
+              cudaStream_t stream) {
+  Gemm gemm;
+  MOEKIT_RETURN_IF_ERROR(
+      cutlass_status(op, "can_implement", gemm.can_implement(args) == cutlass::Status::kSuccess));
+  MOEKIT_RETURN_IF_ERROR(cutlass_status(
+      op, "initialize", gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess));
+  return cutlass_status(op, "run", gemm.run(stream) == cutlass::Status::kSuccess);
+}
 
 // Row-grouped (forward, input gradient): local group j is D = C[rows of j], A = the input's same
 // rows (row-major), B = rhs[j] (either layout).
@@ -46,7 +70,7 @@ struct RowEmit {
 
 // Contraction-grouped (weight gradient): local group j is D = C_j [p, q], A = X[rows of j]^T
 // (column-major, p x rows), B = Y[rows of j] (row-major, rows x q). An empty group gets no tiles
-// (M = 0): zero_empty_groups has written its zeros.
+// (M = 0): zero_uncovered has written its zeros.
 template <class K>
 struct ContractionEmit {
   typename K::Arrays w;

@@ -127,21 +127,28 @@ TEST(CudaBadInput, BuiltWithoutCudaSaysSo) {
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
 
-// A device copy of a host tensor (same strides, padding included).
+// A failed CUDA call fails the test (and says which call).
+void expect_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) ADD_FAILURE() << what << ": " << cudaGetErrorString(e);
+}
+
+// Device memory; a copy of a host tensor (same strides, padding included) or of plain values.
 struct DeviceTensor {
   void* ptr = nullptr;
   size_t bytes = 0;
   explicit DeviceTensor(size_t n) : bytes(std::max<size_t>(n, 1)) {
-    if (cudaMalloc(&ptr, bytes) != cudaSuccess) ptr = nullptr;
+    expect_cuda(cudaMalloc(&ptr, bytes), "cudaMalloc");
   }
   DeviceTensor(const DeviceTensor&) = delete;
   DeviceTensor& operator=(const DeviceTensor&) = delete;
   ~DeviceTensor() { cudaFree(ptr); }
-  void upload(const HostTensor& h) {
-    cudaMemcpy(ptr, h.bytes.data(), h.bytes.size(), cudaMemcpyHostToDevice);
+  void upload(const void* src, size_t n) {
+    expect_cuda(cudaMemcpy(ptr, src, n, cudaMemcpyHostToDevice), "upload");
   }
+  void upload(const HostTensor& h) { upload(h.bytes.data(), h.bytes.size()); }
   void download(HostTensor& h) const {
-    cudaMemcpy(h.bytes.data(), ptr, h.bytes.size(), cudaMemcpyDeviceToHost);
+    expect_cuda(cudaMemcpy(h.bytes.data(), ptr, h.bytes.size(), cudaMemcpyDeviceToHost),
+                "download");
   }
   template <class View>
   View view_as(HostTensor& h) const {
@@ -239,8 +246,8 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
   template <class Call>
   void run_on_device(Call call) {
     DeviceTensor sizes(c.sizes.size() * sizeof(int32_t)), offset(sizeof(int32_t));
-    cudaMemcpy(sizes.ptr, c.sizes.data(), c.sizes.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
-    cudaMemcpy(offset.ptr, &c.offset, sizeof(int32_t), cudaMemcpyHostToDevice);
+    sizes.upload(c.sizes.data(), c.sizes.size() * sizeof(int32_t));
+    offset.upload(&c.offset, sizeof(int32_t));
     const size_t ws_bytes = ragged_dot_cuda_workspace_size(c.e_loc);
     DeviceTensor ws(ws_bytes);
     const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr),
@@ -386,6 +393,12 @@ std::vector<GpuCase> gpu_cases() {
   add({20, 0, 8, {5, 10, 5}, 1, 2}, "K0");
   add({20, 8, 0, {5, 10, 5}, 1, 2}, "n0");
   add({1000, 512, 256, random_sizes(rng, 64, 1000), 16, 16}, "e64_shard2of4");
+  // More groups than the plan kernel scans at once (256): local groups past the first chunk,
+  // and local groups on both sides of a chunk boundary.
+  add({1200, 64, 32, random_sizes(rng, 600, 1100), 520, 40}, "g600_past_first_chunk");
+  add({1200, 64, 32, random_sizes(rng, 600, 1200), 250, 20}, "g600_across_chunks");
+  // No local groups at all: every row is non-local.
+  add({50, 16, 8, {20, 30}, 1, 0}, "no_local_groups");
   // Device sizes the host never checked: negative, summing past m, an offset out of range.
   add({100, 64, 32, {30, -4, 50, 60, 10}, 1, 3}, "sizes_past_m_and_negative");
   GpuCase far{100, 64, 32, {20, 20, 20, 20}, 9, 2};
@@ -401,7 +414,8 @@ std::vector<GpuCase> gpu_cases() {
   std::vector<GpuCase> variants;
   for (const GpuCase& c : out) {
     if (c.name.rfind("shard1", 0) == 0 || c.name.rfind("empty_groups", 0) == 0 ||
-        c.name.rfind("m111_", 0) == 0 || c.name.rfind("e64", 0) == 0) {
+        c.name.rfind("m111_", 0) == 0 || c.name.rfind("e64", 0) == 0 ||
+        c.name.rfind("g600_across", 0) == 0) {
       GpuCase t = c;
       t.transposed = true, t.name += "_T";
       variants.push_back(t);
@@ -471,8 +485,8 @@ TEST(RaggedDotCudaGraph, ReplaysFollowTheDeviceSizes) {
     // Warm up outside the capture (first-call attribute queries, kernel attributes).
     std::vector<int32_t> first = random_sizes(rng, G, m);
     int32_t first_offset = 0;
-    cudaMemcpy(sizes.ptr, first.data(), G * sizeof(int32_t), cudaMemcpyHostToDevice);
-    cudaMemcpy(offset.ptr, &first_offset, sizeof(int32_t), cudaMemcpyHostToDevice);
+    sizes.upload(first.data(), G * sizeof(int32_t));
+    offset.upload(&first_offset, sizeof(int32_t));
     Status s =
         ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
                         groups, d_out.view_as<TensorView>(out), {}, exec, impl);
@@ -492,8 +506,8 @@ TEST(RaggedDotCudaGraph, ReplaysFollowTheDeviceSizes) {
     for (int round = 0; round < 3; ++round) {
       std::vector<int32_t> now = random_sizes(rng, G, m - 37 * round);
       const int32_t now_offset = round;  // 0, 1, 2: shards that overlap differently
-      cudaMemcpy(sizes.ptr, now.data(), G * sizeof(int32_t), cudaMemcpyHostToDevice);
-      cudaMemcpy(offset.ptr, &now_offset, sizeof(int32_t), cudaMemcpyHostToDevice);
+      sizes.upload(now.data(), G * sizeof(int32_t));
+      offset.upload(&now_offset, sizeof(int32_t));
       fill_sixty_fourths(out, rng);
       d_out.upload(out);
       CUDA_OK(cudaGraphLaunch(graph_exec, stream));
@@ -510,6 +524,45 @@ TEST(RaggedDotCudaGraph, ReplaysFollowTheDeviceSizes) {
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
   }
+}
+
+// A workspace too small or misaligned is an error that names it, before anything is launched.
+TEST(RaggedDotCudaWorkspace, TooSmallOrMisalignedIsRefusedBeforeAnyLaunch) {
+  MOEKIT_REQUIRE_GPU();
+  const int64_t m = 64, K = 64, n = 64, e_loc = 2;
+  std::mt19937 rng(3);
+  HostTensor lhs(DType::kBF16, {m, K}), rhs(DType::kBF16, {e_loc, K, n}), out(DType::kF32, {m, n});
+  fill_sixty_fourths(lhs, rng);
+  fill_sixty_fourths(rhs, rng);
+  fill_sixty_fourths(out, rng);
+  const HostTensor before = out;
+  DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
+  d_lhs.upload(lhs), d_rhs.upload(rhs), d_out.upload(out);
+  const int32_t host_sizes[2] = {30, 34};
+  DeviceTensor sizes(sizeof host_sizes);
+  sizes.upload(host_sizes, sizeof host_sizes);
+  const size_t ws_bytes = ragged_dot_cuda_workspace_size(e_loc);
+  DeviceTensor ws(ws_bytes + 256);
+  const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr), 2, nullptr};
+  for (RaggedDotCudaImpl impl : {RaggedDotCudaImpl::kAuto, RaggedDotCudaImpl::kSm90,
+                                 RaggedDotCudaImpl::kSm80, RaggedDotCudaImpl::kPortable}) {
+    SCOPED_TRACE(impl_name(impl));
+    auto call = [&](void* workspace, size_t bytes) {
+      return ragged_dot_cuda(
+          d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs), groups,
+          d_out.view_as<TensorView>(out), {}, CudaExec{nullptr, workspace, bytes}, impl);
+    };
+    Status s = call(ws.ptr, 16);
+    if (s.code() == StatusCode::kUnimplemented) continue;  // not on this device
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+    EXPECT_EQ(s.argument(), "exec.workspace_bytes");
+    s = call(static_cast<char*>(ws.ptr) + 16, ws_bytes);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+    EXPECT_EQ(s.argument(), "exec.workspace");
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  d_out.download(out);
+  expect_equal(out, before, "out (must be untouched)");
 }
 
 #endif  // MOEKIT_HAS_CUDA
