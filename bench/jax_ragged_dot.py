@@ -2,12 +2,17 @@
 
     .venv/bin/python bench/jax_ragged_dot.py --preset qwen3-30b-a3b --tokens 4096 \
         [--dtype bf16] [--shards 1,4] [--impls moekit,lax,masked] [--passes fwd,fwd+bwd] \
-        [--reps 5] [--warmup 1] [--json]
+        [--reps 5] [--warmup 1] [--inner N] [--json]
+
+It runs on JAX's default device: the CPU, or a GPU where jax has one (moekit's CUDA handlers).
 
 m = tokens * k routed rows, K = H, n = F, E groups whose sizes vary by a seeded +-25% (as in
 `moekit bench ragged_dot`, drawn here with NumPy: same totals, not the same sizes). Each case is
 compiled ahead of time (compilation is not timed), run `--warmup` times untimed, then `--reps`
-times; the median is reported.
+times; the median is reported. Each rep times `--inner` calls issued back to back and waited for
+once (default 1 on the CPU, 20 on a GPU, where one call can take less time than its dispatch).
+TFLOP/s counts the useful work, 2 * rows * K * n per matmul (3 matmuls for fwd+bwd), whatever
+an implementation computes beside it.
 
 Shard counts S > 1 time two things:
   shard0  one device's call alone: E/S local groups and group_offset 0.
@@ -15,7 +20,8 @@ Shard counts S > 1 time two things:
           max(S) host devices), each holding E/S experts at group_offset = its first expert,
           and the partial outputs added with `psum`: the whole expert-parallel step. The S
           devices share this machine's cores, so with moekit it should take about the full
-          call's time, and with the masking workaround about S times it.
+          call's time, and with the masking workaround about S times it. On GPUs, only where
+          there are S of them.
 
 Implementations:
   moekit  moekit.jax.ragged_dot; with S shards, shard 0's call: E/S local groups and
@@ -108,14 +114,17 @@ def with_pass(f, pass_, w):
     return jax.grad(lambda x, y: jnp.sum((f(x, y) * w).astype(jnp.float32)), (0, 1))
 
 
-def time_ms(fn, args, warmup, reps):
+def time_ms(fn, args, warmup, reps, inner):
+    """(median, min) over reps of the time per call, each rep `inner` calls waited for once."""
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
+        for _ in range(inner - 1):
+            fn(*args)
         jax.block_until_ready(fn(*args))
-        ts.append(1e3 * (time.perf_counter() - t))
+        ts.append(1e3 * (time.perf_counter() - t) / inner)
     return statistics.median(ts), min(ts)
 
 
@@ -123,12 +132,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="qwen3-30b-a3b")
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    ap.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16")
     ap.add_argument("--shards", default="1,4", help="comma-separated shard counts")
     ap.add_argument("--impls", default="moekit", help="moekit,lax,masked")
     ap.add_argument("--passes", default="fwd,fwd+bwd", help="fwd,fwd+bwd")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1, help="untimed calls before the timed ones")
+    ap.add_argument("--inner", type=int, default=None,
+                    help="calls per timed rep (default: 1 on the CPU, 20 on a GPU)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", action="store_true", help="JSON array on stdout, table on stderr")
     a = ap.parse_args()
@@ -144,8 +155,9 @@ def main():
     for p in passes:
         if p not in ("fwd", "fwd+bwd"):
             ap.error(f"--passes: unknown pass {p!r}")
-    if a.reps < 1 or a.warmup < 0:
-        ap.error(f"--reps {a.reps} --warmup {a.warmup}: need reps >= 1 and warmup >= 0")
+    if a.reps < 1 or a.warmup < 0 or (a.inner is not None and a.inner < 1):
+        ap.error(f"--reps {a.reps} --warmup {a.warmup} --inner {a.inner}: need reps >= 1, "
+                 f"warmup >= 0 and inner >= 1")
     try:
         shard_counts = [int(s) for s in a.shards.split(",")]
     except ValueError:
@@ -154,7 +166,14 @@ def main():
     for s in shard_counts:
         if s < 1 or E % s:
             ap.error(f"--shards {s}: must divide E = {E}")
-    dtype = jnp.bfloat16 if a.dtype == "bf16" else jnp.float32
+    dtype = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}[a.dtype]
+    devices = jax.devices()
+    device = devices[0]
+    inner = a.inner or (1 if device.platform == "cpu" else 20)
+    too_few = [s for s in shard_counts if s > len(devices)]
+    if too_few:
+        print(f"spmd with {too_few} shards skipped: {len(devices)} {device.platform} device(s)",
+              file=sys.stderr)
     m = a.tokens * k
     rng = np.random.default_rng(a.seed)
     lhs = jnp.asarray(rng.standard_normal((m, H)), dtype)
@@ -165,7 +184,8 @@ def main():
     # (impl, shards, mode, pass): lax has no offset, so only the full call; masked only sharded.
     cases = [(i, 1, "all", p) for i in impls if i != "masked" for p in passes]
     cases += [(i, s, mode, p) for s in shard_counts if s > 1 for mode in ("shard0", "spmd")
-              for i in impls if i != "lax" for p in passes]
+              if mode == "shard0" or s <= len(devices) for i in impls if i != "lax"
+              for p in passes]
     out = sys.stderr if a.json else sys.stdout
     rows = []
     for n, (impl, shards, mode, pass_) in enumerate(cases, 1):
@@ -173,7 +193,7 @@ def main():
               flush=True)
         e_loc = E // shards
         if mode == "spmd":
-            mesh = Mesh(np.array(jax.devices()[:shards]), ("ep",))
+            mesh = Mesh(np.array(devices[:shards]), ("ep",))
             f = spmd_fn(impl, sizes, mesh)
             args = (jax.device_put(lhs, NamedSharding(mesh, P())),
                     jax.device_put(rhs_all, NamedSharding(mesh, P("ep"))))
@@ -183,23 +203,25 @@ def main():
             args = (lhs, rhs_all[:e_loc])
             computed = int(sizes[:e_loc].sum())
         fn = jax.jit(with_pass(f, pass_, w)).lower(*args).compile()
-        med, best = time_ms(fn, args, a.warmup, a.reps)
+        med, best = time_ms(fn, args, a.warmup, a.reps, inner)
+        flops = 2 * computed * H * F * (1 if pass_ == "fwd" else 3)
         rows.append(dict(impl=impl, pass_=pass_, shards=shards, mode=mode, preset=a.preset,
-                         tokens=a.tokens, dtype=a.dtype, rows=computed, ms=med, min_ms=best))
+                         tokens=a.tokens, dtype=a.dtype, device=device.device_kind,
+                         rows=computed, ms=med, min_ms=best, tflops=flops / med / 1e9))
     base = {(r["pass_"], r["shards"], r["mode"]): r["ms"] for r in rows if r["impl"] == "moekit"}
     for r in rows:
         r["vs_moekit"] = r["ms"] / base[(r["pass_"], r["shards"], r["mode"])] \
             if (r["pass_"], r["shards"], r["mode"]) in base else None
-    print(f"\njax {jax.__version__}, {a.preset} (m={m} K={H} n={F} E={E}), {a.dtype}, "
-          f"median of {a.reps} after {a.warmup} untimed; shard0: one shard's call (E/S groups); "
-          f"spmd: all S shards in shard_map on S devices; rows: rows computed (by moekit)",
-          file=out)
+    print(f"\njax {jax.__version__} on {device.device_kind}, {a.preset} (m={m} K={H} n={F} "
+          f"E={E}), {a.dtype}, median of {a.reps} reps of {inner} call(s) after {a.warmup} "
+          f"untimed; shard0: one shard's call (E/S groups); spmd: all S shards in shard_map on "
+          f"S devices; rows: rows computed (by moekit); TFLOP/s of the useful work", file=out)
     print(f"{'impl':>7} {'pass':>8} {'shards':>6} {'mode':>6} {'rows':>7} {'ms':>10} "
-          f"{'min ms':>10} {'x moekit':>9}", file=out)
+          f"{'min ms':>10} {'TFLOP/s':>8} {'x moekit':>9}", file=out)
     for r in rows:
         ratio = f"{r['vs_moekit']:.2f}" if r["vs_moekit"] is not None else "-"
         print(f"{r['impl']:>7} {r['pass_']:>8} {r['shards']:>6} {r['mode']:>6} {r['rows']:>7} "
-              f"{r['ms']:>10.2f} {r['min_ms']:>10.2f} {ratio:>9}", file=out)
+              f"{r['ms']:>10.3f} {r['min_ms']:>10.3f} {r['tflops']:>8.2f} {ratio:>9}", file=out)
     if a.json:
         print(json.dumps([{("pass" if k == "pass_" else k): v for k, v in r.items()}
                           for r in rows], indent=1))

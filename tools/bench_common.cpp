@@ -46,6 +46,8 @@ void fill_uniform(void* p, DType t, int64_t n, uint64_t seed) {
     const bf16_bits b = float_to_bf16(u);
     if (t == DType::kBF16) {
       static_cast<bf16_bits*>(p)[i] = b;
+    } else if (t == DType::kF16) {  // the same values (f16 holds every bf16 in [2^-14, 1))
+      static_cast<_Float16*>(p)[i] = static_cast<_Float16>(bf16_to_float(b));
     } else {
       static_cast<float*>(p)[i] = bf16_to_float(b);
     }
@@ -129,10 +131,12 @@ std::string ascii_bars(const std::vector<std::string>& labels, const std::vector
   return out;
 }
 
-DType parse_dtype(const std::string& s, const std::string& flag) {
+DType parse_dtype(const std::string& s, const std::string& flag, bool allow_f16) {
   if (s == "bf16") return DType::kBF16;
   if (s == "f32") return DType::kF32;
-  throw CLI::ValidationError(flag, "expected bf16 or f32, got '" + s + "'");
+  if (allow_f16 && s == "f16") return DType::kF16;
+  throw CLI::ValidationError(flag, fmt::format("expected {}, got '{}'",
+                                               allow_f16 ? "bf16, f16 or f32" : "bf16 or f32", s));
 }
 
 void check(const Status& s) {

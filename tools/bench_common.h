@@ -88,8 +88,10 @@ class Progress {
 std::string ascii_bars(const std::vector<std::string>& labels, const std::vector<double>& values,
                        const std::string& unit, int width = 50);
 
-// "bf16" | "f32" as a DType; anything else is a CLI::ValidationError naming `flag`.
-DType parse_dtype(const std::string& s, const std::string& flag = "--dtype");
+// "bf16" | "f32" (and "f16" where allow_f16) as a DType; anything else is a
+// CLI::ValidationError naming `flag`.
+DType parse_dtype(const std::string& s, const std::string& flag = "--dtype",
+                  bool allow_f16 = false);
 
 // Throws std::runtime_error with the message when a moekit call fails.
 void check(const Status& s);

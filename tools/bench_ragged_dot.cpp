@@ -97,8 +97,9 @@ int run(const Options& o) {
   if (!p)
     throw CLI::ValidationError("--preset",
                                "unknown preset '" + o.preset + "'; known: " + preset_names());
-  const DType in = parse_dtype(o.dtype);
-  const DType out = o.out_dtype.empty() ? in : parse_dtype(o.out_dtype, "--out-dtype");
+  const bool cuda = o.device == "cuda";  // f16 runs on GPUs only
+  const DType in = parse_dtype(o.dtype, "--dtype", cuda);
+  const DType out = o.out_dtype.empty() ? in : parse_dtype(o.out_dtype, "--out-dtype", cuda);
   if (o.shards < 1 || p->E % o.shards != 0) {
     throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
   }
@@ -250,13 +251,14 @@ void register_bench_ragged_dot(CLI::App& bench) {
   opts->dtype = "bf16";
   opts->warmup = 2;
   opts->reps = 5;
-  add_bench_options(*cmd, *opts, "Input dtype: bf16 | f32");
+  add_bench_options(*cmd, *opts, "Input dtype: bf16 | f32 (| f16 with --device cuda)");
   cmd->add_option("--device", opts->device,
                   "cpu: beside a dense oneDNN matmul; cuda: on the GPU, beside a dense cuBLAS "
                   "matmul, timed with CUDA events")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
-  cmd->add_option("--out-dtype", opts->out_dtype, "Output dtype: bf16 | f32 (default: --dtype)");
+  cmd->add_option("--out-dtype", opts->out_dtype,
+                  "Output dtype: f32 or the input dtype (default: --dtype)");
   cmd->add_option("--ep-shards", opts->shards, "Also time one of S expert-parallel shards")
       ->capture_default_str();
   cmd->add_option("--shard", opts->shard, "Which shard to time (default: S/2)");

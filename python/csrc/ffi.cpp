@@ -1,86 +1,26 @@
-// XLA FFI handlers for the CPU kernels, and the nanobind module that hands them to Python as
-// capsules (moekit/jax.py registers them with jax.ffi.register_ffi_target). Each handler turns
-// the XLA buffers into moekit views, calls the C++ core, and returns its Status as an ffi::Error:
-// the message names the argument and its value, and JAX raises it as a Python exception.
-// Shapes and dtypes are checked in Python at trace time; the checks here catch what only the
-// data can show (group sizes, offsets) and anything that slipped through.
-#include "xla/ffi/api/ffi.h"
-
-#include <nanobind/nanobind.h>
-
+// The XLA FFI handlers of the CPU kernels, and the C interface of libmoekit_jax.so through which
+// moekit/jax/_ffi.py (ctypes) finds every handler of the library, the CUDA ones included. A plain
+// shared library, not a Python extension: one build loads in any Python that runs the jaxlib it
+// was built against, or a later one.
+//
+// Each handler turns the XLA buffers into moekit views, calls the C++ core, and returns its
+// Status as an ffi::Error: the message names the argument and its value, and JAX raises it as a
+// Python exception. Shapes and dtypes are checked in Python at trace time; the checks here catch
+// what only the data can show (group sizes, offsets) and anything that slipped through.
 #include <cstdint>
+#include <iterator>
 #include <span>
-#include <string>
 #include <utility>
+#include <vector>
 
+#include "ffi_common.h"
 #include "moekit/permute.h"
 #include "moekit/ragged_dot.h"
+#include "moekit/ragged_dot_cuda.h"
 #include "moekit/router.h"
-
-namespace ffi = xla::ffi;
-namespace nb = nanobind;
 
 namespace moekit::python {
 namespace {
-
-ffi::Error to_error(const Status& s) {
-  if (s.ok()) return ffi::Error::Success();
-  return ffi::Error(s.code() == StatusCode::kInvalidArgument ? ffi::ErrorCode::kInvalidArgument
-                                                             : ffi::ErrorCode::kInternal,
-                    s.message());
-}
-
-// The moekit dtype of an XLA buffer: f32, bf16, i32 or bool; false for any other type. Which
-// of them an argument may have is the C++ call's to check (its errors name the argument).
-bool dtype_of(ffi::DataType t, DType* out) {
-  switch (t) {
-    case ffi::DataType::F32:
-      *out = DType::kF32;
-      return true;
-    case ffi::DataType::BF16:
-      *out = DType::kBF16;
-      return true;
-    case ffi::DataType::S32:
-      *out = DType::kI32;
-      return true;
-    case ffi::DataType::PRED:
-      *out = DType::kBool;
-      return true;
-    default:
-      return false;
-  }
-}
-
-// A row-major view of an XLA buffer of rank <= kMaxRank (XLA's default layout is row-major).
-// present = false: the absent (default) view, for an optional argument passed as a placeholder.
-template <class View, class Buffer>
-ffi::Error view_of(const Buffer& b, const char* name, View* v, bool present = true) {
-  if (!present) {
-    *v = View();
-    return ffi::Error::Success();
-  }
-  DType t;
-  if (!dtype_of(b.element_type(), &t)) {
-    return ffi::Error::InvalidArgument(std::string(name) +
-                                       ": dtype must be float32, bfloat16, int32 or bool");
-  }
-  const auto dims = b.dimensions();
-  if (dims.size() > static_cast<size_t>(kMaxRank)) {
-    return ffi::Error::InvalidArgument(std::string(name) + ": rank above 4");
-  }
-  View out;
-  out.data = b.untyped_data();
-  out.dtype = t;
-  out.rank = static_cast<int>(dims.size());
-  int64_t stride = 1;
-  for (int d = out.rank - 1; d >= 0; --d) {
-    out.shape[d] = dims[d];
-    out.stride[d] = stride;
-    stride *= dims[d];
-  }
-  *v = out;
-  return ffi::Error::Success();
-}
 
 // The one float of a scalar f32 buffer (a loss, or its cotangent).
 float scalar_of(ffi::Buffer<ffi::F32> b) { return b.typed_data()[0]; }
@@ -88,22 +28,11 @@ float scalar_of(ffi::Buffer<ffi::F32> b) { return b.typed_data()[0]; }
 // group_sizes [G] and group_offset (a scalar or [1]) of ragged_dot, both int32 in host memory.
 ffi::Error group_args(ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
                       std::span<const int32_t>* groups, RaggedDotOptions* o) {
-  if (sizes.dimensions().size() != 1) {
-    return ffi::Error::InvalidArgument("ragged_dot: group_sizes must have rank 1");
-  }
-  if (offset.element_count() != 1) {
-    return ffi::Error::InvalidArgument("ragged_dot: group_offset must hold one value");
-  }
+  MOEKIT_FFI_TRY(check_group_buffers(sizes, offset));
   *groups = std::span<const int32_t>(sizes.typed_data(), sizes.element_count());
   o->group_offset = offset.typed_data()[0];
   return ffi::Error::Success();
 }
-
-#define MOEKIT_FFI_TRY(expr)                           \
-  do {                                                 \
-    ffi::Error moekit_error_ = (expr);                 \
-    if (moekit_error_.failure()) return moekit_error_; \
-  } while (0)
 
 // The three ragged_dot calls take two float tensors, the groups and one result; `names` are
 // the tensors' names in the errors.
@@ -143,19 +72,9 @@ ffi::Error ragged_dot_drhs(ffi::AnyBuffer lhs, ffi::AnyBuffer d_out, ffi::Buffer
                      *d_rhs);
 }
 
-// The three ragged_dot calls share one binding: two float buffers, sizes, offset; one result.
-auto ragged_binding() {
-  return ffi::Ffi::Bind()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::AnyBuffer>()
-      .Arg<ffi::Buffer<ffi::S32>>()
-      .Arg<ffi::Buffer<ffi::S32>>()
-      .Ret<ffi::AnyBuffer>();
-}
-
-XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, ragged_binding());
-XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, ragged_binding());
-XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, ragged_binding());
+XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, ragged_binding(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, ragged_binding(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, ragged_binding(ffi::Ffi::Bind()));
 
 // ---------------------------------------------------------------------------------------------
 // Router. Options arrive as attributes, decoded into these structs (registered below, outside the
@@ -384,11 +303,6 @@ ffi::Error sort_chunks(ffi::AnyBuffer x, ffi::AnyBuffer split_sizes, ffi::AnyBuf
   return to_error(sort_chunks_by_index(vx, vs, vi, a.inverse, o, vp, op));
 }
 
-template <class Fn>
-nb::capsule capsule(Fn* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
-
 }  // namespace
 }  // namespace moekit::python
 
@@ -469,45 +383,70 @@ XLA_FFI_DEFINE_HANDLER(kUnpermuteBwd, unpermute_bwd, (buffers<4, 2>().Attr<bool>
 XLA_FFI_DEFINE_HANDLER(kSortChunks, sort_chunks, (buffers<4, 2>().Attrs<SortAttrs>()));
 
 }  // namespace
+
+#if !MOEKIT_FFI_CUDA
+std::span<const Target> cuda_targets() { return {}; }
+#endif  // else in ffi_cuda.cpp
+
 }  // namespace moekit::python
 
-NB_MODULE(_moekit_ffi, m) {
-  using namespace moekit::python;
-  m.doc() = "XLA FFI handlers of the moekit CPU kernels (registered by moekit.jax)";
-  m.def("registrations", [] {
-    nb::dict d;
-    d["moekit_ragged_dot_fwd"] = capsule(kRaggedDotFwd);
-    d["moekit_ragged_dot_dlhs"] = capsule(kRaggedDotDlhs);
-    d["moekit_ragged_dot_drhs"] = capsule(kRaggedDotDrhs);
-    d["moekit_route_fwd"] = capsule(kRouteFwd);
-    d["moekit_route_bwd"] = capsule(kRouteBwd);
-    d["moekit_aux_scores_fwd"] = capsule(kAuxFwd);
-    d["moekit_aux_scores_bwd"] = capsule(kAuxBwd);
-    d["moekit_load_balancing_loss_fwd"] = capsule(kBalanceFwd);
-    d["moekit_load_balancing_loss_bwd"] = capsule(kBalanceBwd);
-    d["moekit_z_loss_fwd"] = capsule(kZFwd);
-    d["moekit_z_loss_bwd"] = capsule(kZBwd);
-    d["moekit_permute_fwd"] = capsule(kPermuteFwd);
-    d["moekit_permute_bwd"] = capsule(kPermuteBwd);
-    d["moekit_unpermute_fwd"] = capsule(kUnpermuteFwd);
-    d["moekit_unpermute_bwd"] = capsule(kUnpermuteBwd);
-    d["moekit_sort_chunks_by_index"] = capsule(kSortChunks);
-    return d;
-  });
-  // The rows permute needs at most for any routing: the static N_out of its outputs.
-  m.def(
-      "permute_max_rows",
-      [](int64_t T, int64_t E, int32_t k, int64_t align_size, double capacity_factor,
-         bool pad_to_capacity) {
-        moekit::PermuteOptions o;
-        o.align_size = align_size;
-        o.capacity_factor = capacity_factor;
-        o.pad_to_capacity = pad_to_capacity;
-        return moekit::permute_max_rows(T, E, k, o);
-      },
-      nb::arg("T"), nb::arg("E"), nb::arg("k"), nb::arg("align_size"), nb::arg("capacity_factor"),
-      nb::arg("pad_to_capacity"));
-  m.attr("BUILT_WITH_JAXLIB") = MOEKIT_JAXLIB_VERSION;  // whose FFI headers these handlers use
-  m.attr("XLA_FFI_API_MAJOR") = XLA_FFI_API_MAJOR;
-  m.attr("XLA_FFI_API_MINOR") = XLA_FFI_API_MINOR;
+// ---------------------------------------------------------------------------------------------
+// The library's C interface (moekit/jax/_ffi.py declares the same with ctypes).
+
+#define MOEKIT_FFI_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using moekit::python::Target;
+
+constexpr Target kCpuTargets[] = {
+    {"moekit_ragged_dot_fwd", "cpu", moekit::python::kRaggedDotFwd},
+    {"moekit_ragged_dot_dlhs", "cpu", moekit::python::kRaggedDotDlhs},
+    {"moekit_ragged_dot_drhs", "cpu", moekit::python::kRaggedDotDrhs},
+    {"moekit_route_fwd", "cpu", moekit::python::kRouteFwd},
+    {"moekit_route_bwd", "cpu", moekit::python::kRouteBwd},
+    {"moekit_aux_scores_fwd", "cpu", moekit::python::kAuxFwd},
+    {"moekit_aux_scores_bwd", "cpu", moekit::python::kAuxBwd},
+    {"moekit_load_balancing_loss_fwd", "cpu", moekit::python::kBalanceFwd},
+    {"moekit_load_balancing_loss_bwd", "cpu", moekit::python::kBalanceBwd},
+    {"moekit_z_loss_fwd", "cpu", moekit::python::kZFwd},
+    {"moekit_z_loss_bwd", "cpu", moekit::python::kZBwd},
+    {"moekit_permute_fwd", "cpu", moekit::python::kPermuteFwd},
+    {"moekit_permute_bwd", "cpu", moekit::python::kPermuteBwd},
+    {"moekit_unpermute_fwd", "cpu", moekit::python::kUnpermuteFwd},
+    {"moekit_unpermute_bwd", "cpu", moekit::python::kUnpermuteBwd},
+    {"moekit_sort_chunks_by_index", "cpu", moekit::python::kSortChunks},
+};
+
+}  // namespace
+
+// Every handler of this build: the CPU ones, then the CUDA ones where built. Returns how many,
+// and points *targets at them (static storage, never freed).
+MOEKIT_FFI_EXPORT int64_t moekit_ffi_targets(const Target** targets) {
+  static const std::vector<Target> all = [] {
+    std::vector<Target> v(std::begin(kCpuTargets), std::end(kCpuTargets));
+    const auto cuda = moekit::python::cuda_targets();
+    v.insert(v.end(), cuda.begin(), cuda.end());
+    return v;
+  }();
+  *targets = all.data();
+  return static_cast<int64_t>(all.size());
+}
+
+// The jaxlib whose FFI headers the handlers were compiled against.
+MOEKIT_FFI_EXPORT const char* moekit_ffi_built_with_jaxlib() { return MOEKIT_JAXLIB_VERSION; }
+
+// Whether the CUDA handlers are built, and how many CUDA devices the process sees.
+MOEKIT_FFI_EXPORT bool moekit_ffi_cuda_built() { return moekit::cuda_built(); }
+MOEKIT_FFI_EXPORT int32_t moekit_ffi_cuda_device_count() { return moekit::cuda_device_count(); }
+
+// The rows permute needs at most for any routing: the static N_out of its outputs.
+MOEKIT_FFI_EXPORT int64_t moekit_ffi_permute_max_rows(int64_t T, int64_t E, int32_t k,
+                                                      int64_t align_size, double capacity_factor,
+                                                      bool pad_to_capacity) {
+  moekit::PermuteOptions o;
+  o.align_size = align_size;
+  o.capacity_factor = capacity_factor;
+  o.pad_to_capacity = pad_to_capacity;
+  return moekit::permute_max_rows(T, E, k, o);
 }

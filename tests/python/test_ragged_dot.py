@@ -136,7 +136,7 @@ def test_vmap_over_a_leading_batch_dimension():
     (dict(lhs=np.zeros((3,), np.float32)), ValueError, "lhs must be [m, K]"),
     (dict(rhs=np.zeros((2, 4, 3), np.float32)), ValueError, "rhs.shape[1] = 4"),
     (dict(rhs=np.zeros((2, 5, 3), jnp.bfloat16)), TypeError, "rhs dtype bfloat16"),
-    (dict(lhs=np.zeros((7, 5), np.float16)), TypeError, "lhs dtype float16"),
+    (dict(lhs=np.zeros((7, 5), np.int32)), TypeError, "lhs dtype int32"),
     (dict(group_sizes=np.array([[7]], np.int32)), ValueError, "group_sizes must be a rank-1"),
     (dict(group_sizes=np.array([3, 2, 2], np.int32)), ValueError, "has 3 groups but rhs holds 2"),
     (dict(group_sizes=np.array([3, 2, 2], np.int32), group_offset=2), ValueError,
@@ -164,6 +164,15 @@ def test_invalid_data_raises_at_run_time(sizes, offset, words):
         f(jnp.int32(offset)).block_until_ready()
 
 
+def test_float16_on_the_cpu_is_refused_at_run_time_naming_the_dtype():
+    # float16 passes the trace-time checks (GPUs take it); the CPU kernels do not.
+    lhs, rhs, gs = _inputs(7, 5, 3, [3, 4], dtype=jnp.float16)
+    cpu = jax.devices("cpu")[0]
+    with pytest.raises(Exception, match=re.escape("lhs.dtype = f16")):
+        mj.ragged_dot(jax.device_put(lhs, cpu), jax.device_put(rhs, cpu),
+                      jax.device_put(gs, cpu)).block_until_ready()
+
+
 @pytest.mark.parametrize("m", [0, 6])
 def test_no_rows_in_any_group_gives_zeros_and_zero_gradients(m):
     # m = 0: empty lhs; m = 6: every group empty, so no row is computed.
@@ -185,9 +194,23 @@ def test_bench_script_runs_and_prints_its_json():
     cases = json.loads(done.stdout)
     assert len(cases) == 2 + 2 * 2 * 2
     for c in cases:
-        assert {"impl", "pass", "shards", "mode", "preset", "tokens", "rows", "ms"} <= c.keys()
-        assert c["ms"] > 0 and c["pass"] in ("fwd", "fwd+bwd")
+        assert {"impl", "pass", "shards", "mode", "preset", "tokens", "device", "rows", "ms",
+                "tflops"} <= c.keys()
+        assert c["ms"] > 0 and c["tflops"] > 0 and c["pass"] in ("fwd", "fwd+bwd")
         assert c["vs_moekit"] > 0
     assert {c["mode"] for c in cases if c["shards"] == 4} == {"shard0", "spmd"}
     # 2 tokens x k = 8 rows: all of them computed in the full call and under shard_map.
     assert {c["rows"] for c in cases if c["mode"] in ("all", "spmd")} == {16}
+
+
+def test_library_holds_the_cuda_handlers_exactly_when_built_with_cuda():
+    # Every op has a CPU handler; ragged_dot's three also have CUDA ones in a CUDA build, under
+    # the same names (one ffi_call runs on either platform).
+    from moekit.jax import _ffi
+    targets = [(name, platform) for name, platform, _ in _ffi.targets()]
+    assert len(set(targets)) == len(targets)
+    ragged = {"moekit_ragged_dot_fwd", "moekit_ragged_dot_dlhs", "moekit_ragged_dot_drhs"}
+    assert ragged <= {name for name, platform in targets if platform == "cpu"}
+    cuda = {name for name, platform in targets if platform == "CUDA"}
+    assert cuda == (ragged if mj.cuda_built() else set())
+    assert {platform for _, platform in targets} <= {"cpu", "CUDA"}

@@ -1,9 +1,11 @@
-"""The moekit CPU kernels as JAX functions.
+"""The moekit kernels as JAX functions.
 
 Each function is an XLA FFI call into the C++ kernels, differentiable through `jax.custom_vjp`
 whose backward calls the C++ backward kernels, and usable under `jax.jit`, `jax.grad`,
 `jax.vmap` (a batch runs as a loop of calls) and inside `jax.shard_map`. The handlers are
-registered for the CPU platform when this package is imported.
+registered when this package is imported: every function for the CPU platform, and `ragged_dot`
+also for the CUDA platform where moekit was built with CUDA (`cuda_built()`), so that the same
+code runs on whichever device holds the arrays.
 
 Invalid shapes, dtypes and options raise `ValueError` or `TypeError` at trace time, naming the
 argument. Invalid data that only the values show (a negative group size, sizes that sum past the
@@ -15,13 +17,14 @@ losses), `permute` (permute, unpermute, sort_chunks_by_index), `layer` (moe_laye
 the others, and the expert FFN activation).
 """
 
+from moekit.jax._ffi import cuda_built
 from moekit.jax.layer import MoeAux, MoeParams, activation, moe_layer
 from moekit.jax.permute import Permuted, permute, sort_chunks_by_index, unpermute
 from moekit.jax.ragged_dot import ragged_dot
 from moekit.jax.router import Route, aux_loss_scores, load_balancing_loss, route, z_loss
 
 __all__ = [
-    "MoeAux", "MoeParams", "Permuted", "Route", "activation", "aux_loss_scores",
+    "MoeAux", "MoeParams", "Permuted", "Route", "activation", "aux_loss_scores", "cuda_built",
     "load_balancing_loss", "moe_layer", "permute", "ragged_dot", "route", "sort_chunks_by_index",
     "unpermute", "z_loss",
 ]

@@ -1,32 +1,82 @@
-"""The FFI plumbing shared by moekit.jax's modules: the jaxlib version check, the handlers'
-registration for the CPU platform, and one helper per kind of call."""
+"""The FFI plumbing shared by moekit.jax's modules: loading libmoekit_jax.so (ctypes), the jaxlib
+version check, the handlers' registration for the CPU and CUDA platforms, and one helper per
+kind of call."""
 
 from __future__ import annotations
+
+import ctypes
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moekit import _moekit_ffi
+LIBRARY = pathlib.Path(__file__).resolve().parent.parent / "libmoekit_jax.so"
+
+
+class _Target(ctypes.Structure):
+    """moekit::python::Target (python/csrc/ffi_common.h)."""
+    _fields_ = [("name", ctypes.c_char_p), ("platform", ctypes.c_char_p),
+                ("handler", ctypes.c_void_p)]
+
+
+def _load(path):
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise ImportError(f"moekit.jax: cannot load its XLA FFI handlers {path}: {e}; build and "
+                          f"install the package with `pip install --no-build-isolation .`") from e
+    lib.moekit_ffi_targets.restype = ctypes.c_int64
+    lib.moekit_ffi_targets.argtypes = [ctypes.POINTER(ctypes.POINTER(_Target))]
+    lib.moekit_ffi_built_with_jaxlib.restype = ctypes.c_char_p
+    lib.moekit_ffi_cuda_built.restype = ctypes.c_bool
+    lib.moekit_ffi_cuda_device_count.restype = ctypes.c_int32
+    lib.moekit_ffi_permute_max_rows.restype = ctypes.c_int64
+    lib.moekit_ffi_permute_max_rows.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
+                                                ctypes.c_int64, ctypes.c_double, ctypes.c_bool]
+    return lib
 
 
 def _version(v):
     return tuple(int(x) for x in v.split(".")[:3] if x.isdigit())
 
 
-if _version(jax.lib.__version__) < _version(_moekit_ffi.BUILT_WITH_JAXLIB):
+_lib = _load(LIBRARY)
+BUILT_WITH_JAXLIB = _lib.moekit_ffi_built_with_jaxlib().decode()
+if _version(jax.lib.__version__) < _version(BUILT_WITH_JAXLIB):
     raise ImportError(
-        f"moekit was built against the XLA FFI headers of jaxlib {_moekit_ffi.BUILT_WITH_JAXLIB}, "
+        f"moekit was built against the XLA FFI headers of jaxlib {BUILT_WITH_JAXLIB}, "
         f"newer than the jaxlib {jax.lib.__version__} running now; reinstall moekit "
         f"(pip install --no-build-isolation .) with this jaxlib installed")
 
-for _name, _capsule in _moekit_ffi.registrations().items():
-    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+def targets():
+    """[(name, platform)] of every handler in the library: the CPU ones, and the CUDA ones of
+    ragged_dot in a build with CUDA."""
+    table = ctypes.POINTER(_Target)()
+    count = _lib.moekit_ffi_targets(ctypes.byref(table))
+    return [(table[i].name.decode(), table[i].platform.decode(), table[i].handler)
+            for i in range(count)]
+
+
+for _name, _platform, _handler in targets():
+    # Registering for CUDA where jaxlib has no CUDA backend is harmless: jaxlib keeps it for a
+    # backend that never comes.
+    jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(_handler), platform=_platform)
+
+
+def cuda_built():
+    """Whether this build of moekit has the CUDA handlers (ragged_dot on JAX's GPU platform)."""
+    return bool(_lib.moekit_ffi_cuda_built())
+
+
+def permute_max_rows(T, E, k, align_size, capacity_factor, pad_to_capacity):
+    """The rows permute needs at most for any routing: the static N_out of its outputs."""
+    return int(_lib.moekit_ffi_permute_max_rows(T, E, k, align_size, capacity_factor,
+                                                pad_to_capacity))
+
 
 FLOAT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))
-
-permute_max_rows = _moekit_ffi.permute_max_rows
-
 
 def call(name, results, *args, **attrs):
     """One FFI call. `results` is one (shape, dtype) pair or a list of them (then a list comes

@@ -12,6 +12,9 @@ from moekit.jax import _ffi
 
 __all__ = ["ragged_dot"]
 
+# float16 runs on GPUs only: the CPU handler refuses it at run time, naming the dtype.
+_DTYPES = _ffi.FLOAT_DTYPES + (np.dtype(jnp.float16),)
+
 
 def _call(name, shape, dtype, *args):
     return _ffi.call(name, (shape, dtype), *args)
@@ -52,8 +55,11 @@ def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
     or past ``sum(group_sizes)``) is exactly 0 and is never computed, so a shard holding a
     quarter of the experts does a quarter of the work.
 
+    Runs on the CPU, and on NVIDIA GPUs where moekit was built with CUDA (`cuda_built()`): there
+    `group_sizes` and `group_offset` stay on the device, and a call never waits for the host.
+
     Args:
-      lhs: ``[m, K]`` float32 or bfloat16.
+      lhs: ``[m, K]`` float32 or bfloat16; on a GPU also float16.
       rhs: ``[E_loc, K, n]``, the dtype of `lhs`: the local groups' matrices.
       group_sizes: ``[G]`` int32, ``G >= E_loc``, each >= 0, summing to at most m.
       group_offset: the first local group, an int32 scalar or shape-(1,) array in
@@ -75,8 +81,8 @@ def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
         raise ValueError(f"ragged_dot: lhs must be [m, K], got shape {lhs.shape}")
     if rhs.ndim != 3:
         raise ValueError(f"ragged_dot: rhs must be [E_loc, K, n], got shape {rhs.shape}")
-    if lhs.dtype not in _ffi.FLOAT_DTYPES:
-        raise TypeError(f"ragged_dot: lhs dtype {lhs.dtype} is not float32 or bfloat16")
+    if lhs.dtype not in _DTYPES:
+        raise TypeError(f"ragged_dot: lhs dtype {lhs.dtype} is not float32, bfloat16 or float16")
     if rhs.dtype != lhs.dtype:
         raise TypeError(f"ragged_dot: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
     if rhs.shape[1] != lhs.shape[1]:

@@ -1,0 +1,169 @@
+"""moekit.jax.ragged_dot on an NVIDIA GPU (the CUDA FFI handlers) against jax.lax.ragged_dot and
+the masked reference on the same GPU: values, both gradients, group_offset, jit, vmap, shard_map.
+
+Every input is a multiple of 1/8 in [-1, 1] and every reference accumulates in float32: each
+product and each partial sum is then exact in float32 (and TF32), so results in float32 must be
+equal, not close, whatever the summation order. Results in the inputs' dtype are compared after
+the same one rounding, so they must be equal too.
+
+Skipped, with the reason, where JAX sees no GPU or moekit was built without CUDA.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import moekit.jax as mj
+
+
+def _gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+GPU = _gpu()
+pytestmark = [
+    pytest.mark.skipif(GPU is None, reason="no GPU visible to JAX (jax.devices('gpu') is empty)"),
+    pytest.mark.skipif(not mj.cuda_built(), reason="moekit was built without CUDA (MOEKIT_CUDA=OFF)"),
+]
+
+F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
+# (m, K, n, group_sizes). K and n multiples of 8 take the tensor-core kernels; the others the
+# portable one. Odd sizes, empty groups, every row in one group, rows past the last group.
+CASES = [
+    (1, 1, 1, [1]),
+    (7, 5, 3, [0, 7, 0]),
+    (111, 33, 17, [10, 0, 41, 0, 3, 57]),
+    (111, 64, 40, [0, 0, 111, 0]),
+    (500, 64, 48, [100, 150, 0, 200, 25]),  # 25 rows past the last group
+    (777, 136, 264, [129, 0, 1, 255, 0, 392]),
+]
+
+
+def _on_gpu(x):
+    return jax.device_put(x, GPU)
+
+
+def _exact(shape, dtype, rng):
+    """Multiples of 1/8 in [-1, 1]: exact in every float type here, and so are their products."""
+    return _on_gpu(jnp.asarray(rng.integers(-8, 9, shape) / 8.0, dtype))
+
+
+def _inputs(m, K, n, sizes, num_groups=None, dtype=BF16, seed=0):
+    rng = np.random.default_rng(seed)
+    lhs = _exact((m, K), dtype, rng)
+    rhs = _exact((num_groups or len(sizes), K, n), dtype, rng)
+    return lhs, rhs, _on_gpu(jnp.asarray(sizes, jnp.int32))
+
+
+def _masked_reference(lhs, rhs_local, sizes, offset, out_dtype=F32):
+    """Every group computed by jax.lax.ragged_dot (zero weights for the non-local ones), the
+    non-local rows masked out afterwards."""
+    num_groups, num_local = sizes.shape[0], rhs_local.shape[0]
+    rhs_full = jnp.zeros((num_groups,) + rhs_local.shape[1:], rhs_local.dtype)
+    rhs_full = jax.lax.dynamic_update_slice(rhs_full, rhs_local, (offset, 0, 0))
+    out = jax.lax.ragged_dot(lhs, rhs_full, sizes, preferred_element_type=F32)
+    ends = jnp.cumsum(sizes)
+    rows = jnp.arange(lhs.shape[0])
+    local = (rows >= ends[offset] - sizes[offset]) & (rows < ends[offset + num_local - 1])
+    return jnp.where(local[:, None], out, 0.0).astype(out_dtype)
+
+
+def _equal(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.devices() == {GPU}
+    np.testing.assert_array_equal(np.float32(got), np.float32(want))
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("m,K,n,sizes", CASES)
+def test_equals_jax_ragged_dot_on_the_gpu(m, K, n, sizes, dtype):
+    lhs, rhs, gs = _inputs(m, K, n, sizes, dtype=dtype)
+    for out_dtype in {F32, dtype}:
+        got = mj.ragged_dot(lhs, rhs, gs, preferred_element_type=out_dtype)
+        want = jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=F32).astype(out_dtype)
+        _equal(got, want)
+
+    # Gradients through sum(out * w): the cotangent is a multiple of 1/8 too.
+    w = _exact((m, n), F32, np.random.default_rng(1))
+    loss = lambda f: lambda a, b: jnp.sum(f(a, b, gs, preferred_element_type=F32) * w)
+    got_g = jax.grad(loss(mj.ragged_dot), (0, 1))(lhs, rhs)
+    # The reference's cotangents accumulate in f32, then round to the inputs' dtype once, as
+    # moekit's do (the cotangent w is exact in every dtype here).
+    want_g = jax.grad(loss(jax.lax.ragged_dot), (0, 1))(lhs, rhs)
+    for g, r in zip(got_g, want_g):
+        _equal(g, r)
+
+
+@pytest.mark.parametrize("m,K,n,sizes", CASES[1:])
+def test_group_offset_equals_masked_reference_on_the_gpu(m, K, n, sizes):
+    num_groups = len(sizes)
+    f = jax.jit(lambda a, b, s, o: mj.ragged_dot(a, b, s, o, preferred_element_type=F32))
+    for num_local in sorted({1, max(1, num_groups // 2), num_groups}):
+        for offset in range(num_groups - num_local + 1):
+            lhs, rhs, gs = _inputs(m, K, n, sizes, num_groups=num_local, seed=offset)
+            o = _on_gpu(jnp.int32(offset))  # traced: only the kernel reads it, on the device
+            _equal(f(lhs, rhs, gs, o), _masked_reference(lhs, rhs, gs, offset))
+
+            w = _exact((m, n), F32, np.random.default_rng(2))
+            got_g = jax.grad(lambda a, b: jnp.sum(
+                mj.ragged_dot(a, b, gs, o, preferred_element_type=F32) * w), (0, 1))(lhs, rhs)
+            want_g = jax.grad(lambda a, b: jnp.sum(
+                _masked_reference(a, b, gs, offset) * w), (0, 1))(lhs, rhs)
+            for g, r in zip(got_g, want_g):
+                _equal(g, r)
+
+
+def test_non_local_rows_are_never_read_on_the_gpu():
+    sizes = [10, 0, 41, 0, 3, 57]
+    lhs, rhs, gs = _inputs(111, 64, 40, sizes, num_groups=3)
+    poisoned = lhs.at[:10].set(jnp.nan).at[51:].set(jnp.nan)
+    got = np.float32(mj.ragged_dot(poisoned, rhs, gs, 1))
+    assert np.isfinite(got).all()
+    assert (got[:10] == 0).all() and (got[51:] == 0).all()
+    np.testing.assert_array_equal(got, np.float32(_masked_reference(lhs, rhs, gs, 1, BF16)))
+
+
+def test_out_of_range_device_sizes_are_clamped_not_read_past():
+    # On the GPU the sizes are never read on the host: a negative size counts as 0, and rows
+    # past m are dropped from their group (ragged_dot_cuda.h). Same result as the clamped sizes.
+    lhs, rhs, _ = _inputs(50, 64, 40, [1, 1, 1])
+    bad = _on_gpu(jnp.asarray([20, -5, 100], jnp.int32))
+    clamped = _on_gpu(jnp.asarray([20, 0, 30], jnp.int32))
+    got = mj.ragged_dot(lhs, rhs, bad, preferred_element_type=F32)
+    _equal(got, mj.ragged_dot(lhs, rhs, clamped, preferred_element_type=F32))
+    _equal(got, jax.lax.ragged_dot(lhs, rhs, clamped, preferred_element_type=F32))
+
+
+def test_vmap_on_the_gpu():
+    lhs, rhs, gs = _inputs(50, 64, 40, [20, 0, 30])
+    batch = jnp.stack([lhs, -lhs, 0.5 * lhs])
+    got = jax.vmap(lambda a: mj.ragged_dot(a, rhs, gs, preferred_element_type=F32))(batch)
+    want = jnp.stack([jax.lax.ragged_dot(a, rhs, gs, preferred_element_type=F32) for a in batch])
+    _equal(got, want)
+
+
+def test_expert_parallel_shard_map_over_the_gpus():
+    # Every GPU holds E / devices experts at group_offset = its first one; psum adds the partial
+    # outputs. With one GPU the mesh has one shard, which still lowers through shard_map.
+    devices = jax.devices("gpu")
+    shards = len(devices)
+    E = 4 * shards
+    sizes = list(np.random.default_rng(3).integers(0, 40, E))
+    m = int(sum(sizes)) + 5
+    lhs, rhs, gs = _inputs(m, 64, 40, sizes)
+    mesh = Mesh(np.array(devices), ("ep",))
+
+    def per_device(a, b):
+        first = jax.lax.axis_index("ep") * (E // shards)
+        return jax.lax.psum(mj.ragged_dot(a, b, gs, first, preferred_element_type=F32), "ep")
+
+    f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("ep")), out_specs=P()))
+    got = f(jax.device_put(lhs, NamedSharding(mesh, P())),
+            jax.device_put(rhs, NamedSharding(mesh, P("ep"))))
+    want = jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=F32)
+    np.testing.assert_array_equal(np.float32(got), np.float32(want))
