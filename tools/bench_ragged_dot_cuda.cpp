@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -126,10 +127,13 @@ std::string time_ragged_dot_cuda(const RaggedDotBenchOptions& o, const Preset& p
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   cuda_check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
-  const std::string machine =
-      fmt::format("{} ({} SMs, {:.0f} GiB, compute capability {}.{}, CUDA driver {}.{})", prop.name,
-                  prop.multiProcessorCount, prop.totalGlobalMem / double(1ull << 30), prop.major,
-                  prop.minor, driver / 1000, driver % 1000 / 10);
+  // The sm90 family bf16 calls run (a tuning knob of src/cuda/sm90_grouped_gemm.cu).
+  const char* sm90_kernel = std::getenv("MOEKIT_CUDA_SM90_KERNEL");
+  const std::string machine = fmt::format(
+      "{} ({} SMs, {:.0f} GiB, compute capability {}.{}, CUDA driver {}.{}; sm90 bf16 kernel {})",
+      prop.name, prop.multiProcessorCount, prop.totalGlobalMem / double(1ull << 30), prop.major,
+      prop.minor, driver / 1000, driver % 1000 / 10,
+      sm90_kernel && *sm90_kernel ? sm90_kernel : "cooperative");
 
   cudaStream_t stream;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");

@@ -1,8 +1,8 @@
 // Internal (nvcc, sm_90a only): CUTLASS 3.x grouped GEMM for Hopper. TMA loads, wgmma on a
-// cooperative warp-specialised persistent kernel, a per-group problem list that the plan kernel
-// writes on the device: the host never sees the group sizes, and the grid is one CTA per
-// multiprocessor whatever they are. The kernel family of tc_grouped_gemm.cuh; instantiated per
-// input dtype in sm90_grouped_gemm_<dtype>.cu.
+// warp-specialised persistent kernel, a per-group problem list that the plan kernel writes on
+// the device: the host never sees the group sizes, and the grid is one CTA per multiprocessor
+// (cluster) whatever they are. The kernel families of tc_grouped_gemm.cuh, one per Config;
+// instantiated per input dtype in sm90_grouped_gemm_<dtype>*.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,13 +41,38 @@ __device__ Stride leading(int64_t ld) {
   return s;
 }
 
+// A kernel configuration: CTA tile (M, N, K), cluster shape, and the mainloop and epilogue
+// schedules (cooperative: the two consumer warpgroups split each tile; pingpong: each takes a
+// tile of its own, one's epilogue overlapping the other's mainloop).
+template <class Tile, class Cluster, class MainloopSchedule, class EpilogueSchedule>
+struct Config {
+  using TileShape = Tile;
+  using ClusterShape = Cluster;
+  using KernelSchedule = MainloopSchedule;
+  using EpiSchedule = EpilogueSchedule;
+};
+
+using Cooperative128x128 = Config<cute::Shape<cute::_128, cute::_128, cute::_64>,
+                                  cute::Shape<cute::_1, cute::_1, cute::_1>,
+                                  cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                  cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using Cooperative256x128Cluster2x1 =
+    Config<cute::Shape<cute::_256, cute::_128, cute::_64>,
+           cute::Shape<cute::_2, cute::_1, cute::_1>,
+           cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+           cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+using Pingpong128x128 = Config<cute::Shape<cute::_128, cute::_128, cute::_64>,
+                               cute::Shape<cute::_1, cute::_1, cute::_1>,
+                               cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+
 // One grouped GEMM: D_j [M_j, N] (+)= A_j [M_j, K_j] @ B_j [K_j, N], f32 accumulation, D row-major
 // (C is D itself, read only when beta = 1). LayoutA / LayoutB are CUTLASS's tags for A (M x K)
 // and B (K x N): RowMajor or ColumnMajor.
-template <class TIn, class TOut, class LayoutA, class LayoutB>
-struct Kernel {
-  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+template <class Cfg, class TIn, class TOut, class LayoutA, class LayoutB>
+struct KernelWith {
+  using TileShape = typename Cfg::TileShape;
+  using ClusterShape = typename Cfg::ClusterShape;
   static constexpr int kAlignIn = 16 / sizeof(TIn);
   static constexpr int kAlignOut = 16 / sizeof(TOut);
 
@@ -55,7 +80,7 @@ struct Kernel {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, TOut,
       cutlass::layout::RowMajor*, kAlignOut, TOut, cutlass::layout::RowMajor*, kAlignOut,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      typename Cfg::EpiSchedule,
       cutlass::epilogue::fusion::LinearCombination<TOut, float>>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -63,7 +88,7 @@ struct Kernel {
       kAlignIn, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Cfg::KernelSchedule>::CollectiveOp;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
@@ -151,5 +176,14 @@ struct Kernel {
                             stream);
   }
 };
+
+// The families, as tc_grouped_gemm.cuh takes them. Kernel is the one every call runs; the other
+// two are bf16-only candidates that MOEKIT_CUDA_SM90_KERNEL selects for tuning runs.
+template <class TIn, class TOut, class LayoutA, class LayoutB>
+using Kernel = KernelWith<Cooperative128x128, TIn, TOut, LayoutA, LayoutB>;
+template <class TIn, class TOut, class LayoutA, class LayoutB>
+using KernelCoop256 = KernelWith<Cooperative256x128Cluster2x1, TIn, TOut, LayoutA, LayoutB>;
+template <class TIn, class TOut, class LayoutA, class LayoutB>
+using KernelPingpong = KernelWith<Pingpong128x128, TIn, TOut, LayoutA, LayoutB>;
 
 }  // namespace moekit::detail::cuda::sm90
