@@ -38,7 +38,7 @@ def _tol(dtype, K):
     return dict(rtol=1e-5, atol=1e-5 * K) if dtype == F32 else dict(rtol=2e-2, atol=2e-2 * K**0.5)
 
 
-def _masked_reference(lhs, rhs_local, sizes, offset):
+def masked_reference(lhs, rhs_local, sizes, offset):
     """What users do today: all groups computed (zeros for the non-local weights), the
     non-local rows masked out afterwards."""
     num_groups, num_local = sizes.shape[0], rhs_local.shape[0]
@@ -72,19 +72,19 @@ def test_equals_jax_ragged_dot_without_offset(m, K, n, sizes, dtype):
 
 
 @pytest.mark.parametrize("m,K,n,sizes", CASES[1:])
-def test_group_offset_equals_masked_reference(m, K, n, sizes):
+def test_group_offset_equalsmasked_reference(m, K, n, sizes):
     num_groups = len(sizes)
     for num_local in {1, max(1, num_groups // 2), num_groups}:
         for offset in range(num_groups - num_local + 1):
             lhs, rhs, gs = _inputs(m, K, n, sizes, num_groups=num_local, seed=offset)
             got = jax.jit(mj.ragged_dot)(lhs, rhs, gs, jnp.int32(offset))
-            want = _masked_reference(lhs, rhs, gs, offset)
+            want = masked_reference(lhs, rhs, gs, offset)
             np.testing.assert_allclose(got, want, **_tol(F32, K))
 
             w = jnp.asarray(np.random.default_rng(2).standard_normal((m, n)), F32)
             got_g = jax.grad(lambda a, b: jnp.sum(mj.ragged_dot(a, b, gs, offset) * w),
                              (0, 1))(lhs, rhs)
-            want_g = jax.grad(lambda a, b: jnp.sum(_masked_reference(a, b, gs, offset) * w),
+            want_g = jax.grad(lambda a, b: jnp.sum(masked_reference(a, b, gs, offset) * w),
                               (0, 1))(lhs, rhs)
             np.testing.assert_allclose(got_g[0], want_g[0], **_tol(F32, n))
             np.testing.assert_allclose(got_g[1], want_g[1], **_tol(F32, m))
@@ -92,7 +92,7 @@ def test_group_offset_equals_masked_reference(m, K, n, sizes):
 
 def test_offset_as_shape_one_array_and_traced_under_jit():
     lhs, rhs, gs = _inputs(111, 33, 17, [10, 0, 41, 0, 3, 57], num_groups=2)
-    want = _masked_reference(lhs, rhs, gs, 2)
+    want = masked_reference(lhs, rhs, gs, 2)
     f = jax.jit(lambda a, b, s, o: mj.ragged_dot(a, b, s, o))
     np.testing.assert_allclose(f(lhs, rhs, gs, jnp.array([2], jnp.int32)), want,
                                **_tol(F32, 33))

@@ -16,6 +16,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import moekit.jax as mj
+import test_ragged_dot
+from test_ragged_dot import masked_reference
 
 
 def _gpu():
@@ -28,18 +30,15 @@ def _gpu():
 GPU = _gpu()
 pytestmark = [
     pytest.mark.skipif(GPU is None, reason="no GPU visible to JAX (jax.devices('gpu') is empty)"),
-    pytest.mark.skipif(not mj.cuda_built(), reason="moekit was built without CUDA (MOEKIT_CUDA=OFF)"),
+    pytest.mark.skipif(not mj.cuda_built(),
+                       reason="moekit was built without CUDA (MOEKIT_CUDA=OFF)"),
 ]
 
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
-# (m, K, n, group_sizes). K and n multiples of 8 take the tensor-core kernels; the others the
-# portable one. Odd sizes, empty groups, every row in one group, rows past the last group.
-CASES = [
-    (1, 1, 1, [1]),
-    (7, 5, 3, [0, 7, 0]),
-    (111, 33, 17, [10, 0, 41, 0, 3, 57]),
+# The CPU suite's shapes, and two more whose K and n are multiples of 8 (the tensor-core kernels;
+# the others take the portable one).
+CASES = test_ragged_dot.CASES + [
     (111, 64, 40, [0, 0, 111, 0]),
-    (500, 64, 48, [100, 150, 0, 200, 25]),  # 25 rows past the last group
     (777, 136, 264, [129, 0, 1, 255, 0, 392]),
 ]
 
@@ -58,19 +57,6 @@ def _inputs(m, K, n, sizes, num_groups=None, dtype=BF16, seed=0):
     lhs = _exact((m, K), dtype, rng)
     rhs = _exact((num_groups or len(sizes), K, n), dtype, rng)
     return lhs, rhs, _on_gpu(jnp.asarray(sizes, jnp.int32))
-
-
-def _masked_reference(lhs, rhs_local, sizes, offset, out_dtype=F32):
-    """Every group computed by jax.lax.ragged_dot (zero weights for the non-local ones), the
-    non-local rows masked out afterwards."""
-    num_groups, num_local = sizes.shape[0], rhs_local.shape[0]
-    rhs_full = jnp.zeros((num_groups,) + rhs_local.shape[1:], rhs_local.dtype)
-    rhs_full = jax.lax.dynamic_update_slice(rhs_full, rhs_local, (offset, 0, 0))
-    out = jax.lax.ragged_dot(lhs, rhs_full, sizes, preferred_element_type=F32)
-    ends = jnp.cumsum(sizes)
-    rows = jnp.arange(lhs.shape[0])
-    local = (rows >= ends[offset] - sizes[offset]) & (rows < ends[offset + num_local - 1])
-    return jnp.where(local[:, None], out, 0.0).astype(out_dtype)
 
 
 def _equal(got, want):
@@ -107,13 +93,13 @@ def test_group_offset_equals_masked_reference_on_the_gpu(m, K, n, sizes):
         for offset in range(num_groups - num_local + 1):
             lhs, rhs, gs = _inputs(m, K, n, sizes, num_groups=num_local, seed=offset)
             o = _on_gpu(jnp.int32(offset))  # traced: only the kernel reads it, on the device
-            _equal(f(lhs, rhs, gs, o), _masked_reference(lhs, rhs, gs, offset))
+            _equal(f(lhs, rhs, gs, o), masked_reference(lhs, rhs, gs, offset))
 
             w = _exact((m, n), F32, np.random.default_rng(2))
             got_g = jax.grad(lambda a, b: jnp.sum(
                 mj.ragged_dot(a, b, gs, o, preferred_element_type=F32) * w), (0, 1))(lhs, rhs)
             want_g = jax.grad(lambda a, b: jnp.sum(
-                _masked_reference(a, b, gs, offset) * w), (0, 1))(lhs, rhs)
+                masked_reference(a, b, gs, offset) * w), (0, 1))(lhs, rhs)
             for g, r in zip(got_g, want_g):
                 _equal(g, r)
 
@@ -125,7 +111,8 @@ def test_non_local_rows_are_never_read_on_the_gpu():
     got = np.float32(mj.ragged_dot(poisoned, rhs, gs, 1))
     assert np.isfinite(got).all()
     assert (got[:10] == 0).all() and (got[51:] == 0).all()
-    np.testing.assert_array_equal(got, np.float32(_masked_reference(lhs, rhs, gs, 1, BF16)))
+    want = masked_reference(lhs, rhs, gs, 1).astype(BF16)
+    np.testing.assert_array_equal(got, np.float32(want))
 
 
 def test_out_of_range_device_sizes_are_clamped_not_read_past():
