@@ -70,24 +70,11 @@ void time_cpu(const Options& o, const Preset& p, DType in, DType out, int shard,
       }
       const std::string where = fmt::format("{} T={} {}", p.name, T, pass);
 
-      Row full = full_row(pass, pr, "oneDNN " + dense->impl());
-      std::vector<std::function<void()>> fns{[&] { check(call(E, 0)); },
-                                             [&] { dense->run(da, db, dc); }};
-      Row shard_row = full;
-      if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
-        shard_row = one_shard_row(full, pr, o.shards, shard);
-        fns.push_back(
-            [&] { check(call(shard_row.e_loc, static_cast<int32_t>(shard_row.offset))); });
-      }
-      progress.step(fmt::format("{}: ragged_dot, dense ({}){}, interleaved", where, dense->impl(),
-                                o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : ""));
-      const std::vector<Timing> t = time_interleaved(o.warmup, o.reps, fns);
-      full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
-      rows.push_back(full);
-      if (o.shards > 1) {
-        shard_row.t = t[2], shard_row.dense = t[1], shard_row.full_ms = t[0].median_ms;
-        rows.push_back(shard_row);
-      }
+      time_pass(
+          o, pr, shard, full_row(pass, pr, "oneDNN " + dense->impl()), call,
+          [&] { dense->run(da, db, dc); },
+          [&](const auto& fns) { return time_interleaved(o.warmup, o.reps, fns); },
+          fmt::format("{}: ragged_dot, dense ({})", where, dense->impl()), progress, rows);
     }
   }
 }
@@ -231,15 +218,30 @@ RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
   return r;
 }
 
-RaggedDotRow one_shard_row(const RaggedDotRow& full, const RaggedDotProblem& pr, int shards,
-                           int shard) {
-  RaggedDotRow r = full;
-  r.shards = shards;
-  r.e_loc = pr.E / shards;
-  r.offset = shard * r.e_loc;
-  r.local_rows = ragged_dot_flops(pr.sizes, static_cast<int32_t>(r.offset), r.e_loc, 1, 1) / 2;
-  r.flops = 2.0 * r.local_rows * pr.K * pr.n;
-  return r;
+void time_pass(const RaggedDotBenchOptions& o, const RaggedDotProblem& pr, int shard,
+               RaggedDotRow full, const std::function<Status(int64_t, int32_t)>& call,
+               const std::function<void()>& dense, const TimeLoop& time, const std::string& label,
+               Progress& progress, std::vector<RaggedDotRow>& rows) {
+  std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0)); }, dense};
+  RaggedDotRow one = full;
+  if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
+    one.shards = o.shards;
+    one.e_loc = pr.E / o.shards;
+    one.offset = shard * one.e_loc;
+    one.local_rows =
+        ragged_dot_flops(pr.sizes, static_cast<int32_t>(one.offset), one.e_loc, 1, 1) / 2;
+    one.flops = 2.0 * one.local_rows * pr.K * pr.n;
+    fns.push_back([&] { check(call(one.e_loc, static_cast<int32_t>(one.offset))); });
+  }
+  progress.step(fmt::format("{}{}, interleaved", label,
+                            o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : ""));
+  const std::vector<Timing> t = time(fns);
+  full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
+  rows.push_back(full);
+  if (o.shards > 1) {
+    one.t = t[2], one.dense = t[1], one.full_ms = t[0].median_ms;
+    rows.push_back(one);
+  }
 }
 
 void register_bench_ragged_dot(CLI::App& bench) {

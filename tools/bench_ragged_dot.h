@@ -3,11 +3,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "bench_common.h"
 #include "moekit/dtype.h"
+#include "moekit/status.h"
 #include "presets.h"
 
 namespace moekit::tools {
@@ -41,12 +43,19 @@ struct RaggedDotProblem {
 RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, DType out,
                                     const RaggedDotBenchOptions& o, std::FILE* text);
 
-// The full call's row of a pass, and one shard's (E/shards local groups from group_offset
-// shard*E/shards), with their useful FLOPs.
+// The full call's row of a pass, with its useful FLOPs.
 RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
                       const std::string& dense_impl);
-RaggedDotRow one_shard_row(const RaggedDotRow& full, const RaggedDotProblem& pr, int shards,
-                           int shard);
+
+// One pass timed in one interleaved loop: call(E, 0) (the full call), dense() beside it, and with
+// o.shards > 1 one shard's call (E/shards local groups from group_offset shard*E/shards). `time`
+// runs the loop (wall clock on the CPU, CUDA events on the GPU); `label` names the step in the
+// progress line. Appends the full call's row and the shard's.
+using TimeLoop = std::function<std::vector<Timing>(const std::vector<std::function<void()>>&)>;
+void time_pass(const RaggedDotBenchOptions& o, const RaggedDotProblem& pr, int shard,
+               RaggedDotRow full, const std::function<Status(int64_t, int32_t)>& call,
+               const std::function<void()>& dense, const TimeLoop& time, const std::string& label,
+               Progress& progress, std::vector<RaggedDotRow>& rows);
 
 // Times the three passes on the GPU with CUDA events, each beside a cuBLAS matmul of the same
 // FLOPs; appends to rows and returns a description of the device. Throws when built without

@@ -183,24 +183,11 @@ std::string time_ragged_dot_cuda(const RaggedDotBenchOptions& o, const Preset& p
         dense = {handle, in, out, K, n, m, true, false};
         db = d_out.data(), dc = d_rhs.data();
       }
-      RaggedDotRow full = full_row(pass, pr, "cuBLAS cublasGemmEx, f32 compute");
-      std::vector<std::function<void()>> fns{[&] { check(call(E, 0)); },
-                                             [&] { dense.run(da, db, dc); }};
-      RaggedDotRow shard_row = full;
-      if (o.shards > 1) {
-        shard_row = one_shard_row(full, pr, o.shards, shard);
-        fns.push_back(
-            [&] { check(call(shard_row.e_loc, static_cast<int32_t>(shard_row.offset))); });
-      }
-      progress.step(fmt::format("{} T={} {}: ragged_dot, cuBLAS{}, interleaved", p.name, T, pass,
-                                o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : ""));
-      const std::vector<Timing> t = time_events(o.warmup, o.reps, fns, stream);
-      full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
-      rows.push_back(full);
-      if (o.shards > 1) {
-        shard_row.t = t[2], shard_row.dense = t[1], shard_row.full_ms = t[0].median_ms;
-        rows.push_back(shard_row);
-      }
+      time_pass(
+          o, pr, shard, full_row(pass, pr, "cuBLAS cublasGemmEx, f32 compute"), call,
+          [&] { dense.run(da, db, dc); },
+          [&](const auto& fns) { return time_events(o.warmup, o.reps, fns, stream); },
+          fmt::format("{} T={} {}: ragged_dot, cuBLAS", p.name, T, pass), progress, rows);
     }
   }
   cublasDestroy(handle);

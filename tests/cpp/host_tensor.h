@@ -116,4 +116,12 @@ struct HostTensor {
   ConstTensorView in() { return view<TensorView>(); }
 };
 
+// Group sizes for `groups` groups summing to `total`: each row lands in a group drawn uniformly.
+inline std::vector<int32_t> random_sizes(std::mt19937& rng, int64_t groups, int64_t total) {
+  std::vector<int32_t> s(groups, 0);
+  std::uniform_int_distribution<int64_t> pick(0, groups - 1);
+  for (int64_t i = 0; i < total; ++i) ++s[pick(rng)];
+  return s;
+}
+
 }  // namespace moekit

@@ -216,13 +216,6 @@ TEST_P(RaggedDotTest, PassesAreAdjoint) {
   EXPECT_NEAR(a, d, 1e-4 * scale);
 }
 
-std::vector<int32_t> random_sizes(std::mt19937& rng, int64_t groups, int64_t total) {
-  std::vector<int32_t> s(groups, 0);
-  std::uniform_int_distribution<int64_t> pick(0, groups - 1);
-  for (int64_t i = 0; i < total; ++i) ++s[pick(rng)];
-  return s;
-}
-
 std::vector<Case> cases() {
   std::vector<Case> out;
   std::mt19937 rng(7);

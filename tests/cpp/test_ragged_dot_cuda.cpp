@@ -296,6 +296,19 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
     expect_equal(r, want, name);
   }
 
+  void check_forward(bool poison_nonlocal_rows) {
+    check_pass(
+        HostTensor(c.in, {c.m, c.K}, c.row_pad), HostTensor(c.in, rhs_dims()),
+        HostTensor(c.out, {c.m, c.n}, c.row_pad), "out",
+        [&](auto lhs, auto rhs, auto out) {
+          return ragged_dot(lhs, rhs, clean.sizes, out, ref_opt);
+        },
+        [&](auto lhs, auto rhs, const CudaGroups& g, auto out, const CudaExec& e) {
+          return ragged_dot_cuda(lhs, rhs, g, out, opt, e, impl);
+        },
+        poison_nonlocal_rows);
+  }
+
   GpuCase c;
   RaggedDotCudaImpl impl;
   Sanitized clean;
@@ -305,13 +318,7 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
 
 TEST_P(RaggedDotCuda, Forward) {
   MOEKIT_REQUIRE_GPU();
-  check_pass(
-      HostTensor(c.in, {c.m, c.K}, c.row_pad), HostTensor(c.in, rhs_dims()),
-      HostTensor(c.out, {c.m, c.n}, c.row_pad), "out",
-      [&](auto lhs, auto rhs, auto out) { return ragged_dot(lhs, rhs, clean.sizes, out, ref_opt); },
-      [&](auto lhs, auto rhs, const CudaGroups& g, auto out, const CudaExec& e) {
-        return ragged_dot_cuda(lhs, rhs, g, out, opt, e, impl);
-      });
+  check_forward(/*poison_nonlocal_rows=*/false);
 }
 
 TEST_P(RaggedDotCuda, InputGradient) {
@@ -343,21 +350,7 @@ TEST_P(RaggedDotCuda, WeightGradient) {
 // NaN in the rows of non-local groups must not reach any output.
 TEST_P(RaggedDotCuda, NonLocalRowsAreNeverRead) {
   MOEKIT_REQUIRE_GPU();
-  check_pass(
-      HostTensor(c.in, {c.m, c.K}, c.row_pad), HostTensor(c.in, rhs_dims()),
-      HostTensor(c.out, {c.m, c.n}, c.row_pad), "out",
-      [&](auto lhs, auto rhs, auto out) { return ragged_dot(lhs, rhs, clean.sizes, out, ref_opt); },
-      [&](auto lhs, auto rhs, const CudaGroups& g, auto out, const CudaExec& e) {
-        return ragged_dot_cuda(lhs, rhs, g, out, opt, e, impl);
-      },
-      /*poison_nonlocal_rows=*/true);
-}
-
-std::vector<int32_t> random_sizes(std::mt19937& rng, int64_t groups, int64_t total) {
-  std::vector<int32_t> s(groups, 0);
-  std::uniform_int_distribution<int64_t> pick(0, groups - 1);
-  for (int64_t i = 0; i < total; ++i) ++s[pick(rng)];
-  return s;
+  check_forward(/*poison_nonlocal_rows=*/true);
 }
 
 std::vector<GpuCase> gpu_cases() {
@@ -563,6 +556,56 @@ TEST(RaggedDotCudaWorkspace, TooSmallOrMisalignedIsRefusedBeforeAnyLaunch) {
   CUDA_OK(cudaDeviceSynchronize());
   d_out.download(out);
   expect_equal(out, before, "out (must be untouched)");
+}
+
+// The tensor-core implementations take every aligned bf16 and f16 call on the devices they are
+// built for, and refuse (kUnimplemented, saying why) the others. The case tests above skip a
+// refused implementation, so this is where a wrongful refusal fails.
+TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
+  MOEKIT_REQUIRE_GPU();
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  const int arch = prop.major * 10 + prop.minor;
+  const int64_t m = 96, e_loc = 3;
+  const std::vector<int32_t> host_sizes = {40, 0, 56};
+  DeviceTensor sizes(host_sizes.size() * sizeof(int32_t));
+  sizes.upload(host_sizes.data(), host_sizes.size() * sizeof(int32_t));
+  const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr), e_loc, nullptr};
+  const size_t ws_bytes = ragged_dot_cuda_workspace_size(e_loc);
+  DeviceTensor ws(ws_bytes);
+  std::mt19937 rng(17);
+  for (DType in : {DType::kBF16, DType::kF16}) {
+    for (int64_t K : {64, 70}) {  // 70: not a multiple of 8, no tensor-core kernel takes it
+      for (RaggedDotCudaImpl impl : {RaggedDotCudaImpl::kSm90, RaggedDotCudaImpl::kSm80}) {
+        SCOPED_TRACE(fmt::format("{} K={} {}", dtype_name(in), K, impl_name(impl)));
+        const bool sm90 = impl == RaggedDotCudaImpl::kSm90;
+        const bool built = sm90 ? MOEKIT_CUDA_SM90 : MOEKIT_CUDA_SM80;
+        const bool takes = built && K % 8 == 0 && (sm90 ? arch == 90 : arch >= 80);
+        HostTensor lhs(in, {m, K}), rhs(in, {e_loc, K, 40}), out(in, {m, 40});
+        fill_sixty_fourths(lhs, rng);
+        fill_sixty_fourths(rhs, rng);
+        DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
+        d_lhs.upload(lhs), d_rhs.upload(rhs);
+        const Status s = ragged_dot_cuda(
+            d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs), groups,
+            d_out.view_as<TensorView>(out), {}, CudaExec{nullptr, ws.ptr, ws_bytes}, impl);
+        if (!takes) {
+          EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.message();
+          continue;
+        }
+        ASSERT_TRUE(s.ok()) << s.message();
+        CUDA_OK(cudaDeviceSynchronize());
+        d_out.download(out);
+        HostTensor want(DType::kF32, {m, 40}), lhs32 = as_f32(lhs), rhs32 = as_f32(rhs);
+        RaggedDotOptions ref;
+        ref.impl = RaggedDotImpl::kReference;
+        ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), host_sizes, want.mut(), ref).ok());
+        expect_equal(out, want, "out");
+      }
+    }
+  }
 }
 
 #endif  // MOEKIT_HAS_CUDA
