@@ -440,6 +440,14 @@ MOEKIT_FFI_EXPORT const char* moekit_ffi_built_with_jaxlib() { return MOEKIT_JAX
 MOEKIT_FFI_EXPORT bool moekit_ffi_cuda_built() { return moekit::cuda_built(); }
 MOEKIT_FFI_EXPORT int32_t moekit_ffi_cuda_device_count() { return moekit::cuda_device_count(); }
 
+// Bytes of the workspace result a CUDA ragged_dot handler takes for E_loc = num_local local
+// groups on the current device (alignment slack included); 0 without CUDA or for num_local < 0.
+MOEKIT_FFI_EXPORT int64_t moekit_ffi_cuda_workspace_bytes(int64_t num_local) {
+  if (num_local < 0 || !moekit::cuda_built()) return 0;
+  return static_cast<int64_t>(moekit::ragged_dot_cuda_workspace_size(num_local) +
+                              moekit::python::kCudaWorkspaceAlign - 1);
+}
+
 // The rows permute needs at most for any routing: the static N_out of its outputs.
 MOEKIT_FFI_EXPORT int64_t moekit_ffi_permute_max_rows(int64_t T, int64_t E, int32_t k,
                                                       int64_t align_size, double capacity_factor,

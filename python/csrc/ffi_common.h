@@ -27,6 +27,11 @@ struct Target {
 // The CUDA handlers (ffi_cuda.cpp); empty in a build without CUDA.
 std::span<const Target> cuda_targets();
 
+// The CUDA handlers take their workspace as a result buffer. XLA aligns buffers less than the
+// kernels need, so that result holds kCudaWorkspaceAlign - 1 bytes more than
+// ragged_dot_cuda_workspace_size(E_loc), and a handler starts at its first aligned byte.
+inline constexpr size_t kCudaWorkspaceAlign = 256;
+
 inline ffi::Error to_error(const Status& s) {
   if (s.ok()) return ffi::Error::Success();
   return ffi::Error(s.code() == StatusCode::kInvalidArgument ? ffi::ErrorCode::kInvalidArgument
@@ -101,7 +106,7 @@ inline ffi::Error check_group_buffers(ffi::Buffer<ffi::S32> sizes, ffi::Buffer<f
 }
 
 // The three ragged_dot calls take two float tensors, group_sizes, group_offset and one result;
-// `bind` is where the binding starts (the CUDA handlers first ask for the stream and scratch).
+// `bind` is where the binding starts (the CUDA handlers first ask for the stream).
 template <class Binding>
 auto ragged_binding(Binding&& bind) {
   return std::forward<Binding>(bind)

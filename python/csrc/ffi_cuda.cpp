@@ -1,12 +1,17 @@
 // The XLA FFI handlers of ragged_dot for JAX's CUDA platform, registered under the CPU handlers'
 // names (moekit/jax/_ffi.py), so that one jax.ffi.ffi_call runs on whichever device holds the
 // arrays. Every buffer is in device memory, group_sizes and group_offset included: a call reads
-// neither on the host, runs on the stream XLA gives it, and takes its workspace from XLA's scratch
-// allocator, so nothing here waits for the GPU.
+// neither on the host and runs on the stream XLA gives it, so nothing here waits for the GPU.
+//
+// The workspace is a second result, which XLA allocates with the call's other buffers and
+// moekit/jax/ragged_dot.py drops (sized at trace time: moekit_ffi_cuda_workspace_bytes). A call
+// therefore allocates nothing, and launches the same kernels with the same arguments for the same
+// buffers: XLA may trace it into a CUDA graph (kCmdBufferCompatible). Memory from the FFI scratch
+// allocator would not do: it is freed when the handler returns, while the graph would keep
+// using it on every replay.
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string>
 
 #include "ffi_common.h"
 #include "moekit/ragged_dot_cuda.h"
@@ -19,12 +24,26 @@ using RaggedDotCudaCall = Status (*)(ConstTensorView, ConstTensorView, const Cud
                                      TensorView, const RaggedDotOptions&, const CudaExec&,
                                      RaggedDotCudaImpl);
 
+// The stream, and the workspace result from its first kCudaWorkspaceAlign-aligned byte on. The
+// call checks that what is left is enough.
+CudaExec exec_on(Stream stream, ffi::AnyBuffer workspace) {
+  const auto base = reinterpret_cast<uintptr_t>(workspace.untyped_data());
+  const uintptr_t aligned =
+      (base + kCudaWorkspaceAlign - 1) / kCudaWorkspaceAlign * kCudaWorkspaceAlign;
+  const size_t skipped = aligned - base;
+  CudaExec exec;
+  exec.stream = stream;
+  exec.workspace = reinterpret_cast<void*>(aligned);
+  exec.workspace_bytes = workspace.size_bytes() > skipped ? workspace.size_bytes() - skipped : 0;
+  return exec;
+}
+
 // The two float tensors a, b, the groups and the result of one call; `names` name them in the
-// errors, and `weights` is the one of b and the result that holds the E_loc local matrices.
-ffi::Error call_ragged(RaggedDotCudaCall fn, const char* const (&names)[3], bool weights_are_result,
-                       Stream stream, ffi::ScratchAllocator& scratch, ffi::AnyBuffer a,
-                       ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
-                       ffi::AnyBuffer result) {
+// errors.
+ffi::Error call_ragged(RaggedDotCudaCall fn, const char* const (&names)[3], Stream stream,
+                       ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes,
+                       ffi::Buffer<ffi::S32> offset, ffi::AnyBuffer result,
+                       ffi::AnyBuffer workspace) {
   ConstTensorView va, vb;
   TensorView out;
   MOEKIT_FFI_TRY(view_of(a, names[0], &va));
@@ -33,56 +52,47 @@ ffi::Error call_ragged(RaggedDotCudaCall fn, const char* const (&names)[3], bool
   MOEKIT_FFI_TRY(check_group_buffers(sizes, offset));
   const CudaGroups groups{sizes.typed_data(), static_cast<int64_t>(sizes.element_count()),
                           offset.typed_data()};
-  // The rank is the call's to check; until then E_loc is read only from a tensor that has one.
-  const int64_t num_local =
-      weights_are_result ? (out.rank > 0 ? out.shape[0] : 0) : (vb.rank > 0 ? vb.shape[0] : 0);
-  CudaExec exec;
-  exec.stream = stream;
-  exec.workspace_bytes = ragged_dot_cuda_workspace_size(num_local);
-  if (exec.workspace_bytes > 0) {
-    const std::optional<void*> ws = scratch.Allocate(exec.workspace_bytes, 256);
-    if (!ws.has_value()) {
-      return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                        "ragged_dot: no device scratch memory for the " +
-                            std::to_string(exec.workspace_bytes) + "-byte workspace");
-    }
-    exec.workspace = *ws;
-  }
-  return to_error(fn(va, vb, groups, out, RaggedDotOptions(), exec, RaggedDotCudaImpl::kAuto));
+  return to_error(fn(va, vb, groups, out, RaggedDotOptions(), exec_on(stream, workspace),
+                     RaggedDotCudaImpl::kAuto));
 }
 
 // out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups.
-ffi::Error ragged_dot_fwd(Stream stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer lhs,
-                          ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
-                          ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> out) {
-  return call_ragged(ragged_dot_cuda, {"lhs", "rhs", "out"}, false, stream, scratch, lhs, rhs,
-                     sizes, offset, *out);
+ffi::Error ragged_dot_fwd(Stream stream, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
+                          ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace) {
+  return call_ragged(ragged_dot_cuda, {"lhs", "rhs", "out"}, stream, lhs, rhs, sizes, offset, *out,
+                     *workspace);
 }
 
 // d_lhs [m, K] = ragged_dot(d_out [m, n], rhs^T).
-ffi::Error ragged_dot_dlhs(Stream stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer d_out,
-                           ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
-                           ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_lhs) {
-  return call_ragged(ragged_dot_dlhs_cuda, {"d_out", "rhs", "d_lhs"}, false, stream, scratch, d_out,
-                     rhs, sizes, offset, *d_lhs);
+ffi::Error ragged_dot_dlhs(Stream stream, ffi::AnyBuffer d_out, ffi::AnyBuffer rhs,
+                           ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
+                           ffi::Result<ffi::AnyBuffer> d_lhs,
+                           ffi::Result<ffi::AnyBuffer> workspace) {
+  return call_ragged(ragged_dot_dlhs_cuda, {"d_out", "rhs", "d_lhs"}, stream, d_out, rhs, sizes,
+                     offset, *d_lhs, *workspace);
 }
 
 // d_rhs [E_loc, K, n]: lhs[rows of j]^T @ d_out[rows of j] per local group, 0 for empty ones.
-ffi::Error ragged_dot_drhs(Stream stream, ffi::ScratchAllocator scratch, ffi::AnyBuffer lhs,
-                           ffi::AnyBuffer d_out, ffi::Buffer<ffi::S32> sizes,
-                           ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_rhs) {
-  return call_ragged(ragged_dot_drhs_cuda, {"lhs", "d_out", "d_rhs"}, true, stream, scratch, lhs,
-                     d_out, sizes, offset, *d_rhs);
+ffi::Error ragged_dot_drhs(Stream stream, ffi::AnyBuffer lhs, ffi::AnyBuffer d_out,
+                           ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
+                           ffi::Result<ffi::AnyBuffer> d_rhs,
+                           ffi::Result<ffi::AnyBuffer> workspace) {
+  return call_ragged(ragged_dot_drhs_cuda, {"lhs", "d_out", "d_rhs"}, stream, lhs, d_out, sizes,
+                     offset, *d_rhs, *workspace);
 }
 
+// The stream, the CPU handlers' arguments and result, then the workspace.
 auto cuda_binding() {
-  return ragged_binding(
-      ffi::Ffi::Bind().Ctx<ffi::PlatformStream<Stream>>().Ctx<ffi::ScratchAllocator>());
+  return ragged_binding(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<Stream>>()).Ret<ffi::AnyBuffer>();
 }
 
-XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, cuda_binding());
-XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, cuda_binding());
-XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, cuda_binding());
+XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, cuda_binding(),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, cuda_binding(),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, cuda_binding(),
+                       {ffi::Traits::kCmdBufferCompatible});
 
 constexpr Target kTargets[] = {
     {"moekit_ragged_dot_fwd", "CUDA", kRaggedDotFwd},

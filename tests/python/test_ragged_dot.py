@@ -72,7 +72,7 @@ def test_equals_jax_ragged_dot_without_offset(m, K, n, sizes, dtype):
 
 
 @pytest.mark.parametrize("m,K,n,sizes", CASES[1:])
-def test_group_offset_equalsmasked_reference(m, K, n, sizes):
+def test_group_offset_equals_masked_reference(m, K, n, sizes):
     num_groups = len(sizes)
     for num_local in {1, max(1, num_groups // 2), num_groups}:
         for offset in range(num_groups - num_local + 1):
@@ -214,3 +214,37 @@ def test_library_holds_the_cuda_handlers_exactly_when_built_with_cuda():
     cuda = {name for name, platform in targets if platform == "CUDA"}
     assert cuda == (ragged if mj.cuda_built() else set())
     assert {platform for _, platform in targets} <= {"cpu", "CUDA"}
+
+
+def _custom_calls(lowered_text):
+    """{target: [result types]} of the moekit custom calls in StableHLO text."""
+    calls = {}
+    for line in lowered_text.splitlines():
+        found = re.search(r"stablehlo\.custom_call @(moekit_\w+)\(.*->\s*\(?(.*?)\)?$", line)
+        if found:
+            calls.setdefault(found[1], []).append(re.findall(r"tensor<[^>]*>", found[2]))
+    return calls
+
+
+@pytest.mark.skipif(not mj.cuda_built(), reason="moekit was built without CUDA (MOEKIT_CUDA=OFF)")
+def test_cuda_lowering_gives_each_call_its_workspace_and_the_cpu_lowering_none():
+    # Lowered for CUDA (possible without a GPU), every ragged_dot call has a second result: its
+    # workspace, uint8 of the size the library asks for E_loc, so that the handler allocates
+    # nothing and XLA may capture it in a CUDA graph. Lowered for the CPU, the one result alone.
+    from moekit.jax import _ffi
+    m, K, n, E_loc = 37, 16, 24, 3
+    lhs, rhs = jnp.ones((m, K), jnp.bfloat16), jnp.ones((E_loc, K, n), jnp.bfloat16)
+    sizes = jnp.asarray([5, 0, 9, 11, 2], jnp.int32)
+    loss = lambda a, b: mj.ragged_dot(a, b, sizes, 1, preferred_element_type=jnp.float32).sum()
+    both = jax.jit(jax.value_and_grad(loss, (0, 1))).trace(lhs, rhs)
+    workspace = f"tensor<{_ffi.cuda_workspace_bytes(E_loc)}xui8>"
+    want = {"moekit_ragged_dot_fwd": [["tensor<37x24xf32>", workspace]],
+            "moekit_ragged_dot_dlhs": [["tensor<37x16xbf16>", workspace]],
+            "moekit_ragged_dot_drhs": [["tensor<3x16x24xbf16>", workspace]]}
+    assert _custom_calls(both.lower(lowering_platforms=("cuda",)).as_text()) == want
+    on_cpu = {name: [types[:1]] for name, [types] in want.items()}
+    assert _custom_calls(both.lower(lowering_platforms=("cpu",)).as_text()) == on_cpu
+    # The workspace covers what the kernels need, plus the slack that aligns it to 256 bytes.
+    assert _ffi.cuda_workspace_bytes(E_loc) >= 255
+    assert _ffi.cuda_workspace_bytes(64) > _ffi.cuda_workspace_bytes(E_loc)
+    assert _ffi.cuda_workspace_bytes(-1) == 0

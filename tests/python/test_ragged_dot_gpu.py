@@ -9,6 +9,12 @@ the same one rounding, so they must be equal too.
 Skipped, with the reason, where JAX sees no GPU or moekit was built without CUDA.
 """
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -154,3 +160,58 @@ def test_expert_parallel_shard_map_over_the_gpus():
             jax.device_put(rhs, NamedSharding(mesh, P("ep"))))
     want = jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=F32)
     np.testing.assert_array_equal(np.float32(got), np.float32(want))
+
+
+_IN_A_CUDA_GRAPH = textwrap.dedent("""
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    import moekit.jax as mj
+
+    gpu = jax.devices("gpu")[0]
+    rng = np.random.default_rng(0)
+    exact = lambda shape, dtype: jax.device_put(
+        jnp.asarray(rng.integers(-8, 9, shape) / 8.0, dtype), gpu)
+    m, K, n, G, E = 96, 64, 40, 6, 3
+    lhs, rhs = exact((m, K), jnp.bfloat16), exact((E, K, n), jnp.bfloat16)
+    w = exact((m, n), jnp.float32)
+
+    def step(f, a, b, s, o):
+        loss = lambda a, b: jnp.sum(f(a, b, s, o) * w)
+        return (f(a, b, s, o),) + jax.grad(loss, (0, 1))(a, b)
+
+    def ours(a, b, s, o):
+        return mj.ragged_dot(a, b, s, o, preferred_element_type=jnp.float32)
+
+    def masked(a, b, s, o):  # the local groups' weights among zeros: jax.lax.ragged_dot over G
+        full = jax.lax.dynamic_update_slice(jnp.zeros((G, K, n), b.dtype), b, (o, 0, 0))
+        return jax.lax.ragged_dot(a, full, s, preferred_element_type=jnp.float32)
+
+    run = jax.jit(lambda *x: step(ours, *x))
+    want = jax.jit(lambda *x: step(masked, *x))
+    equal = []
+    for sizes, offset in [([10, 0, 41, 0, 3, 37], 1), ([96, 0, 0, 0, 0, 0], 0),
+                          ([0, 0, 0, 30, 30, 30], 3), ([5, 7, 0, 11, 13, 2], 2)]:
+        s = jax.device_put(jnp.asarray(sizes, jnp.int32), gpu)
+        o = jax.device_put(jnp.int32(offset), gpu)
+        for _ in range(3):  # the first run records the graph, the next ones replay it
+            got = run(lhs, rhs, s, o)
+            equal.append(all(bool((np.float32(a) == np.float32(b)).all())
+                             for a, b in zip(got, want(lhs, rhs, s, o))))
+    print(json.dumps({"equal": equal}))
+""")
+
+
+def test_results_stay_right_when_xla_captures_the_calls_in_a_cuda_graph():
+    # The CUDA handlers are marked command-buffer compatible: XLA may record them into a CUDA
+    # graph once and replay it, the host side never running again. The group sizes and offset
+    # change between replays, on the device only, and every replay must still equal the masked
+    # reference. The flags make XLA put even a single command in a graph (they must be set
+    # before JAX starts, hence the subprocess). A handler that decided anything on the host
+    # from the data, or made a call that stream capture forbids, fails here.
+    flags = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
+    done = subprocess.run([sys.executable, "-c", _IN_A_CUDA_GRAPH], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    equal = json.loads(done.stdout.strip().splitlines()[-1])["equal"]
+    assert equal == [True] * 12

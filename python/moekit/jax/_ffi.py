@@ -5,6 +5,7 @@ kind of call."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import pathlib
 
 import jax
@@ -31,6 +32,8 @@ def _load(path):
     lib.moekit_ffi_built_with_jaxlib.restype = ctypes.c_char_p
     lib.moekit_ffi_cuda_built.restype = ctypes.c_bool
     lib.moekit_ffi_cuda_device_count.restype = ctypes.c_int32
+    lib.moekit_ffi_cuda_workspace_bytes.restype = ctypes.c_int64
+    lib.moekit_ffi_cuda_workspace_bytes.argtypes = [ctypes.c_int64]
     lib.moekit_ffi_permute_max_rows.restype = ctypes.c_int64
     lib.moekit_ffi_permute_max_rows.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
                                                 ctypes.c_int64, ctypes.c_double, ctypes.c_bool]
@@ -68,6 +71,15 @@ for _name, _platform, _handler in targets():
 def cuda_built():
     """Whether this build of moekit has the CUDA handlers (ragged_dot on JAX's GPU platform)."""
     return bool(_lib.moekit_ffi_cuda_built())
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_workspace_bytes(num_local):
+    """Bytes of the workspace result of a CUDA ragged_dot call with `num_local` local groups,
+    for the current CUDA device (its kernels' needs depend on the architecture and the number of
+    multiprocessors): computed when a function is traced, so a program must run on GPUs like
+    the one it was traced beside. A smaller workspace is refused by the call, with both sizes."""
+    return int(_lib.moekit_ffi_cuda_workspace_bytes(num_local))
 
 
 def permute_max_rows(T, E, k, align_size, capacity_factor, pad_to_capacity):

@@ -16,14 +16,29 @@ __all__ = ["ragged_dot"]
 _DTYPES = _ffi.FLOAT_DTYPES + (np.dtype(jnp.float16),)
 
 
-def _call(name, shape, dtype, *args):
-    return _ffi.call(name, (shape, dtype), *args)
+def _call(name, shape, dtype, num_local, *args):
+    """One ragged_dot handler call with a [shape] dtype result, for `num_local` local groups.
+
+    On CUDA the handler also takes its workspace, as a second result that XLA allocates with the
+    call's other buffers and that is dropped here: the call allocates nothing, so XLA may capture
+    it in a CUDA graph. `platform_dependent` lowers only the branch of the platform compiled for.
+    """
+    def on_cpu(*a):
+        return _ffi.call(name, (shape, dtype), *a)
+
+    def on_cuda(*a):
+        workspace = ((_ffi.cuda_workspace_bytes(num_local),), np.uint8)
+        return _ffi.call(name, [(shape, dtype), workspace], *a)[0]
+
+    if not _ffi.cuda_built():
+        return on_cpu(*args)
+    return jax.lax.platform_dependent(*args, cuda=on_cuda, default=on_cpu)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _ragged_dot(lhs, rhs, group_sizes, group_offset, out_dtype):
-    return _call("moekit_ragged_dot_fwd", (lhs.shape[0], rhs.shape[2]), out_dtype, lhs, rhs,
-                group_sizes, group_offset)
+    return _call("moekit_ragged_dot_fwd", (lhs.shape[0], rhs.shape[2]), out_dtype, rhs.shape[0],
+                 lhs, rhs, group_sizes, group_offset)
 
 
 def _ragged_dot_fwd(lhs, rhs, group_sizes, group_offset, out_dtype):
@@ -34,10 +49,11 @@ def _ragged_dot_fwd(lhs, rhs, group_sizes, group_offset, out_dtype):
 def _ragged_dot_bwd(out_dtype, residuals, d_out):
     lhs, rhs, group_sizes, group_offset = residuals
     d_out = d_out.astype(lhs.dtype)  # the kernels take the cotangent in the inputs' dtype
-    d_lhs = _call("moekit_ragged_dot_dlhs", lhs.shape, lhs.dtype, d_out, rhs, group_sizes,
-                 group_offset)
-    d_rhs = _call("moekit_ragged_dot_drhs", rhs.shape, rhs.dtype, lhs, d_out, group_sizes,
-                 group_offset)
+    num_local = rhs.shape[0]
+    d_lhs = _call("moekit_ragged_dot_dlhs", lhs.shape, lhs.dtype, num_local, d_out, rhs,
+                  group_sizes, group_offset)
+    d_rhs = _call("moekit_ragged_dot_drhs", rhs.shape, rhs.dtype, num_local, lhs, d_out,
+                  group_sizes, group_offset)
     return _ffi.match_vma((d_lhs, d_rhs), (lhs, rhs)) + (None, None)
 
 
