@@ -453,21 +453,22 @@ hn::Mask<D> ChooseAndWeigh(const RouteOptions& o, int64_t E, const float* xt, co
                hn::And(hn::Eq(w[j - 1], w[j]), hn::RebindMask(d, hn::Lt(idx[j - 1], idx[j]))));
     in_order = hn::And(in_order, before);
   }
-  const bool sorted = hn::AllTrue(d, in_order);
+  if (!hn::AllTrue(d, in_order)) {
 #pragma GCC unroll 32
-  for (int i = 0; i < kSlots && !sorted; ++i) {
+    for (int i = 0; i < kSlots; ++i) {
 #pragma GCC unroll 32
-    for (int j = kSlots - 1; j > i; --j) {
-      const auto swap =
-          hn::Or(hn::Gt(w[j], w[j - 1]),
-                 hn::And(hn::Eq(w[j], w[j - 1]), hn::RebindMask(d, hn::Lt(idx[j], idx[j - 1]))));
-      const auto swap_i = hn::RebindMask(di, swap);
-      const V wa = hn::IfThenElse(swap, w[j], w[j - 1]);
-      w[j] = hn::IfThenElse(swap, w[j - 1], w[j]);
-      w[j - 1] = wa;
-      const VI ia = hn::IfThenElse(swap_i, idx[j], idx[j - 1]);
-      idx[j] = hn::IfThenElse(swap_i, idx[j - 1], idx[j]);
-      idx[j - 1] = ia;
+      for (int j = kSlots - 1; j > i; --j) {
+        const auto swap =
+            hn::Or(hn::Gt(w[j], w[j - 1]),
+                   hn::And(hn::Eq(w[j], w[j - 1]), hn::RebindMask(d, hn::Lt(idx[j], idx[j - 1]))));
+        const auto swap_i = hn::RebindMask(di, swap);
+        const V wa = hn::IfThenElse(swap, w[j], w[j - 1]);
+        w[j] = hn::IfThenElse(swap, w[j - 1], w[j]);
+        w[j - 1] = wa;
+        const VI ia = hn::IfThenElse(swap_i, idx[j], idx[j - 1]);
+        idx[j] = hn::IfThenElse(swap_i, idx[j - 1], idx[j]);
+        idx[j - 1] = ia;
+      }
     }
   }
 #pragma GCC unroll 32
