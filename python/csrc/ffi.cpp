@@ -436,9 +436,8 @@ MOEKIT_FFI_EXPORT int64_t moekit_ffi_targets(const Target** targets) {
 // The jaxlib whose FFI headers the handlers were compiled against.
 MOEKIT_FFI_EXPORT const char* moekit_ffi_built_with_jaxlib() { return MOEKIT_JAXLIB_VERSION; }
 
-// Whether the CUDA handlers are built, and how many CUDA devices the process sees.
+// Whether the CUDA handlers are built.
 MOEKIT_FFI_EXPORT bool moekit_ffi_cuda_built() { return moekit::cuda_built(); }
-MOEKIT_FFI_EXPORT int32_t moekit_ffi_cuda_device_count() { return moekit::cuda_device_count(); }
 
 // Bytes of the workspace result a CUDA ragged_dot handler takes for E_loc = num_local local
 // groups on the current device (alignment slack included); 0 without CUDA or for num_local < 0.

@@ -31,7 +31,6 @@ def _load(path):
     lib.moekit_ffi_targets.argtypes = [ctypes.POINTER(ctypes.POINTER(_Target))]
     lib.moekit_ffi_built_with_jaxlib.restype = ctypes.c_char_p
     lib.moekit_ffi_cuda_built.restype = ctypes.c_bool
-    lib.moekit_ffi_cuda_device_count.restype = ctypes.c_int32
     lib.moekit_ffi_cuda_workspace_bytes.restype = ctypes.c_int64
     lib.moekit_ffi_cuda_workspace_bytes.argtypes = [ctypes.c_int64]
     lib.moekit_ffi_permute_max_rows.restype = ctypes.c_int64
@@ -54,8 +53,8 @@ if _version(jax.lib.__version__) < _version(BUILT_WITH_JAXLIB):
 
 
 def targets():
-    """[(name, platform)] of every handler in the library: the CPU ones, and the CUDA ones of
-    ragged_dot in a build with CUDA."""
+    """[(name, platform, handler address)] of every handler in the library: the CPU ones, and
+    the CUDA ones of ragged_dot in a build with CUDA."""
     table = ctypes.POINTER(_Target)()
     count = _lib.moekit_ffi_targets(ctypes.byref(table))
     return [(table[i].name.decode(), table[i].platform.decode(), table[i].handler)
@@ -89,6 +88,7 @@ def permute_max_rows(T, E, k, align_size, capacity_factor, pad_to_capacity):
 
 
 FLOAT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))
+
 
 def call(name, results, *args, **attrs):
     """One FFI call. `results` is one (shape, dtype) pair or a list of them (then a list comes
