@@ -5,7 +5,8 @@ VENV       ?= .venv
 JOBS       ?= $(shell nproc)
 CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: run test deps build test-cpp python test-python sanitize format format-check clean
+.PHONY: run test deps build test-cpp python test-python pip-from-archive sanitize format \
+        format-check clean
 
 run: build
 	$(BUILD)/moekit bench layer --preset qwen3-30b-a3b --tokens 4096
@@ -32,6 +33,11 @@ python: deps
 
 test-python: python
 	$(VENV)/bin/python -m pytest -q tests/python
+
+# What a new JAX user does, away from this checkout's .deps/, build dirs and .venv/: `pip install .`
+# from a `git archive` of HEAD into a fresh virtual environment, then a smoke test (CI runs it).
+pip-from-archive: deps
+	tests/install/pip_from_archive
 
 # The C++ tests under AddressSanitizer and UndefinedBehaviorSanitizer (a build of its own).
 sanitize: deps
