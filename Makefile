@@ -3,7 +3,10 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 VENV       ?= .venv
 JOBS       ?= $(shell nproc)
-CMAKE_GEN  := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+# Ninja where it is (install-deps installs it). Chosen when a recipe runs, after deps, not when make
+# reads this file (on a fresh machine that was before ninja existed); a build directory configured
+# already keeps its generator, which CMake would refuse to change.
+cmake_gen = $$(test -f $(1)/CMakeCache.txt || { command -v ninja >/dev/null && echo "-G Ninja"; })
 
 .PHONY: run test deps build test-cpp python test-python pip-from-archive sanitize format \
         format-check clean
@@ -20,7 +23,7 @@ deps:
 	@scripts/install-deps
 
 build: deps
-	cmake -S . -B $(BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) $(call cmake_gen,$(BUILD)) -DCMAKE_BUILD_TYPE=Release
 	cmake --build $(BUILD) -j $(JOBS)
 
 test-cpp:
@@ -41,7 +44,7 @@ pip-from-archive: deps
 
 # The C++ tests under AddressSanitizer and UndefinedBehaviorSanitizer (a build of its own).
 sanitize: deps
-	cmake -S . -B $(ASAN_BUILD) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF
+	cmake -S . -B $(ASAN_BUILD) $(call cmake_gen,$(ASAN_BUILD)) -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
