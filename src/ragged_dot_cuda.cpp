@@ -93,7 +93,7 @@ Status row_grouped_cuda(const char* op, const char* a_name, ConstTensorView a, C
       [&] { return cu::row_grouped_portable(g, dg, exec); });
 #else
   (void)exec, (void)impl;
-  return Status::unimplemented(op, "moekit was built without CUDA (MOEKIT_CUDA=OFF)");
+  return Status::unimplemented(op, "moekit was built without its CUDA backend");
 #endif
 }
 
@@ -156,7 +156,7 @@ Status ragged_dot_drhs_cuda(ConstTensorView lhs, ConstTensorView d_out, const Cu
       [&] { return cu::contraction_grouped_portable(g, dg, exec); });
 #else
   (void)exec, (void)impl;
-  return Status::unimplemented(op, "moekit was built without CUDA (MOEKIT_CUDA=OFF)");
+  return Status::unimplemented(op, "moekit was built without its CUDA backend");
 #endif
 }
 

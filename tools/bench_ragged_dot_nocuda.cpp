@@ -7,7 +7,7 @@ namespace moekit::tools {
 
 std::string time_ragged_dot_cuda(const RaggedDotBenchOptions&, const Preset&, DType, DType, int,
                                  std::FILE*, Progress&, std::vector<RaggedDotRow>&) {
-  throw std::runtime_error("--device cuda: this moekit was built without CUDA (MOEKIT_CUDA=OFF)");
+  throw std::runtime_error("--device cuda: this moekit was built without its CUDA backend");
 }
 
 }  // namespace moekit::tools

@@ -14,7 +14,8 @@
 // The tensor-core path also needs 16-byte aligned base pointers and row strides (a multiple of
 // 8 elements) and K, n multiples of 8; other calls take the portable kernel.
 //
-// Built without CUDA (MOEKIT_CUDA=OFF), every function here returns kUnimplemented.
+// Built without the CUDA backend (MOEKIT_CUDA=OFF, or AUTO where nvcc or CUTLASS is missing),
+// every function here returns kUnimplemented.
 #pragma once
 
 #include <cstddef>
@@ -69,7 +70,7 @@ Status ragged_dot_drhs_cuda(ConstTensorView lhs, ConstTensorView d_out, const Cu
                             TensorView d_rhs, const RaggedDotOptions& options, const CudaExec& exec,
                             RaggedDotCudaImpl impl = RaggedDotCudaImpl::kAuto);
 
-// Whether this build has the CUDA backend (MOEKIT_CUDA=ON) and how many devices it sees (0 when
+// Whether this build has the CUDA backend and how many devices it sees (0 when
 // none, or when built without CUDA). Never fails.
 bool cuda_built();
 int cuda_device_count();

@@ -226,7 +226,7 @@ def _custom_calls(lowered_text):
     return calls
 
 
-@pytest.mark.skipif(not mj.cuda_built(), reason="moekit was built without CUDA (MOEKIT_CUDA=OFF)")
+@pytest.mark.skipif(not mj.cuda_built(), reason="moekit was built without its CUDA backend")
 @pytest.mark.parametrize("E_loc", [3, 0])
 def test_cuda_lowering_gives_each_call_its_workspace_and_the_cpu_lowering_none(E_loc):
     # Lowered for CUDA (possible without a GPU), every ragged_dot call has a second result: its

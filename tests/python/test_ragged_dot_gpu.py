@@ -37,7 +37,7 @@ GPU = _gpu()
 pytestmark = [
     pytest.mark.skipif(GPU is None, reason="no GPU visible to JAX (jax.devices('gpu') is empty)"),
     pytest.mark.skipif(not mj.cuda_built(),
-                       reason="moekit was built without CUDA (MOEKIT_CUDA=OFF)"),
+                       reason="moekit was built without its CUDA backend"),
 ]
 
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
