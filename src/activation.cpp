@@ -1,10 +1,10 @@
-// Public entry points of the expert FFN activation: validate, then dispatch to the first
-// implementation the caller allows (the scalar reference last).
+// Public entry points of the expert FFN activation: validate, then run the first implementation
+// the caller allows (the scalar reference last).
 #include <string>
 
 #include "check.h"
 #include "cpu/activation_kernels.h"
-#include "dispatch.h"
+#include "impl_table.h"
 #include "moekit/layer.h"
 
 namespace moekit {
@@ -58,7 +58,7 @@ Status activation(ConstTensorView h, Activation act, TensorView a, ActivationImp
   MOEKIT_RETURN_IF_ERROR(
       check_dim(op, "a", a, 1, p.F, is_gated(act) ? "h.shape[1] / 2" : "h.shape[1]"));
   p.out = a;
-  return detail::dispatch(op, kForwardImpls, impl, p);
+  return detail::run_implementation(op, kForwardImpls, impl, p);
 }
 
 Status activation_backward(ConstTensorView h, ConstTensorView d_a, Activation act, TensorView d_h,
@@ -77,7 +77,7 @@ Status activation_backward(ConstTensorView h, ConstTensorView d_a, Activation ac
   MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_h", d_h, 1, h.shape[1], "h.shape[1]"));
   p.d_a = d_a;
   p.out = d_h;
-  return detail::dispatch(op, kBackwardImpls, impl, p);
+  return detail::run_implementation(op, kBackwardImpls, impl, p);
 }
 
 }  // namespace moekit

@@ -1,6 +1,6 @@
 // Public permutation entry points: validate every argument and every index (nothing is written
-// before this is done), work out the block layout, and dispatch to the first implementation the
-// options allow (the reference last).
+// before this is done), work out the block layout, and run the first implementation the options
+// allow (the reference last).
 #include "moekit/permute.h"
 
 #include <fmt/format.h>
@@ -12,7 +12,7 @@
 
 #include "check.h"
 #include "cpu/permute_kernels.h"
-#include "dispatch.h"
+#include "impl_table.h"
 
 namespace moekit {
 namespace {
@@ -24,9 +24,9 @@ using detail::check_matrix;
 using detail::check_output_dtype;
 using detail::check_same_dtype;
 using detail::check_view;
-using detail::dispatch;
 using detail::Implementation;
 using detail::present;
+using detail::run_implementation;
 
 constexpr Implementation<PermuteImpl, detail::PermuteProblem> kPermuteImpls[] = {
     {PermuteImpl::kThreaded, detail::permute_threaded},
@@ -265,7 +265,7 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
                     "a size that always fits)",
                     p.layout.needed));
   }
-  return dispatch(op, kPermuteImpls, options.impl, p);
+  return run_implementation(op, kPermuteImpls, options.impl, p);
 }
 
 Status unpermute(ConstTensorView y_perm, ConstTensorView row_map, ConstTensorView merging_probs,
@@ -280,7 +280,7 @@ Status unpermute(ConstTensorView y_perm, ConstTensorView row_map, ConstTensorVie
                                       "H (y_perm.shape[1])"));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "out", out.dtype, y_perm.dtype));
   detail::CombineProblem p{y_perm, row_map, merging_probs, out, {}, {}};
-  return dispatch(op, kCombineImpls, impl, p);
+  return run_implementation(op, kCombineImpls, impl, p);
 }
 
 Status permute_backward(ConstTensorView d_x_perm, ConstTensorView d_probs_perm,
@@ -305,7 +305,7 @@ Status permute_backward(ConstTensorView d_x_perm, ConstTensorView d_probs_perm,
     MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_probs", d_probs.dtype, d_probs_perm.dtype));
   }
   detail::CombineProblem p{d_x_perm, row_map, {}, d_x, d_probs_perm, d_probs};
-  return dispatch(op, kCombineImpls, impl, p);
+  return run_implementation(op, kCombineImpls, impl, p);
 }
 
 Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTensorView row_map,
@@ -352,7 +352,7 @@ Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTe
       p.used[r] = 1;
     }
   }
-  return dispatch(op, kScatterImpls, impl, p);
+  return run_implementation(op, kScatterImpls, impl, p);
 }
 
 Status sort_chunks_by_index(ConstTensorView x, ConstTensorView split_sizes,
@@ -415,7 +415,7 @@ Status sort_chunks_by_index(ConstTensorView x, ConstTensorView split_sizes,
     p.size.push_back(sizes[c]);
     at += sizes[c];
   }
-  return dispatch(op, kSortChunksImpls, impl, p);
+  return run_implementation(op, kSortChunksImpls, impl, p);
 }
 
 }  // namespace moekit

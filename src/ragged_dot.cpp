@@ -1,6 +1,6 @@
 // Public ragged_dot entry points: validate every argument (nothing is written before this is
 // done), reduce the call to one of the two grouped-GEMM problems of ragged_dot_problem.h, and
-// dispatch it to the first implementation that the options allow (the reference last).
+// run the first implementation that the options allow (the reference last).
 #include "moekit/ragged_dot.h"
 
 #include <fmt/format.h>
@@ -71,8 +71,8 @@ constexpr Implementation<ContractionGroupedGemm> kContractionImpls[] = {
 };
 
 template <typename Problem, size_t N>
-Status dispatch(const char* op, const Implementation<Problem> (&table)[N], RaggedDotImpl want,
-                const Problem& problem) {
+Status run_implementation(const char* op, const Implementation<Problem> (&table)[N],
+                          RaggedDotImpl want, const Problem& problem) {
   for (const auto& impl : table) {
     if (want == RaggedDotImpl::kAuto || want == impl.id) return impl.run(problem);
   }
@@ -88,7 +88,7 @@ Status row_grouped(const char* op, const char* a_name, ConstTensorView a, ConstT
   MOEKIT_RETURN_IF_ERROR(detail::row_problem(op, a_name, a, rhs, c_name, c, opt,
                                              contract_over_rhs_n, /*allow_f16=*/false, &g));
   MOEKIT_RETURN_IF_ERROR(check_groups(op, sizes, opt.group_offset, rhs.shape[0], g.m, &g.groups));
-  return dispatch(op, kRowImpls, opt.impl, g);
+  return run_implementation(op, kRowImpls, opt.impl, g);
 }
 
 }  // namespace
@@ -115,7 +115,7 @@ Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out,
       detail::contraction_problem(op, lhs, d_out, d_rhs, options, /*allow_f16=*/false, &g));
   MOEKIT_RETURN_IF_ERROR(
       check_groups(op, group_sizes, options.group_offset, d_rhs.shape[0], g.m, &g.groups));
-  return dispatch(op, kContractionImpls, options.impl, g);
+  return run_implementation(op, kContractionImpls, options.impl, g);
 }
 
 int64_t ragged_dot_flops(std::span<const int32_t> group_sizes, int32_t group_offset,

@@ -39,8 +39,8 @@ DeviceGroups device_groups(const CudaGroups& groups, int64_t num_local,
 
 // The implementations in order of preference, with what each needs.
 template <class Problem, class Run90, class Run80, class RunPortable>
-Status dispatch(const char* op, const Problem& g, RaggedDotCudaImpl impl, Run90 run90, Run80 run80,
-                RunPortable run_portable) {
+Status run_implementation(const char* op, const Problem& g, RaggedDotCudaImpl impl, Run90 run90,
+                          Run80 run80, RunPortable run_portable) {
   DeviceInfo info;
   MOEKIT_RETURN_IF_ERROR(detail::cuda::device_info(&info));
   const bool tc = detail::cuda::tensor_core_eligible(g);
@@ -87,7 +87,7 @@ Status row_grouped_cuda(const char* op, const char* a_name, ConstTensorView a, C
 #if MOEKIT_HAS_CUDA
   const DeviceGroups dg = device_groups(groups, rhs.shape[0], options);
   namespace cu = detail::cuda;
-  return dispatch(
+  return run_implementation(
       op, g, impl, [&](const DeviceInfo& info) { return cu::row_grouped_sm90(g, dg, exec, info); },
       [&](const DeviceInfo& info) { return cu::row_grouped_sm80(g, dg, exec, info); },
       [&] { return cu::row_grouped_portable(g, dg, exec); });
@@ -149,7 +149,7 @@ Status ragged_dot_drhs_cuda(ConstTensorView lhs, ConstTensorView d_out, const Cu
 #if MOEKIT_HAS_CUDA
   const DeviceGroups dg = device_groups(groups, d_rhs.shape[0], options);
   namespace cu = detail::cuda;
-  return dispatch(
+  return run_implementation(
       op, g, impl,
       [&](const DeviceInfo& info) { return cu::contraction_grouped_sm90(g, dg, exec, info); },
       [&](const DeviceInfo& info) { return cu::contraction_grouped_sm80(g, dg, exec, info); },

@@ -1,6 +1,6 @@
 // Public router entry points: validate every argument (nothing is written before this is done),
-// build the problem of cpu/router_kernels.h, and dispatch it to the first implementation the
-// options allow (the reference last).
+// build the problem of cpu/router_kernels.h, and run the first implementation the options
+// allow (the reference last).
 #include "moekit/router.h"
 
 #include <fmt/format.h>
@@ -10,7 +10,7 @@
 
 #include "check.h"
 #include "cpu/router_kernels.h"
-#include "dispatch.h"
+#include "impl_table.h"
 
 namespace moekit {
 namespace {
@@ -21,9 +21,9 @@ using detail::check_input_dtype;
 using detail::check_matrix;
 using detail::check_output_dtype;
 using detail::check_view;
-using detail::dispatch;
 using detail::Implementation;
 using detail::present;
+using detail::run_implementation;
 
 // Ordered fastest first, the reference last.
 constexpr Implementation<RouterImpl, detail::RouteProblem> kRouteImpls[] = {
@@ -258,7 +258,7 @@ Status route(ConstTensorView logits, const RouteOptions& options, const RouteOut
         check_output_dtype(op, "topk_weights", out.topk_weights.dtype, logits.dtype));
   }
   if (T == 0) return {};
-  return dispatch(op, kRouteImpls, options.impl, p);
+  return run_implementation(op, kRouteImpls, options.impl, p);
 }
 
 Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, ConstTensorView d_probs,
@@ -305,7 +305,7 @@ Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, Cons
   }
   if (T == 0) return {};
   detail::RouteBackwardProblem p{logits, topk_indices, d_probs, d_topk_weights, options, d_logits};
-  return dispatch(op, kRouteBackwardImpls, options.impl, p);
+  return run_implementation(op, kRouteBackwardImpls, options.impl, p);
 }
 
 Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, TensorView scores,
@@ -325,7 +325,7 @@ Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, Ten
   }
   if (T == 0) return {};
   detail::AuxScoresProblem p{logits, k, score, scores, routing_map};
-  return dispatch(op, kAuxImpls, impl, p);
+  return run_implementation(op, kAuxImpls, impl, p);
 }
 
 Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores, RouterScore score,
@@ -340,7 +340,7 @@ Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_logits", d_logits.dtype, logits.dtype));
   if (T == 0) return {};
   detail::AuxScoresBackwardProblem p{logits, d_scores, score, d_logits};
-  return dispatch(op, kAuxBackwardImpls, impl, p);
+  return run_implementation(op, kAuxBackwardImpls, impl, p);
 }
 
 Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts) {

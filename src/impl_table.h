@@ -17,8 +17,8 @@ struct Implementation {
 
 // Runs the first implementation in `table` that `want` allows (Impl::kAuto: the first).
 template <typename Impl, typename Problem, size_t N>
-Status dispatch(const char* op, const Implementation<Impl, Problem> (&table)[N], Impl want,
-                const Problem& problem) {
+Status run_implementation(const char* op, const Implementation<Impl, Problem> (&table)[N],
+                          Impl want, const Problem& problem) {
   for (const auto& impl : table) {
     if (want == Impl::kAuto || want == impl.id) return impl.run(problem);
   }
