@@ -2,12 +2,18 @@
 // that names the op, the argument and its value, so that errors read the same across ops.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "moekit/status.h"
 #include "moekit/view.h"
 
 namespace moekit::detail {
+
+// *out = a * b, unless that overflows int64: then false (and *out is not to be used).
+inline bool mul_fits(int64_t a, int64_t b, int64_t* out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
 
 // "[2, 3]"
 std::string shape_str(const ConstTensorView& v);

@@ -37,18 +37,23 @@ class [[nodiscard]] Status {
   const std::string& op() const { return op_; }
   const std::string& argument() const { return argument_; }  // empty unless invalid_argument
   const std::string& value() const { return value_; }
+  const std::string& what() const { return what_; }        // what is wrong, alone
   const std::string& message() const { return message_; }  // the full sentence
 
  private:
   Status(StatusCode code, std::string op, std::string argument, std::string value, std::string what)
-      : code_(code), op_(std::move(op)), argument_(std::move(argument)), value_(std::move(value)) {
+      : code_(code),
+        op_(std::move(op)),
+        argument_(std::move(argument)),
+        value_(std::move(value)),
+        what_(std::move(what)) {
     message_ = op_ + ": ";
     if (!argument_.empty()) message_ += argument_ + " = " + value_ + ": ";
-    message_ += what;
+    message_ += what_;
   }
 
   StatusCode code_ = StatusCode::kOk;
-  std::string op_, argument_, value_, message_;
+  std::string op_, argument_, value_, what_, message_;
 };
 
 }  // namespace moekit

@@ -1,0 +1,298 @@
+// Expert-parallel plan, dispatch and combine (SPEC.md section 4): the part every engine shares.
+// The plan turns every rank's counts into offsets; dispatch and combine turn the plan into
+// block lists, one block per (rank, expert) pair that has rows, and hand them to the engine,
+// which moves each block straight to where it belongs: no staging buffer, no regroup pass.
+#include "moekit/ep.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "check.h"
+#include "comm/agree.h"
+
+namespace moekit {
+namespace {
+
+using detail::agree;
+using detail::AgreedValue;
+using detail::check_view;
+using detail::shape_str;
+
+// FNV-1a over the gathered counts: equal on every rank after one ep_plan call.
+uint64_t fingerprint(const std::vector<int32_t>& counts) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t c : counts) {
+    h ^= static_cast<uint32_t>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// The plan fits this communicator and is whole (as ep_plan leaves it).
+Status check_plan(const char* op, const EpPlan& plan, const Communicator& comm) {
+  const int P = comm.size();
+  if (plan.num_ranks != P || plan.rank != comm.rank()) {
+    return Status::invalid_argument(
+        op, "plan", fmt::format("rank {} of {}", plan.rank, plan.num_ranks),
+        fmt::format("was made for another group than this rank {} of {} (call ep_plan)",
+                    comm.rank(), P));
+  }
+  const auto E = static_cast<size_t>(plan.num_experts);
+  const auto PE = static_cast<size_t>(P) * static_cast<size_t>(plan.num_local_experts);
+  if (plan.num_experts != P * plan.num_local_experts || plan.tokens_per_expert.size() != E ||
+      plan.expert_offsets.size() != E || plan.recv_tokens_per_expert.size() != PE ||
+      plan.local_offsets.size() != PE ||
+      plan.local_tokens_per_expert.size() != static_cast<size_t>(plan.num_local_experts)) {
+    return Status::invalid_argument(op, "plan", fmt::format("E = {}", plan.num_experts),
+                                    "is not a plan made by ep_plan");
+  }
+  return {};
+}
+
+// A [rows, H] buffer of contiguous rows, with at least `need` rows; *row_bytes = H * size.
+Status check_rows(const char* op, const char* name, const ConstTensorView& v, int64_t need,
+                  const char* need_what, int64_t* row_bytes) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, name, v, 2));
+  if (v.shape[0] > 1 && v.stride[0] != v.shape[1]) {
+    return Status::invalid_argument(op, fmt::format("{}.stride[0]", name),
+                                    std::to_string(v.stride[0]),
+                                    fmt::format("rows must be contiguous (= H = {})", v.shape[1]));
+  }
+  int64_t bytes = 0;
+  if (!detail::mul_fits(v.shape[1], static_cast<int64_t>(dtype_size(v.dtype)), row_bytes) ||
+      !detail::mul_fits(v.shape[0], *row_bytes, &bytes)) {
+    return Status::invalid_argument(op, fmt::format("{}.shape", name), shape_str(v),
+                                    "its byte count does not fit int64");
+  }
+  if (v.shape[0] < need) {
+    return Status::invalid_argument(op, fmt::format("{}.shape[0]", name),
+                                    std::to_string(v.shape[0]),
+                                    fmt::format("must be >= {} = {}", need_what, need));
+  }
+  return {};
+}
+
+// Dispatch (to_experts) or combine: checks, agreement, block lists, engine start.
+Status start(const char* op, bool to_experts, const EpPlan& plan, const ConstTensorView& in,
+             const TensorView& out, Communicator& comm, EpPending* pending) {
+  const char* in_name = to_experts ? "x_perm" : "y_local";
+  const char* out_name = to_experts ? "x_local" : "y_perm";
+  const char* send_what = "plan.send_rows";
+  const char* recv_what = "plan.recv_rows";
+  int64_t row_bytes = 0;
+  Status local = [&]() -> Status {
+    if (!pending) return Status::invalid_argument(op, "pending", "null", "must point to one");
+    if (pending->ticket != -1) {
+      return Status::invalid_argument(op, "pending", fmt::format("ticket {}", pending->ticket),
+                                      "has an exchange in flight already (call ep_wait)");
+    }
+    MOEKIT_RETURN_IF_ERROR(check_plan(op, plan, comm));
+    int64_t out_row_bytes = 0;
+    MOEKIT_RETURN_IF_ERROR(check_rows(op, in_name, in, to_experts ? plan.send_rows : plan.recv_rows,
+                                      to_experts ? send_what : recv_what, &row_bytes));
+    MOEKIT_RETURN_IF_ERROR(check_rows(op, out_name, out,
+                                      to_experts ? plan.recv_rows : plan.send_rows,
+                                      to_experts ? recv_what : send_what, &out_row_bytes));
+    MOEKIT_RETURN_IF_ERROR(detail::check_same_dtype(op, out_name, out.dtype, in_name, in.dtype));
+    MOEKIT_RETURN_IF_ERROR(detail::check_dim(op, out_name, out, 1, in.shape[1],
+                                             to_experts ? "x_perm.shape[1]" : "y_local.shape[1]"));
+    // The parts that move must not overlap (a row could be overwritten before it is sent).
+    const auto* a = static_cast<const std::byte*>(in.data);
+    const auto* b = static_cast<const std::byte*>(out.data);
+    const int64_t a_rows = to_experts ? plan.send_rows : plan.recv_rows;
+    const int64_t b_rows = to_experts ? plan.recv_rows : plan.send_rows;
+    if (a_rows > 0 && b_rows > 0 && a < b + b_rows * row_bytes && b < a + a_rows * row_bytes) {
+      return Status::invalid_argument(op, out_name, fmt::format("{}", out.data),
+                                      fmt::format("overlaps {}", in_name));
+    }
+    return {};
+  }();
+  const AgreedValue values[] = {
+      {"plan.fingerprint", local.ok() ? static_cast<int64_t>(plan.fingerprint) : 0},
+      {to_experts ? "x_perm.shape[1]" : "y_local.shape[1]", local.ok() ? in.shape[1] : 0},
+      {to_experts ? "x_perm.dtype" : "y_local.dtype",
+       local.ok() ? static_cast<int64_t>(in.dtype) : 0, true}};
+  MOEKIT_RETURN_IF_ERROR(agree(comm, op, local, values));
+
+  const int64_t El = plan.num_local_experts;
+  const auto* src = static_cast<const std::byte*>(in.data);
+  auto* dst = static_cast<std::byte*>(out.data);
+  std::vector<SendBlock>& send = pending->send;
+  std::vector<RecvBlock>& recv = pending->recv;
+  send.clear();
+  recv.clear();
+  // The permuted side (x_perm, y_perm): one block per expert with rows, to or from its rank.
+  for (int64_t e = 0; e < plan.num_experts; ++e) {
+    const int32_t rows = plan.tokens_per_expert[static_cast<size_t>(e)];
+    if (rows == 0) continue;
+    const int peer = static_cast<int>(e / El);
+    const int64_t at = plan.expert_offsets[static_cast<size_t>(e)] * row_bytes;
+    if (to_experts) {
+      send.push_back({peer, src + at, rows});
+    } else {
+      recv.push_back({peer, dst + at, rows});
+    }
+  }
+  // The grouped side (x_local, y_local): one block per (source rank, local expert) with rows.
+  for (int q = 0; q < plan.num_ranks; ++q) {
+    for (int64_t j = 0; j < El; ++j) {
+      const size_t qj = static_cast<size_t>(q * El + j);
+      const int32_t rows = plan.recv_tokens_per_expert[qj];
+      if (rows == 0) continue;
+      const int64_t at = plan.local_offsets[qj] * row_bytes;
+      if (to_experts) {
+        recv.push_back({q, dst + at, rows});
+      } else {
+        send.push_back({q, src + at, rows});
+      }
+    }
+  }
+  int64_t ticket = -1;
+  MOEKIT_RETURN_IF_ERROR(comm.exchange_start(static_cast<size_t>(row_bytes), send, recv, &ticket));
+  pending->comm = &comm;
+  pending->ticket = ticket;
+  return {};
+}
+
+}  // namespace
+
+Status ep_plan(ConstTensorView tokens_per_expert, Communicator& comm, EpPlan* plan) {
+  constexpr const char* op = "ep_plan";
+  const int P = comm.size(), me = comm.rank();
+  int64_t E = 0;
+  Status local = [&]() -> Status {
+    if (!plan) return Status::invalid_argument(op, "plan", "null", "must point to an EpPlan");
+    MOEKIT_RETURN_IF_ERROR(check_view(op, "tokens_per_expert", tokens_per_expert, 1));
+    MOEKIT_RETURN_IF_ERROR(
+        detail::check_dtype(op, "tokens_per_expert", tokens_per_expert.dtype, DType::kI32));
+    E = tokens_per_expert.shape[0];
+    if (E < 1 || E % P != 0) {
+      return Status::invalid_argument(
+          op, "tokens_per_expert.shape[0]", std::to_string(E),
+          fmt::format("the experts E must be a positive multiple of the {} ranks", P));
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t c =
+          static_cast<const int32_t*>(tokens_per_expert.data)[e * tokens_per_expert.stride[0]];
+      if (c < 0) {
+        return Status::invalid_argument(op, fmt::format("tokens_per_expert[{}]", e),
+                                        std::to_string(c), "rows per expert must be >= 0");
+      }
+    }
+    return {};
+  }();
+  const AgreedValue values[] = {{"tokens_per_expert.shape[0] (E)", local.ok() ? E : 0}};
+  MOEKIT_RETURN_IF_ERROR(agree(comm, op, local, values));
+
+  EpPlan& pl = *plan;
+  const int64_t El = E / P;
+  pl.tokens_per_expert.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    pl.tokens_per_expert[static_cast<size_t>(e)] =
+        static_cast<const int32_t*>(tokens_per_expert.data)[e * tokens_per_expert.stride[0]];
+  }
+  pl.num_ranks = P;
+  pl.rank = me;
+  pl.num_experts = E;
+  pl.num_local_experts = El;
+  pl.all_tokens_per_expert.resize(static_cast<size_t>(P * E));
+  MOEKIT_RETURN_IF_ERROR(comm.all_gather(pl.tokens_per_expert.data(),
+                                         pl.all_tokens_per_expert.data(),
+                                         static_cast<size_t>(E) * sizeof(int32_t)));
+  const auto at = [&](int q, int64_t e) {
+    return pl.all_tokens_per_expert[static_cast<size_t>(q * E + e)];
+  };
+  // Every rank checks every expert alike, so that all return the same answer.
+  pl.global_tokens_per_expert.assign(static_cast<size_t>(E), 0);
+  for (int q = 0; q < P; ++q) {
+    for (int64_t e = 0; e < E; ++e) pl.global_tokens_per_expert[static_cast<size_t>(e)] += at(q, e);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t g = pl.global_tokens_per_expert[static_cast<size_t>(e)];
+    if (g > std::numeric_limits<int32_t>::max()) {
+      return Status::invalid_argument(
+          op, fmt::format("the rows of expert {} over all ranks", e), std::to_string(g),
+          "must fit int32 (they are ragged_dot's group size on the rank holding it)");
+    }
+  }
+
+  // Send side.
+  pl.expert_offsets.resize(static_cast<size_t>(E));
+  pl.send_counts.assign(static_cast<size_t>(P), 0);
+  pl.send_offsets.resize(static_cast<size_t>(P));
+  int64_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    if (e % El == 0) pl.send_offsets[static_cast<size_t>(e / El)] = row;
+    pl.expert_offsets[static_cast<size_t>(e)] = row;
+    row += at(me, e);
+    pl.send_counts[static_cast<size_t>(e / El)] += at(me, e);
+  }
+  pl.send_rows = row;
+
+  // Receive side: x_local is [local expert][source rank].
+  pl.recv_tokens_per_expert.resize(static_cast<size_t>(P * El));
+  pl.local_offsets.resize(static_cast<size_t>(P * El));
+  pl.local_tokens_per_expert.resize(static_cast<size_t>(El));
+  pl.recv_counts.assign(static_cast<size_t>(P), 0);
+  pl.recv_offsets.resize(static_cast<size_t>(P));
+  row = 0;
+  for (int64_t j = 0; j < El; ++j) {
+    for (int q = 0; q < P; ++q) {
+      const int32_t c = at(q, me * El + j);
+      pl.recv_tokens_per_expert[static_cast<size_t>(q * El + j)] = c;
+      pl.local_offsets[static_cast<size_t>(q * El + j)] = row;
+      pl.recv_counts[static_cast<size_t>(q)] += c;
+      row += c;
+    }
+    pl.local_tokens_per_expert[static_cast<size_t>(j)] =
+        static_cast<int32_t>(pl.global_tokens_per_expert[static_cast<size_t>(me * El + j)]);
+  }
+  pl.recv_rows = row;
+  int64_t offset = 0;
+  for (int q = 0; q < P; ++q) {
+    pl.recv_offsets[static_cast<size_t>(q)] = offset;
+    offset += pl.recv_counts[static_cast<size_t>(q)];
+  }
+  pl.fingerprint = fingerprint(pl.all_tokens_per_expert);
+  return {};
+}
+
+Status ep_dispatch_start(const EpPlan& plan, ConstTensorView x_perm, TensorView x_local,
+                         Communicator& comm, EpPending* pending) {
+  return start("ep_dispatch", true, plan, x_perm, x_local, comm, pending);
+}
+
+Status ep_combine_start(const EpPlan& plan, ConstTensorView y_local, TensorView y_perm,
+                        Communicator& comm, EpPending* pending) {
+  return start("ep_combine", false, plan, y_local, y_perm, comm, pending);
+}
+
+Status ep_wait(EpPending* pending) {
+  if (!pending || !pending->comm || pending->ticket < 0) {
+    return Status::invalid_argument("ep_wait", "pending", pending ? "idle" : "null",
+                                    "has no exchange in flight");
+  }
+  const int64_t ticket = pending->ticket;
+  pending->ticket = -1;
+  return pending->comm->exchange_wait(ticket);
+}
+
+Status ep_dispatch(const EpPlan& plan, ConstTensorView x_perm, TensorView x_local,
+                   Communicator& comm) {
+  EpPending pending;
+  MOEKIT_RETURN_IF_ERROR(ep_dispatch_start(plan, x_perm, x_local, comm, &pending));
+  return ep_wait(&pending);
+}
+
+Status ep_combine(const EpPlan& plan, ConstTensorView y_local, TensorView y_perm,
+                  Communicator& comm) {
+  EpPending pending;
+  MOEKIT_RETURN_IF_ERROR(ep_combine_start(plan, y_local, y_perm, comm, &pending));
+  return ep_wait(&pending);
+}
+
+}  // namespace moekit
