@@ -13,5 +13,7 @@ void register_bench_router(CLI::App& bench);
 void register_bench_permute(CLI::App& bench);
 // Adds `layer` under the `bench` subcommand (tools/bench_layer.cpp).
 void register_bench_layer(CLI::App& bench);
+// Adds `dispatch` under the `bench` subcommand (tools/bench_dispatch.cpp).
+void register_bench_dispatch(CLI::App& bench);
 
 }  // namespace moekit::tools

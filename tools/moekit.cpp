@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   moekit::tools::register_bench_router(*bench);
   moekit::tools::register_bench_permute(*bench);
   moekit::tools::register_bench_layer(*bench);
+  moekit::tools::register_bench_dispatch(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
