@@ -1,22 +1,29 @@
-// The MoE layer on one device: the public steps (router GEMM, route, permute, gmm_up, activation,
-// gmm_down, unpermute, shared expert, losses) called in order on buffers carved from the caller's
-// workspace. Every argument is validated before the first step runs; the router and
-// permutation options are validated by an empty call of their own op, so that the rules live in
-// one place.
+// The MoE layer. Its steps are the public calls (router GEMM, route, permute, the grouped
+// matmuls, activation, unpermute, shared expert, losses), run in order on buffers carved from
+// memory the caller gives: on one rank, the caller's workspace; over P ranks, a state the caller
+// keeps. The token side (router, losses, permute; unpermute, shared expert) and the expert side
+// (gmm_up, activation, gmm_down) are one code for both: on one rank the expert side runs on
+// x_perm itself, over P ranks on the rows ep_dispatch brings, and ep_combine takes them back.
+// Every argument is validated before the first step runs; the router and permutation options are
+// validated by an empty call of their own op, so that the rules live in one place.
 #include "moekit/layer.h"
 
 #include <fmt/format.h>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "check.h"
+#include "comm/agree.h"
 #include "cpu/convert.h"
 #include "moekit/ragged_dot.h"
 
@@ -36,6 +43,7 @@ constexpr size_t kAlign = 64;
 // The sizes of one layer call.
 struct Dims {
   int64_t T, H, F, E, k, N;
+  int64_t El;      // experts whose weights this call holds: E on one rank, E / P over P ranks
   int64_t W;       // gmm_up's output width: 2F gated, F otherwise
   int64_t Fs, Ws;  // the shared expert's width and its up width (0: none)
   int64_t B;       // rows of the aux-loss counts: the sequences, or 1
@@ -61,56 +69,75 @@ class Arena {
   size_t used_ = 0;
 };
 
-// What the forward saves for the backward (the order include/moekit/layer.h states).
+// What the forward saves for the backward. The expert side's rows are R: the rows of this rank's
+// experts (on one rank R = N, and x_rows is x_perm itself).
 struct Saved {
   TensorView logits, topk_indices, topk_weights, tokens_per_expert, row_map, counts;
-  TensorView x_perm, h, a, y, hs, as;
+  TensorView x_rows, h, a;  // [R, H], [R, 2F | F], [R, F]: the grouped matmuls' inputs
+  TensorView y_perm;        // [N, H]: the experts' outputs in x_perm's order (unpermute's input)
+  TensorView hs, as;        // the shared expert's, [T, 2Fs | Fs], [T, Fs]
 };
-Saved carve_saved(const Dims& d, Arena& m) {
-  Saved s;
+
+void carve_token_saved(const Dims& d, Arena& m, Saved& s) {
   s.logits = m.take(DType::kF32, {d.T, d.E});
   s.topk_indices = m.take(DType::kI32, {d.T, d.k});
   s.topk_weights = m.take(DType::kF32, {d.T, d.k});
   s.tokens_per_expert = m.take(DType::kI32, {d.E});
   s.row_map = m.take(DType::kI32, {2, d.T, d.k});
   s.counts = m.take(DType::kI32, {d.B, d.E});
-  s.x_perm = m.take(d.dt, {d.N, d.H});
-  s.h = m.take(d.dt, {d.N, d.W});
-  s.a = m.take(d.dt, {d.N, d.F});
-  s.y = m.take(d.dt, {d.N, d.H});
+}
+void carve_expert_saved(const Dims& d, int64_t R, Arena& m, Saved& s) {
+  s.x_rows = m.take(d.dt, {R, d.H});
+  s.h = m.take(d.dt, {R, d.W});
+  s.a = m.take(d.dt, {R, d.F});
+}
+void carve_shared_saved(const Dims& d, Arena& m, Saved& s) {
   if (d.Fs > 0) {
     s.hs = m.take(d.dt, {d.T, d.Ws});
     s.as = m.take(d.dt, {d.T, d.Fs});
   }
+}
+// One rank: the order include/moekit/layer.h states (x_perm, h, a, y after the routing).
+Saved carve_saved(const Dims& d, Arena& m) {
+  Saved s;
+  carve_token_saved(d, m, s);
+  carve_expert_saved(d, d.N, m, s);
+  s.y_perm = m.take(d.dt, {d.N, d.H});
+  carve_shared_saved(d, m, s);
   return s;
 }
 
-// The forward's scratch: the aux-loss scores and their routing map.
-// With a shared expert and bf16 x, out_f32 [T, H] sums the routed experts' and the shared
-// expert's outputs in f32, rounded once into out, as d_x in the backward. (In a standalone check
-// the shared expert's accumulating down projection into bf16 was about 10% slower than into f32.)
+// The forward's scratch: the aux-loss scores and their routing map; over P ranks also x_perm
+// (dead once dispatched) and the experts' outputs before the combine. With a shared expert and
+// bf16 x, out_f32 [T, H] sums the routed experts' and the shared expert's outputs in f32, rounded
+// once into out, as d_x in the backward. (In a standalone check the shared expert's accumulating
+// down projection into bf16 was about 10% slower than into f32.)
 struct ForwardScratch {
   TensorView scores, aux_map, out_f32;
+  TensorView x_perm, y_rows;  // one rank: the saved x_rows and y_perm themselves
 };
 ForwardScratch carve_forward(const Dims& d, Arena& m) {
-  ForwardScratch s{m.take(DType::kF32, {d.T, d.E}), m.take(DType::kBool, {d.T, d.E}), {}};
+  ForwardScratch s{m.take(DType::kF32, {d.T, d.E}), m.take(DType::kBool, {d.T, d.E}), {}, {}, {}};
   if (d.Fs > 0 && d.dt != DType::kF32) s.out_f32 = m.take(DType::kF32, {d.T, d.H});
   return s;
 }
 
-// The backward's scratch. d_y also serves as d_x_perm (d_y is dead by then).
+// The backward's scratch. d_y_perm [N, H] also serves as d_x_perm, and d_rows [R, H] holds the
+// expert side's d_y and then its d_x (each dead by the time the next is written); on one rank
+// the two are one buffer.
 struct BackwardScratch {
-  TensorView d_y, d_a, d_h, d_topk_weights, d_logits, d_tmp, d_tmp2, d_logits_dt, d_as, d_hs;
+  TensorView d_y_perm, d_rows, d_a, d_h;
+  TensorView d_topk_weights, d_logits, d_tmp, d_tmp2, d_logits_dt, d_as, d_hs;
   // [T, H] f32 with bf16 x: d_x's three terms summed in f32 and rounded once. oneDNN's matmul
   // for the router's input gradient (K = E) runs several times slower into bf16 than into f32
   // (standalone check at qwen3-30b-a3b's router shape, 4096 tokens: 15 against 3-4 ms).
   TensorView d_x_f32;
+  // Over P ranks, with gradients not in f32: the replicated weights' gradients in f32, summed
+  // over the ranks before they are rounded once.
+  TensorView d_router_f32, d_shared_in_f32, d_shared_out_f32;
 };
-BackwardScratch carve_backward(const Dims& d, Arena& m) {
-  BackwardScratch s;
-  s.d_y = m.take(d.dt, {d.N, d.H});
-  s.d_a = m.take(d.dt, {d.N, d.F});
-  s.d_h = m.take(d.dt, {d.N, d.W});
+void carve_token_backward(const Dims& d, Arena& m, BackwardScratch& s) {
+  s.d_y_perm = m.take(d.dt, {d.N, d.H});
   s.d_topk_weights = m.take(DType::kF32, {d.T, d.k});
   s.d_logits = m.take(DType::kF32, {d.T, d.E});
   s.d_tmp = m.take(DType::kF32, {d.T, d.E});
@@ -122,6 +149,16 @@ BackwardScratch carve_backward(const Dims& d, Arena& m) {
     s.d_hs = m.take(d.dt, {d.T, d.Ws});
   }
   if (d.dt != DType::kF32) s.d_x_f32 = m.take(DType::kF32, {d.T, d.H});
+}
+void carve_expert_backward(const Dims& d, int64_t R, Arena& m, BackwardScratch& s) {
+  s.d_a = m.take(d.dt, {R, d.F});
+  s.d_h = m.take(d.dt, {R, d.W});
+}
+BackwardScratch carve_backward(const Dims& d, Arena& m) {
+  BackwardScratch s;
+  carve_token_backward(d, m, s);
+  s.d_rows = s.d_y_perm;
+  carve_expert_backward(d, d.N, m, s);
   return s;
 }
 
@@ -198,6 +235,7 @@ Status check_config(const char* op, const MoeLayerConfig& c, int64_t T, Dims& d)
   }
   const bool gated = is_gated(act);
   d.T = T, d.H = c.hidden, d.F = c.ffn, d.E = c.num_experts, d.k = c.route.k, d.N = N;
+  d.El = d.E;
   d.W = gated ? 2 * d.F : d.F;
   d.Fs = c.shared_ffn, d.Ws = gated ? 2 * d.Fs : d.Fs;
   d.B = c.aux_loss_sequences > 0 ? c.aux_loss_sequences : 1;
@@ -222,10 +260,13 @@ Status check_weight(const char* op, const char* name, const ConstTensorView& w, 
 
 Status check_weights(const char* op, const MoeLayerWeights& w, const Dims& d) {
   MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.router", w.router, d.dt, {d.H, d.E}, "[H, E]"));
-  MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.w_in", w.w_in, d.dt, {d.E, d.H, d.W},
-                                      d.W == d.F ? "[E, H, F]" : "[E, H, 2F] (gate | up)"));
+  const bool local = d.El != d.E;  // over P ranks: this rank's experts only
   MOEKIT_RETURN_IF_ERROR(
-      check_weight(op, "weights.w_out", w.w_out, d.dt, {d.E, d.F, d.H}, "[E, F, H]"));
+      check_weight(op, "weights.w_in", w.w_in, d.dt, {d.El, d.H, d.W},
+                   d.W == d.F ? (local ? "[E_loc, H, F]" : "[E, H, F]")
+                              : (local ? "[E_loc, H, 2F] (gate | up)" : "[E, H, 2F] (gate | up)")));
+  MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.w_out", w.w_out, d.dt, {d.El, d.F, d.H},
+                                      local ? "[E_loc, F, H]" : "[E, F, H]"));
   if (d.Fs == 0) {
     if (present(w.shared_in) || present(w.shared_out)) {
       return Status::invalid_argument(op, "weights.shared_in", shape_str(w.shared_in),
@@ -265,13 +306,19 @@ Status check_workspace(const char* op, const char* name, std::span<const std::by
   return {};
 }
 
-// x, the config and the weights: fills d.
+// x, the config and the weights: fills d. ranks > 1: w_in and w_out hold E / ranks experts.
 Status check_inputs(const char* op, const ConstTensorView& x, const MoeLayerWeights& w,
-                    const MoeLayerConfig& c, Dims& d) {
+                    const MoeLayerConfig& c, Dims& d, int ranks = 1) {
   MOEKIT_RETURN_IF_ERROR(check_view(op, "x", x, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "x", x.dtype));
   MOEKIT_RETURN_IF_ERROR(check_config(op, c, x.shape[0], d));
   MOEKIT_RETURN_IF_ERROR(check_dim(op, "x", x, 1, c.hidden, "config.hidden"));
+  if (d.E % ranks != 0) {
+    return Status::invalid_argument(
+        op, "config.num_experts", std::to_string(d.E),
+        fmt::format("the experts must be divisible by the {} ranks", ranks));
+  }
+  d.El = d.E / ranks;
   d.dt = x.dtype;
   return check_weights(op, w, d);
 }
@@ -339,11 +386,257 @@ LoadBalancingOptions lb_options(const MoeLayerConfig& c) {
   return o;
 }
 
+// The other ranks, as the token side sees them: nobody on one rank. Over P ranks, the losses
+// are the group's: the load-balancing loss takes the group's counts and token count, the
+// sequence-level loss averages over every rank's sequences, the z-loss over every token. Each
+// rank computes its share, weighted so that the shares sum to the group's loss.
+struct Group {
+  Communicator* comm = nullptr;
+  int64_t total_tokens = 0;  // T summed over the ranks
+  int ranks = 1;
+
+  float seq_weight() const { return 1.0f / static_cast<float>(ranks); }
+  float z_weight(int64_t T) const {
+    if (!comm) return 1.0f;
+    return total_tokens > 0 ? static_cast<float>(static_cast<double>(T) / total_tokens) : 0.0f;
+  }
+  // Batch-level load balancing over no tokens at all has no value: it is 0.
+  bool batch_loss_defined() const { return !comm || total_tokens > 0; }
+};
+
+// Router GEMM, route, the losses (the group's, the same on every rank) and permute: this rank's
+// tokens, up to x_perm and the rows per expert.
+Status forward_tokens(const ConstTensorView& x, const MoeLayerWeights& weights,
+                      const MoeLayerConfig& config, const Dims& d, const Saved& s,
+                      const ForwardScratch& f, const Group& g, float* aux_loss, float* z,
+                      MoeLayerProfile* profile) {
+  const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
+  // logits [T, E] f32 = x @ router.
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRouterGemm, [&] {
+    return ragged_dot(x, as_group(weights.router), all_tokens, s.logits);
+  }));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRoute, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(route(s.logits, config.route, {{}, {}, s.topk_indices, s.topk_weights}));
+    float losses[2] = {0.0f, 0.0f};  // aux, z
+    if (config.aux_loss_coeff != 0.0f) {
+      MOEKIT_RETURN_IF_ERROR(
+          aux_loss_scores(s.logits, config.route.k, config.route.score, f.scores, f.aux_map));
+      const TensorView counts = d.B > 1 ? s.counts : TensorView(s.counts.data, DType::kI32, {d.E});
+      MOEKIT_RETURN_IF_ERROR(count_tokens_per_expert(f.aux_map, counts));
+      if (d.B > 1) {
+        if (d.T > 0) {
+          MOEKIT_RETURN_IF_ERROR(
+              seq_load_balancing_loss(f.scores, counts, lb_options(config), &losses[0]));
+          losses[0] *= g.seq_weight();
+        }
+      } else {
+        LoadBalancingOptions o = lb_options(config);
+        if (g.comm) {
+          MOEKIT_RETURN_IF_ERROR(g.comm->all_reduce_sum(counts.data, d.E, DType::kI32));
+          o.total_tokens = g.total_tokens;
+        }
+        if (g.batch_loss_defined()) {
+          MOEKIT_RETURN_IF_ERROR(load_balancing_loss(f.scores, counts, o, &losses[0]));
+        }
+      }
+    }
+    if (config.z_loss_coeff != 0.0f) {
+      MOEKIT_RETURN_IF_ERROR(z_loss(s.logits, config.z_loss_coeff, &losses[1]));
+      losses[1] *= g.z_weight(d.T);
+    }
+    if (g.comm) MOEKIT_RETURN_IF_ERROR(g.comm->all_reduce_sum(losses, 2, DType::kF32));
+    *aux_loss = losses[0];
+    *z = losses[1];
+    return {};
+  }));
+  // x_perm [N, H]: expert-major rows; the capacity's probs policy ranks by the routing weights.
+  const bool by_probs = config.capacity_factor > 0.0 && config.drop_policy == DropPolicy::kProbs;
+  return timed(profile, MoeStep::kPermute, [&] {
+    return permute(x, s.topk_indices,
+                   by_probs ? ConstTensorView(s.topk_weights) : ConstTensorView{},
+                   permute_options(config), {f.x_perm, {}, s.tokens_per_expert, s.row_map, {}});
+  });
+}
+
+// gmm_up, the activation and gmm_down on the rows of the experts this call holds, grouped by
+// `sizes`: x_rows [R, H] -> y_rows [R, H].
+Status forward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& config,
+                       std::span<const int32_t> sizes, const Saved& s, const TensorView& y_rows,
+                       MoeLayerProfile* profile) {
+  const int64_t rows = used_rows(sizes);
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmUp,
+                               [&] { return ragged_dot(s.x_rows, weights.w_in, sizes, s.h); }));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kActivation, [&] {
+    return activation(first_rows(s.h, rows), config.activation, first_rows(s.a, rows));
+  }));
+  return timed(profile, MoeStep::kGmmDown,
+               [&] { return ragged_dot(s.a, weights.w_out, sizes, y_rows); });
+}
+
+// unpermute and the shared expert: y_perm [N, H] back to this rank's tokens.
+Status forward_finish(const ConstTensorView& x, const MoeLayerWeights& weights,
+                      const MoeLayerConfig& config, const Dims& d, const Saved& s,
+                      const ForwardScratch& f, const TensorView& out, MoeLayerProfile* profile) {
+  const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
+  const TensorView out_acc = f.out_f32.data ? f.out_f32 : out;
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kUnpermute, [&] {
+    return unpermute(s.y_perm, s.row_map, s.topk_weights, out_acc);
+  }));
+  if (d.Fs == 0) return {};
+  return timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(ragged_dot(x, as_group(weights.shared_in), all_tokens, s.hs));
+    MOEKIT_RETURN_IF_ERROR(activation(s.hs, config.activation, s.as));
+    RaggedDotOptions add;
+    add.accumulate = true;
+    MOEKIT_RETURN_IF_ERROR(
+        ragged_dot(s.as, as_group(weights.shared_out), all_tokens, out_acc, add));
+    if (out_acc.data != out.data) store_rows(out_acc, out);
+    return Status();
+  });
+}
+
+// The expert side backward: d_rows holds d_y [R, H] on entry and d_x of the rows on return;
+// the experts' own weight gradients.
+Status backward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& config,
+                        std::span<const int32_t> sizes, const Saved& s, const BackwardScratch& b,
+                        const MoeLayerWeightGrads& grads, MoeLayerProfile* profile) {
+  const int64_t rows = used_rows(sizes);
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmDown, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_rows, weights.w_out, sizes, b.d_a));
+    return ragged_dot_drhs(s.a, b.d_rows, sizes, grads.w_out);
+  }));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kActivation, [&] {
+    return activation_backward(first_rows(s.h, rows), first_rows(b.d_a, rows), config.activation,
+                               first_rows(b.d_h, rows));
+  }));
+  return timed(profile, MoeStep::kGmmUp, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_h, weights.w_in, sizes, b.d_rows));
+    return ragged_dot_drhs(s.x_rows, b.d_h, sizes, grads.w_in);
+  });
+}
+
+// Where the token side's backward writes the replicated weights' gradients: the caller's, or
+// (over P ranks, when those are not f32) f32 scratch that is summed over the ranks first.
+struct ReplicatedGrads {
+  TensorView router, shared_in, shared_out;
+};
+
+// The token side backward, from d_x_perm (in b.d_y_perm): permute's, the router's (through the
+// routing weights and the losses) and the shared expert's, into d_x and the replicated weights'
+// gradients.
+Status backward_tokens(const ConstTensorView& x, const MoeLayerWeights& weights,
+                       const MoeLayerConfig& config, const Dims& d, const Saved& s,
+                       const BackwardScratch& b, const Group& g, ConstTensorView d_out,
+                       float d_aux_loss, float d_z_loss, const TensorView& d_x,
+                       const ReplicatedGrads& grads, MoeLayerProfile* profile) {
+  const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
+  // d_x = the sum of each token's k rows; the router and the shared expert add to it below, in
+  // f32 (d_x itself, or the scratch rounded into it at the end).
+  const TensorView d_x_acc = d_x.dtype == DType::kF32 ? d_x : b.d_x_f32;
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kPermute, [&] {
+    return permute_backward(b.d_y_perm, {}, s.row_map, d_x_acc, {});
+  }));
+  // d_logits [T, E] f32: through the routing weights, the load-balancing loss and the z-loss.
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRoute, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(
+        route_backward(s.logits, s.topk_indices, {}, b.d_topk_weights, config.route, b.d_logits));
+    if (config.aux_loss_coeff != 0.0f && g.batch_loss_defined() && (d.B == 1 || d.T > 0)) {
+      const TensorView counts = d.B > 1 ? s.counts : TensorView(s.counts.data, DType::kI32, {d.E});
+      LoadBalancingOptions o = lb_options(config);
+      if (g.comm && d.B == 1) o.total_tokens = g.total_tokens;
+      MOEKIT_RETURN_IF_ERROR(
+          d.B > 1
+              ? seq_load_balancing_loss_backward(counts, o, d_aux_loss * g.seq_weight(), b.d_tmp)
+              : load_balancing_loss_backward(counts, o, d_aux_loss, b.d_tmp));
+      MOEKIT_RETURN_IF_ERROR(
+          aux_loss_scores_backward(s.logits, b.d_tmp, config.route.score, b.d_tmp2));
+      add_into(b.d_logits, b.d_tmp2);
+    }
+    if (config.z_loss_coeff != 0.0f) {
+      MOEKIT_RETURN_IF_ERROR(
+          z_loss_backward(s.logits, config.z_loss_coeff, d_z_loss * g.z_weight(d.T), b.d_tmp));
+      add_into(b.d_logits, b.d_tmp);
+    }
+    if (d.dt != DType::kF32) store_rows(b.d_logits, b.d_logits_dt);  // x's dtype for the GEMM
+    return {};
+  }));
+  RaggedDotOptions add;
+  add.accumulate = true;
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRouterGemm, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(
+        ragged_dot_dlhs(b.d_logits_dt, as_group(weights.router), all_tokens, d_x_acc, add));
+    return ragged_dot_drhs(x, b.d_logits_dt, all_tokens, as_group(grads.router));
+  }));
+  if (d.Fs > 0) {
+    MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
+      const ConstTensorView w_up = as_group(weights.shared_in),
+                            w_down = as_group(weights.shared_out);
+      MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(d_out, w_down, all_tokens, b.d_as));
+      MOEKIT_RETURN_IF_ERROR(ragged_dot_drhs(s.as, d_out, all_tokens, as_group(grads.shared_out)));
+      MOEKIT_RETURN_IF_ERROR(activation_backward(s.hs, b.d_as, config.activation, b.d_hs));
+      MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_hs, w_up, all_tokens, d_x_acc, add));
+      return ragged_dot_drhs(x, b.d_hs, all_tokens, as_group(grads.shared_in));
+    }));
+  }
+  if (d_x_acc.data != d_x.data) {  // one rounding of the f32 sum into d_x
+    MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kPermute, [&] {
+      store_rows(d_x_acc, d_x);
+      return Status();
+    }));
+  }
+  return {};
+}
+
+// The output checks both layers share.
+Status check_outputs(const char* op, const Dims& d, const MoeLayerOutputs& out) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "out.out", out.out, 2));
+  MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "out.out", out.out.dtype, "x", d.dt));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, "out.out", out.out, 0, d.T, "x.shape[0]"));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, "out.out", out.out, 1, d.H, "config.hidden"));
+  if (present(out.tokens_per_expert)) {
+    MOEKIT_RETURN_IF_ERROR(check_view(op, "out.tokens_per_expert", out.tokens_per_expert, 1));
+    MOEKIT_RETURN_IF_ERROR(
+        detail::check_dtype(op, "out.tokens_per_expert", out.tokens_per_expert.dtype, DType::kI32));
+    MOEKIT_RETURN_IF_ERROR(check_dim(op, "out.tokens_per_expert", out.tokens_per_expert, 0, d.E,
+                                     "config.num_experts"));
+  }
+  return {};
+}
+
+// The backward's checks both layers share.
+Status check_backward_args(const char* op, const Dims& d, const MoeLayerWeights& weights,
+                           ConstTensorView d_out, float d_aux_loss, float d_z_loss,
+                           const TensorView& d_x, const MoeLayerWeightGrads& grads) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_out", d_out, 2));
+  MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "d_out", d_out.dtype, "x", d.dt));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_out", d_out, 0, d.T, "x.shape[0]"));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_out", d_out, 1, d.H, "config.hidden"));
+  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_x", d_x, 2));
+  MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_x", d_x.dtype, d.dt));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_x", d_x, 0, d.T, "x.shape[0]"));
+  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_x", d_x, 1, d.H, "config.hidden"));
+  for (auto [name, v] : {std::pair{"d_aux_loss", d_aux_loss}, std::pair{"d_z_loss", d_z_loss}}) {
+    if (!std::isfinite(v)) {
+      return Status::invalid_argument(op, name, fmt::format("{}", v), "must be finite");
+    }
+  }
+  MOEKIT_RETURN_IF_ERROR(check_grad(op, "grads.router", grads.router, weights.router));
+  MOEKIT_RETURN_IF_ERROR(check_grad(op, "grads.w_in", grads.w_in, weights.w_in));
+  MOEKIT_RETURN_IF_ERROR(check_grad(op, "grads.w_out", grads.w_out, weights.w_out));
+  if (d.Fs > 0) {
+    MOEKIT_RETURN_IF_ERROR(check_grad(op, "grads.shared_in", grads.shared_in, weights.shared_in));
+    MOEKIT_RETURN_IF_ERROR(
+        check_grad(op, "grads.shared_out", grads.shared_out, weights.shared_out));
+  }
+  return {};
+}
+
 }  // namespace
 
 const char* moe_step_name(MoeStep s) {
   static constexpr const char* kNames[kMoeSteps] = {
-      "router_gemm", "route", "permute", "gmm_up", "activation", "gmm_down", "unpermute", "shared"};
+      "router_gemm", "route",     "permute", "gmm_up",   "activation",
+      "gmm_down",    "unpermute", "shared",  "dispatch", "combine"};
   const int i = static_cast<int>(s);
   return i >= 0 && i < kMoeSteps ? kNames[i] : "?";
 }
@@ -368,17 +661,7 @@ Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
   constexpr const char* op = "moe_layer_forward";
   Dims d;
   MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d));
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "out.out", out.out, 2));
-  MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "out.out", out.out.dtype, "x", d.dt));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "out.out", out.out, 0, d.T, "x.shape[0]"));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "out.out", out.out, 1, d.H, "config.hidden"));
-  if (present(out.tokens_per_expert)) {
-    MOEKIT_RETURN_IF_ERROR(check_view(op, "out.tokens_per_expert", out.tokens_per_expert, 1));
-    MOEKIT_RETURN_IF_ERROR(
-        detail::check_dtype(op, "out.tokens_per_expert", out.tokens_per_expert.dtype, DType::kI32));
-    MOEKIT_RETURN_IF_ERROR(check_dim(op, "out.tokens_per_expert", out.tokens_per_expert, 0, d.E,
-                                     "config.num_experts"));
-  }
+  MOEKIT_RETURN_IF_ERROR(check_outputs(op, d, out));
   const MoeLayerWorkspace need = workspace_of(d);
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes));
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.forward_bytes));
@@ -386,60 +669,13 @@ Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
 
   Arena saved_arena(saved_buf.data()), scratch_arena(scratch_buf.data());
   const Saved s = carve_saved(d, saved_arena);
-  const ForwardScratch f = carve_forward(d, scratch_arena);
-  const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
-  const ConstTensorView router = as_group(weights.router);
-
-  // logits [T, E] f32 = x @ router.
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRouterGemm,
-                               [&] { return ragged_dot(x, router, all_tokens, s.logits); }));
+  ForwardScratch f = carve_forward(d, scratch_arena);
+  f.x_perm = s.x_rows;  // one rank: the experts' rows are x_perm's
   float aux_loss = 0.0f, z = 0.0f;
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRoute, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(route(s.logits, config.route, {{}, {}, s.topk_indices, s.topk_weights}));
-    if (config.aux_loss_coeff != 0.0f) {
-      MOEKIT_RETURN_IF_ERROR(
-          aux_loss_scores(s.logits, config.route.k, config.route.score, f.scores, f.aux_map));
-      const TensorView counts = d.B > 1 ? s.counts : TensorView(s.counts.data, DType::kI32, {d.E});
-      MOEKIT_RETURN_IF_ERROR(count_tokens_per_expert(f.aux_map, counts));
-      MOEKIT_RETURN_IF_ERROR(
-          d.B > 1 ? seq_load_balancing_loss(f.scores, counts, lb_options(config), &aux_loss)
-                  : load_balancing_loss(f.scores, counts, lb_options(config), &aux_loss));
-    }
-    if (config.z_loss_coeff != 0.0f)
-      MOEKIT_RETURN_IF_ERROR(z_loss(s.logits, config.z_loss_coeff, &z));
-    return {};
-  }));
-  // x_perm [N, H]: expert-major rows; the capacity's probs policy ranks by the routing weights.
-  const bool by_probs = config.capacity_factor > 0.0 && config.drop_policy == DropPolicy::kProbs;
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kPermute, [&] {
-    return permute(x, s.topk_indices,
-                   by_probs ? ConstTensorView(s.topk_weights) : ConstTensorView{},
-                   permute_options(config), {s.x_perm, {}, s.tokens_per_expert, s.row_map, {}});
-  }));
+  MOEKIT_RETURN_IF_ERROR(forward_tokens(x, weights, config, d, s, f, {}, &aux_loss, &z, profile));
   const auto sizes = group_sizes(s.tokens_per_expert);
-  const int64_t rows = used_rows(sizes);
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmUp,
-                               [&] { return ragged_dot(s.x_perm, weights.w_in, sizes, s.h); }));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kActivation, [&] {
-    return activation(first_rows(s.h, rows), config.activation, first_rows(s.a, rows));
-  }));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmDown,
-                               [&] { return ragged_dot(s.a, weights.w_out, sizes, s.y); }));
-  const TensorView out_acc = f.out_f32.data ? f.out_f32 : out.out;
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kUnpermute,
-                               [&] { return unpermute(s.y, s.row_map, s.topk_weights, out_acc); }));
-  if (d.Fs > 0) {
-    MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
-      MOEKIT_RETURN_IF_ERROR(ragged_dot(x, as_group(weights.shared_in), all_tokens, s.hs));
-      MOEKIT_RETURN_IF_ERROR(activation(s.hs, config.activation, s.as));
-      RaggedDotOptions add;
-      add.accumulate = true;
-      MOEKIT_RETURN_IF_ERROR(
-          ragged_dot(s.as, as_group(weights.shared_out), all_tokens, out_acc, add));
-      if (out_acc.data != out.out.data) store_rows(out_acc, out.out);
-      return Status();
-    }));
-  }
+  MOEKIT_RETURN_IF_ERROR(forward_experts(weights, config, sizes, s, s.y_perm, profile));
+  MOEKIT_RETURN_IF_ERROR(forward_finish(x, weights, config, d, s, f, out.out, profile));
   if (out.aux_loss) *out.aux_loss = aux_loss;
   if (out.z_loss) *out.z_loss = z;
   if (present(out.tokens_per_expert)) {
@@ -459,27 +695,8 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
   constexpr const char* op = "moe_layer_backward";
   Dims d;
   MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d));
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_out", d_out, 2));
-  MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "d_out", d_out.dtype, "x", d.dt));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_out", d_out, 0, d.T, "x.shape[0]"));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_out", d_out, 1, d.H, "config.hidden"));
-  MOEKIT_RETURN_IF_ERROR(check_view(op, "d_x", d_x, 2));
-  MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_x", d_x.dtype, d.dt));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_x", d_x, 0, d.T, "x.shape[0]"));
-  MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_x", d_x, 1, d.H, "config.hidden"));
-  for (auto [name, v] : {std::pair{"d_aux_loss", d_aux_loss}, std::pair{"d_z_loss", d_z_loss}}) {
-    if (!std::isfinite(v)) {
-      return Status::invalid_argument(op, name, fmt::format("{}", v), "must be finite");
-    }
-  }
-  MOEKIT_RETURN_IF_ERROR(check_grad(op, "grads.router", grads.router, weights.router));
-  MOEKIT_RETURN_IF_ERROR(check_grad(op, "grads.w_in", grads.w_in, weights.w_in));
-  MOEKIT_RETURN_IF_ERROR(check_grad(op, "grads.w_out", grads.w_out, weights.w_out));
-  if (d.Fs > 0) {
-    MOEKIT_RETURN_IF_ERROR(check_grad(op, "grads.shared_in", grads.shared_in, weights.shared_in));
-    MOEKIT_RETURN_IF_ERROR(
-        check_grad(op, "grads.shared_out", grads.shared_out, weights.shared_out));
-  }
+  MOEKIT_RETURN_IF_ERROR(
+      check_backward_args(op, d, weights, d_out, d_aux_loss, d_z_loss, d_x, grads));
   const MoeLayerWorkspace need = workspace_of(d);
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes));
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.backward_bytes));
@@ -489,77 +706,264 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
   Arena saved_arena(const_cast<std::byte*>(saved_buf.data())), scratch_arena(scratch_buf.data());
   const Saved s = carve_saved(d, saved_arena);
   const BackwardScratch b = carve_backward(d, scratch_arena);
-  const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
   const auto sizes = group_sizes(s.tokens_per_expert);
-  const int64_t rows = used_rows(sizes);
 
   // d_y [N, H] and the routing weights' gradient [T, k].
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kUnpermute, [&] {
-    return unpermute_backward(d_out, s.y, s.row_map, s.topk_weights, b.d_y, b.d_topk_weights);
+    return unpermute_backward(d_out, s.y_perm, s.row_map, s.topk_weights, b.d_y_perm,
+                              b.d_topk_weights);
   }));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmDown, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_y, weights.w_out, sizes, b.d_a));
-    return ragged_dot_drhs(s.a, b.d_y, sizes, grads.w_out);
-  }));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kActivation, [&] {
-    return activation_backward(first_rows(s.h, rows), first_rows(b.d_a, rows), config.activation,
-                               first_rows(b.d_h, rows));
-  }));
-  const TensorView d_x_perm = b.d_y;
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmUp, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_h, weights.w_in, sizes, d_x_perm));
-    return ragged_dot_drhs(s.x_perm, b.d_h, sizes, grads.w_in);
-  }));
-  // d_x = the sum of each token's k rows; the router and the shared expert add to it below, in
-  // f32 (d_x itself, or the scratch rounded into it at the end).
-  const TensorView d_x_acc = d_x.dtype == DType::kF32 ? d_x : b.d_x_f32;
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kPermute, [&] {
-    return permute_backward(d_x_perm, {}, s.row_map, d_x_acc, {});
-  }));
-  // d_logits [T, E] f32: through the routing weights, the load-balancing loss and the z-loss.
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRoute, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(
-        route_backward(s.logits, s.topk_indices, {}, b.d_topk_weights, config.route, b.d_logits));
-    if (config.aux_loss_coeff != 0.0f) {
-      const TensorView counts = d.B > 1 ? s.counts : TensorView(s.counts.data, DType::kI32, {d.E});
-      MOEKIT_RETURN_IF_ERROR(
-          d.B > 1
-              ? seq_load_balancing_loss_backward(counts, lb_options(config), d_aux_loss, b.d_tmp)
-              : load_balancing_loss_backward(counts, lb_options(config), d_aux_loss, b.d_tmp));
-      MOEKIT_RETURN_IF_ERROR(
-          aux_loss_scores_backward(s.logits, b.d_tmp, config.route.score, b.d_tmp2));
-      add_into(b.d_logits, b.d_tmp2);
+  MOEKIT_RETURN_IF_ERROR(backward_experts(weights, config, sizes, s, b, grads, profile));
+  return backward_tokens(x, weights, config, d, s, b, {}, d_out, d_aux_loss, d_z_loss, d_x,
+                         {grads.router, grads.shared_in, grads.shared_out}, profile);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The layer over P ranks.
+
+namespace {
+
+// A 64-byte aligned buffer that grows on demand and keeps no contents across a growth.
+class GrowingBuffer {
+ public:
+  std::byte* reserve(size_t bytes) {
+    if (bytes > size_) {
+      data_.reset(static_cast<std::byte*>(::operator new (bytes, std::align_val_t{kAlign})));
+      size_ = bytes;
     }
-    if (config.z_loss_coeff != 0.0f) {
-      MOEKIT_RETURN_IF_ERROR(z_loss_backward(s.logits, config.z_loss_coeff, d_z_loss, b.d_tmp));
-      add_into(b.d_logits, b.d_tmp);
-    }
-    if (d.dt != DType::kF32) store_rows(b.d_logits, b.d_logits_dt);  // x's dtype for the GEMM
-    return {};
-  }));
-  const ConstTensorView router = as_group(weights.router);
-  RaggedDotOptions add;
-  add.accumulate = true;
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRouterGemm, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_logits_dt, router, all_tokens, d_x_acc, add));
-    return ragged_dot_drhs(x, b.d_logits_dt, all_tokens, as_group(grads.router));
-  }));
-  if (d.Fs > 0) {
-    MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
-      const ConstTensorView w_up = as_group(weights.shared_in),
-                            w_down = as_group(weights.shared_out);
-      MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(d_out, w_down, all_tokens, b.d_as));
-      MOEKIT_RETURN_IF_ERROR(ragged_dot_drhs(s.as, d_out, all_tokens, as_group(grads.shared_out)));
-      MOEKIT_RETURN_IF_ERROR(activation_backward(s.hs, b.d_as, config.activation, b.d_hs));
-      MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_hs, w_up, all_tokens, d_x_acc, add));
-      return ragged_dot_drhs(x, b.d_hs, all_tokens, as_group(grads.shared_in));
-    }));
+    return data_.get();
   }
-  if (d_x_acc.data != d_x.data) {  // one rounding of the f32 sum into d_x
-    MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kPermute, [&] {
-      store_rows(d_x_acc, d_x);
+  std::byte* data() { return data_.get(); }
+  size_t size() const { return size_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{kAlign}); }
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  size_t size_ = 0;
+};
+
+// FNV-1a over every field of the config: the ranks must run the same layer.
+uint64_t config_fingerprint(const MoeLayerConfig& c) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      h ^= static_cast<const unsigned char*>(p)[i];
+      h *= 1099511628211ull;
+    }
+  };
+  auto put = [&](auto v) { mix(&v, sizeof v); };
+  put(c.hidden), put(c.ffn), put(c.num_experts), put(c.shared_ffn), put(c.align_size);
+  put(static_cast<int>(c.activation)), put(c.capacity_factor), put(static_cast<int>(c.drop_policy));
+  put(c.pad_to_capacity), put(c.aux_loss_coeff), put(c.aux_loss_sequences), put(c.z_loss_coeff);
+  const RouteOptions& r = c.route;
+  put(r.k), put(static_cast<int>(r.score)), put(r.pre_softmax), put(r.num_groups);
+  put(r.group_topk), put(r.scaling_factor), put(r.expert_bias.size());
+  mix(r.expert_bias.data(), r.expert_bias.size_bytes());
+  return h;
+}
+
+int64_t bits_of(float v) { return std::bit_cast<int32_t>(v); }
+
+}  // namespace
+
+// The step's plan and the layer's memory, carved the same way by the forward and the backward:
+// token side (sized by this rank's T) and expert side (sized by the rows it receives, R).
+struct MoeLayerEpState::Impl {
+  EpPlan plan;
+  bool ready = false;  // a forward has filled the saved buffers
+  int64_t tokens = 0, total_tokens = 0;
+  DType dtype = DType::kF32;
+  GrowingBuffer token_saved, expert_saved, token_scratch, expert_scratch;
+
+  // The saved tensors for R received rows. The forward grows the buffers first (grow); the
+  // token side's size does not depend on R, so its tensors keep their places, and contents,
+  // when the forward lays the buffers out again once the plan has given R.
+  Saved saved(const Dims& d, int64_t R, bool grow) {
+    Arena tc(nullptr), ec(nullptr);
+    Saved s;
+    lay_out_saved(d, R, tc, ec, s);
+    Arena t(grow ? token_saved.reserve(tc.used()) : token_saved.data()),
+        e(grow ? expert_saved.reserve(ec.used()) : expert_saved.data());
+    lay_out_saved(d, R, t, e, s);
+    return s;
+  }
+  ForwardScratch forward_scratch(const Dims& d, int64_t R) {
+    auto lay_out = [&](Arena& t, Arena& e) {
+      ForwardScratch f = carve_forward(d, t);
+      f.x_perm = t.take(d.dt, {d.N, d.H});
+      f.y_rows = e.take(d.dt, {R, d.H});
+      return f;
+    };
+    Arena tc(nullptr), ec(nullptr);
+    lay_out(tc, ec);
+    Arena t(token_scratch.reserve(tc.used())), e(expert_scratch.reserve(ec.used()));
+    return lay_out(t, e);
+  }
+  BackwardScratch backward_scratch(const Dims& d, int64_t R, const MoeLayerWeightGrads& grads) {
+    auto lay_out = [&](Arena& t, Arena& e) {
+      BackwardScratch b;
+      carve_token_backward(d, t, b);
+      if (grads.router.dtype != DType::kF32) b.d_router_f32 = t.take(DType::kF32, {d.H, d.E});
+      if (d.Fs > 0 && grads.shared_in.dtype != DType::kF32) {
+        b.d_shared_in_f32 = t.take(DType::kF32, {d.H, d.Ws});
+      }
+      if (d.Fs > 0 && grads.shared_out.dtype != DType::kF32) {
+        b.d_shared_out_f32 = t.take(DType::kF32, {d.Fs, d.H});
+      }
+      b.d_rows = e.take(d.dt, {R, d.H});
+      carve_expert_backward(d, R, e, b);
+      return b;
+    };
+    Arena tc(nullptr), ec(nullptr);
+    lay_out(tc, ec);
+    Arena t(token_scratch.reserve(tc.used())), e(expert_scratch.reserve(ec.used()));
+    return lay_out(t, e);
+  }
+
+ private:
+  static void lay_out_saved(const Dims& d, int64_t R, Arena& t, Arena& e, Saved& s) {
+    carve_token_saved(d, t, s);
+    s.y_perm = t.take(d.dt, {d.N, d.H});
+    carve_shared_saved(d, t, s);
+    carve_expert_saved(d, R, e, s);
+  }
+};
+
+MoeLayerEpState::MoeLayerEpState() : impl(std::make_unique<Impl>()) {}
+MoeLayerEpState::~MoeLayerEpState() = default;
+MoeLayerEpState::MoeLayerEpState(MoeLayerEpState&&) noexcept = default;
+MoeLayerEpState& MoeLayerEpState::operator=(MoeLayerEpState&&) noexcept = default;
+const EpPlan& MoeLayerEpState::plan() const { return impl->plan; }
+size_t MoeLayerEpState::bytes() const {
+  return impl->token_saved.size() + impl->expert_saved.size() + impl->token_scratch.size() +
+         impl->expert_scratch.size();
+}
+
+Status moe_layer_ep_forward(ConstTensorView x, const MoeLayerWeights& weights,
+                            const MoeLayerConfig& config, Communicator& comm,
+                            MoeLayerEpState* state, const MoeLayerOutputs& out,
+                            MoeLayerProfile* profile) {
+  constexpr const char* op = "moe_layer_ep_forward";
+  Dims d{};
+  Status local = [&]() -> Status {
+    if (!state || !state->impl) {
+      return Status::invalid_argument(op, "state", "null", "must point to a MoeLayerEpState");
+    }
+    MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, comm.size()));
+    return check_outputs(op, d, out);
+  }();
+  const detail::AgreedValue values[] = {
+      {"config (every field)", local.ok() ? static_cast<int64_t>(config_fingerprint(config)) : 0},
+      {"x.dtype", local.ok() ? static_cast<int64_t>(d.dt) : 0, true}};
+  MOEKIT_RETURN_IF_ERROR(detail::agree(comm, op, local, values));
+  if (profile) *profile = {};
+  MoeLayerEpState::Impl& st = *state->impl;
+  st.ready = false;
+
+  // The group's token count, for the losses.
+  std::vector<int64_t> tokens(static_cast<size_t>(comm.size()));
+  MOEKIT_RETURN_IF_ERROR(comm.all_gather(&d.T, tokens.data(), sizeof(int64_t)));
+  const Group g{&comm, std::accumulate(tokens.begin(), tokens.end(), int64_t{0}), comm.size()};
+
+  // The expert side (R rows) is laid out once the plan is known.
+  Saved s = st.saved(d, 0, true);
+  ForwardScratch f = st.forward_scratch(d, 0);
+  float aux_loss = 0.0f, z = 0.0f;
+  MOEKIT_RETURN_IF_ERROR(forward_tokens(x, weights, config, d, s, f, g, &aux_loss, &z, profile));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kDispatch, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(ep_plan(s.tokens_per_expert, comm, &st.plan));
+    // Now the rows this rank receives are known: the expert side's buffers. The token side's
+    // tensors keep their places (the same layout over the same, already large enough, buffers).
+    s = st.saved(d, st.plan.recv_rows, true);
+    f = st.forward_scratch(d, st.plan.recv_rows);
+    return ep_dispatch(st.plan, f.x_perm, s.x_rows, comm);
+  }));
+  const std::span<const int32_t> sizes(st.plan.local_tokens_per_expert);
+  MOEKIT_RETURN_IF_ERROR(forward_experts(weights, config, sizes, s, f.y_rows, profile));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kCombine,
+                               [&] { return ep_combine(st.plan, f.y_rows, s.y_perm, comm); }));
+  MOEKIT_RETURN_IF_ERROR(forward_finish(x, weights, config, d, s, f, out.out, profile));
+  if (out.aux_loss) *out.aux_loss = aux_loss;
+  if (out.z_loss) *out.z_loss = z;
+  if (present(out.tokens_per_expert)) {
+    for (int64_t e = 0; e < d.E; ++e) {  // each fits int32: ep_plan checked
+      static_cast<int32_t*>(out.tokens_per_expert.data)[e * out.tokens_per_expert.stride[0]] =
+          static_cast<int32_t>(st.plan.global_tokens_per_expert[static_cast<size_t>(e)]);
+    }
+  }
+  st.ready = true;
+  st.tokens = d.T;
+  st.total_tokens = g.total_tokens;
+  st.dtype = d.dt;
+  return {};
+}
+
+Status moe_layer_ep_backward(ConstTensorView x, const MoeLayerWeights& weights,
+                             const MoeLayerConfig& config, Communicator& comm,
+                             MoeLayerEpState* state, ConstTensorView d_out, float d_aux_loss,
+                             float d_z_loss, TensorView d_x, const MoeLayerWeightGrads& grads,
+                             MoeLayerProfile* profile) {
+  constexpr const char* op = "moe_layer_ep_backward";
+  Dims d{};
+  Status local = [&]() -> Status {
+    if (!state || !state->impl) {
+      return Status::invalid_argument(op, "state", "null", "must point to a MoeLayerEpState");
+    }
+    MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, comm.size()));
+    const MoeLayerEpState::Impl& st = *state->impl;
+    if (!st.ready || st.tokens != d.T || st.dtype != d.dt || st.plan.rank != comm.rank() ||
+        st.plan.num_ranks != comm.size()) {
+      return Status::invalid_argument(
+          op, "state", st.ready ? fmt::format("a forward of {} tokens", st.tokens) : "empty",
+          fmt::format("holds no forward of these {} tokens on this group (call "
+                      "moe_layer_ep_forward first)",
+                      d.T));
+    }
+    return check_backward_args(op, d, weights, d_out, d_aux_loss, d_z_loss, d_x, grads);
+  }();
+  const detail::AgreedValue values[] = {
+      {"config (every field)", local.ok() ? static_cast<int64_t>(config_fingerprint(config)) : 0},
+      {"x.dtype", local.ok() ? static_cast<int64_t>(d.dt) : 0, true},
+      {"d_aux_loss (bits)", bits_of(d_aux_loss)},
+      {"d_z_loss (bits)", bits_of(d_z_loss)}};
+  MOEKIT_RETURN_IF_ERROR(detail::agree(comm, op, local, values));
+  if (profile) *profile = {};
+  MoeLayerEpState::Impl& st = *state->impl;
+  const Group g{&comm, st.total_tokens, comm.size()};
+  const Saved s = st.saved(d, st.plan.recv_rows, false);
+  const BackwardScratch b = st.backward_scratch(d, st.plan.recv_rows, grads);
+  const std::span<const int32_t> sizes(st.plan.local_tokens_per_expert);
+
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kUnpermute, [&] {
+    return unpermute_backward(d_out, s.y_perm, s.row_map, s.topk_weights, b.d_y_perm,
+                              b.d_topk_weights);
+  }));
+  // Combine's backward is a dispatch: d_y to the experts' ranks.
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kCombine,
+                               [&] { return ep_dispatch(st.plan, b.d_y_perm, b.d_rows, comm); }));
+  MOEKIT_RETURN_IF_ERROR(backward_experts(weights, config, sizes, s, b, grads, profile));
+  // And dispatch's a combine: d_x of the rows back to their tokens' ranks, into d_x_perm.
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kDispatch,
+                               [&] { return ep_combine(st.plan, b.d_rows, b.d_y_perm, comm); }));
+  const ReplicatedGrads replicated{b.d_router_f32.data ? b.d_router_f32 : grads.router,
+                                   b.d_shared_in_f32.data ? b.d_shared_in_f32 : grads.shared_in,
+                                   b.d_shared_out_f32.data ? b.d_shared_out_f32 : grads.shared_out};
+  MOEKIT_RETURN_IF_ERROR(backward_tokens(x, weights, config, d, s, b, g, d_out, d_aux_loss,
+                                         d_z_loss, d_x, replicated, profile));
+  // The replicated weights' gradients: summed over the ranks in f32, then rounded once.
+  auto reduce = [&](MoeStep step, const TensorView& f32, const TensorView& grad) {
+    return timed(profile, step, [&]() -> Status {
+      MOEKIT_RETURN_IF_ERROR(comm.all_reduce_sum(f32.data, f32.numel(), DType::kF32));
+      if (f32.data != grad.data) store_rows(f32, grad);
       return Status();
-    }));
+    });
+  };
+  MOEKIT_RETURN_IF_ERROR(reduce(MoeStep::kRouterGemm, replicated.router, grads.router));
+  if (d.Fs > 0) {
+    MOEKIT_RETURN_IF_ERROR(reduce(MoeStep::kSharedExpert, replicated.shared_in, grads.shared_in));
+    MOEKIT_RETURN_IF_ERROR(reduce(MoeStep::kSharedExpert, replicated.shared_out, grads.shared_out));
   }
   return {};
 }

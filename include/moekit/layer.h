@@ -33,8 +33,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
+#include "moekit/ep.h"
 #include "moekit/permute.h"
 #include "moekit/router.h"
 #include "moekit/status.h"
@@ -142,11 +144,14 @@ enum class MoeStep {
   kGmmDown,
   kUnpermute,
   kSharedExpert,
+  kDispatch,  // over P ranks: the plan and the exchange of rows to the experts' ranks
+  kCombine,   // over P ranks: the exchange back
 };
-inline constexpr int kMoeSteps = 8;
+inline constexpr int kMoeSteps = 10;
 const char* moe_step_name(MoeStep s);  // "router_gemm", "route", ...
 
-// Milliseconds per step of the last call that was given this profile (wall clock).
+// Milliseconds per step of the last call that was given this profile (wall clock). Steps a call
+// does not take (the shared expert without one; dispatch and combine on one rank) stay 0.
 struct MoeLayerProfile {
   std::array<double, kMoeSteps> ms{};
 };
@@ -172,5 +177,77 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
                           ConstTensorView d_out, float d_aux_loss, float d_z_loss,
                           std::span<std::byte> scratch, TensorView d_x,
                           const MoeLayerWeightGrads& grads, MoeLayerProfile* profile = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// The layer over P ranks (SPEC.md section 4): every rank its own T_p tokens (any number, 0
+// included) and E_loc = E / P experts, rank p holding experts p*E_loc .. (p+1)*E_loc - 1.
+//
+//   forward:  router GEMM, route, losses, permute       (this rank's tokens, all E experts)
+//             ep_plan, ep_dispatch                      (rows to the ranks holding their experts)
+//             gmm_up, activation, gmm_down              (the rows of this rank's experts)
+//             ep_combine, unpermute, shared expert      (back to this rank's tokens)
+//   backward: the same in reverse, dispatch and combine swapped.
+//
+// Both calls are collective over `comm` (each rank calls them, in the same order) and agree
+// across ranks before anything moves: a bad argument on any rank, or ranks whose configs or
+// dtypes differ, is an error on every rank, and no rank waits for ever.
+//
+// Weights: router, shared_in and shared_out are the same on every rank (replicated); w_in
+// [E_loc, H, 2F | F] and w_out [E_loc, F, H] hold this rank's experts. Gradients: each rank's
+// w_in and w_out gradients are its experts' own; the replicated weights' gradients are summed
+// over the ranks inside the backward (in f32, then rounded once to the gradients' dtype), so
+// every rank returns the same, complete gradient.
+//
+// Losses: the load-balancing loss uses the counts and the token count of the whole group, and
+// the z-loss is the mean over every token of the group, so both equal the one-rank layer's on
+// the concatenated tokens; every rank returns the same value, and each rank's backward takes the
+// same cotangent (the loss is counted once, not once per rank). The sequence-level loss averages
+// over the P * aux_loss_sequences sequences of the group (each rank's own B sequences).
+// out.tokens_per_expert, when given, receives the rows per expert over the whole group.
+//
+// Capacity: each rank drops its own tokens in permute, before anything moves (a per-sender
+// capacity of ceil(T_p * k / E * capacity_factor)); dropless (the default) sizes everything
+// exactly from the step's plan.
+//
+// Equivalence (SPEC.md section 4): dropless, each expert sees the rows of the one-rank layer on
+// the concatenated tokens, in the same order.
+//
+// Memory: the state holds the step's plan and every buffer the layer needs, grown as a step
+// needs more (the rows a rank receives change from step to step) and never shrunk; nothing else
+// is allocated. Keep one state per layer and reuse it: after the largest step, a step allocates
+// nothing.
+class MoeLayerEpState {
+ public:
+  MoeLayerEpState();
+  ~MoeLayerEpState();
+  MoeLayerEpState(MoeLayerEpState&&) noexcept;
+  MoeLayerEpState& operator=(MoeLayerEpState&&) noexcept;
+
+  const EpPlan& plan() const;  // the last forward's
+  size_t bytes() const;        // the memory held
+
+  struct Impl;
+  std::unique_ptr<Impl> impl;
+};
+
+// Forward on this rank's tokens.
+//   x        [T_p, H] f32 | bf16
+//   weights  router [H, E], w_in [E_loc, H, 2F | F], w_out [E_loc, F, H], shared as on one rank
+//   out      as on one rank; tokens_per_expert [E] gets the group's counts
+Status moe_layer_ep_forward(ConstTensorView x, const MoeLayerWeights& weights,
+                            const MoeLayerConfig& config, Communicator& comm,
+                            MoeLayerEpState* state, const MoeLayerOutputs& out,
+                            MoeLayerProfile* profile = nullptr);
+
+// Backward, from the state of a forward with the same x, weights, config and group.
+//   d_out  [T_p, H] x's dtype; d_aux_loss, d_z_loss: the losses' cotangents (the same on every
+//          rank)
+//   d_x    [T_p, H] f32 | x's dtype
+//   grads  router [H, E] and shared: summed over the ranks; w_in, w_out: this rank's experts
+Status moe_layer_ep_backward(ConstTensorView x, const MoeLayerWeights& weights,
+                             const MoeLayerConfig& config, Communicator& comm,
+                             MoeLayerEpState* state, ConstTensorView d_out, float d_aux_loss,
+                             float d_z_loss, TensorView d_x, const MoeLayerWeightGrads& grads,
+                             MoeLayerProfile* profile = nullptr);
 
 }  // namespace moekit
