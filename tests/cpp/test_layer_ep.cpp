@@ -322,5 +322,70 @@ TEST_P(LayerEp, EqualsTheOneRankLayerBf16) { run_case(GetParam(), DType::kBF16);
 INSTANTIATE_TEST_SUITE_P(Cases, LayerEp, testing::ValuesIn(kCases),
                          [](const testing::TestParamInfo<EpCase>& i) { return i.param.name; });
 
+// A bad argument on one rank is an error on every rank, naming it, and the group still works.
+TEST(LayerEpErrors, ABadArgumentOnAnyRankIsAnErrorOnEveryRank) {
+  for (int P : rank_counts()) {
+    Problem pb(kCases[0], P, DType::kF32);
+    Problem pb_bf16(kCases[0], P, DType::kBF16);
+    on_ranks(P, [&](Communicator& comm) {
+      const int p = comm.rank(), last = P - 1;
+      const int64_t t0 = pb.first[p], t1 = pb.first[p + 1], El = pb.c.El;
+      auto expect_everywhere = [&](const Status& s, const std::string& what, int culprit) {
+        ASSERT_FALSE(s.ok()) << what;
+        EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+        if (p != culprit) {
+          EXPECT_NE(s.message().find("on rank " + std::to_string(culprit)), std::string::npos)
+              << s.message();
+        }
+      };
+      Result r(pb, t1 - t0, El);
+      MoeLayerEpState state;
+      const ConstTensorView x = rows<ConstTensorView>(pb.x, t0, t1);
+      const ConstTensorView d_out = rows<ConstTensorView>(pb.d_out, t0, t1);
+      const MoeLayerWeights w = weights_of(pb, p * El, (p + 1) * El);
+      const MoeLayerOutputs out{r.out.mut(), nullptr, nullptr, {}};
+      // Another number of local experts on the last rank.
+      const MoeLayerWeights two = weights_of(pb, p * El, p * El + 2);
+      expect_everywhere(moe_layer_ep_forward(x, p == last ? two : w, pb.cfg, comm, &state, out),
+                        "weights.w_in.shape", last);
+      // A backward whose state holds no forward, on the last rank.
+      ASSERT_TRUE(moe_layer_ep_forward(x, w, pb.cfg, comm, &state, out).ok());
+      MoeLayerEpState fresh;
+      expect_everywhere(moe_layer_ep_backward(x, w, pb.cfg, comm, p == last ? &fresh : &state,
+                                              d_out, 0, 0, r.d_x.mut(), r.grads(false)),
+                        "state", last);
+      if (P > 1) {
+        // Experts not divisible by the ranks.
+        MoeLayerConfig odd = pb.cfg;
+        odd.num_experts = pb.E + 1;
+        expect_everywhere(moe_layer_ep_forward(x, w, odd, comm, &state, out), "divisible by the",
+                          0);
+        // Configs that differ, and dtypes that differ.
+        MoeLayerConfig other = pb.cfg;
+        other.z_loss_coeff = 0.5f;
+        Status s = moe_layer_ep_forward(x, w, p == 0 ? other : pb.cfg, comm, &state, out);
+        EXPECT_NE(s.message().find("config (every field)"), std::string::npos) << s.message();
+        Result rb(pb_bf16, t1 - t0, El);
+        s = p == 0 ? moe_layer_ep_forward(rows<ConstTensorView>(pb_bf16.x, t0, t1),
+                                          weights_of(pb_bf16, 0, El), pb.cfg, comm, &state,
+                                          {rb.out.mut(), nullptr, nullptr, {}})
+                   : moe_layer_ep_forward(x, w, pb.cfg, comm, &state, out);
+        EXPECT_NE(s.message().find("x.dtype = bf16 on rank 0, f32 on rank 1"), std::string::npos)
+            << s.message();
+        // Cotangents of the losses that differ between ranks.
+        ASSERT_TRUE(moe_layer_ep_forward(x, w, pb.cfg, comm, &state, out).ok());
+        s = moe_layer_ep_backward(x, w, pb.cfg, comm, &state, d_out, p == 0 ? 2.0f : 1.0f, 0,
+                                  r.d_x.mut(), r.grads(false));
+        EXPECT_NE(s.message().find("d_aux_loss"), std::string::npos) << s.message();
+      }
+      // After all that, the group works.
+      ASSERT_TRUE(moe_layer_ep_forward(x, w, pb.cfg, comm, &state, out).ok());
+      ASSERT_TRUE(moe_layer_ep_backward(x, w, pb.cfg, comm, &state, d_out, 0, 0, r.d_x.mut(),
+                                        r.grads(false))
+                      .ok());
+    });
+  }
+}
+
 }  // namespace
 }  // namespace moekit
