@@ -1,6 +1,8 @@
 // moekit bench layer: times the MoE layer's forward and backward on a preset's real shapes, step
 // by step, beside dense oneDNN matmuls of its two grouped matmuls' shapes run in the same
 // process (the rate its 6*N*H*F forward and 12*N*H*F backward FLOPs are measured against).
+#include "bench_layer.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,13 +19,7 @@
 namespace moekit::tools {
 namespace {
 
-struct Options : BenchOptions {
-  double capacity_factor = 0;
-  float aux_loss_coeff = 0.01f;
-  double mem_limit_gib = 16;
-};
-
-constexpr double kGiB = 1ull << 30;
+using Options = LayerOptions;
 
 // One preset at one token count.
 struct Result {
@@ -44,17 +40,6 @@ struct Result {
     return 3 * (dense_ms_fwd + shared_ms) / (fwd.median_ms + bwd.median_ms);
   }
 };
-
-MoeLayerConfig preset_config(const Preset& p, const Options& o, std::vector<float>& bias) {
-  MoeLayerConfig c;
-  c.hidden = p.H, c.ffn = p.F, c.num_experts = p.E;
-  c.route = preset_route_options(p, o.seed, bias);
-  c.shared_ffn = p.shared_experts * p.F;
-  c.activation = Activation::kSwiGLU;
-  c.capacity_factor = o.capacity_factor;
-  c.aux_loss_coeff = o.aux_loss_coeff;
-  return c;
-}
 
 // Runs one preset at T tokens; returns false (with the reason) when it does not fit.
 bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
@@ -234,15 +219,11 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
 }
 
 int run(const Options& o) {
-  std::vector<const Preset*> todo;
-  if (o.preset == "all") {
-    for (const Preset& p : presets()) todo.push_back(&p);
-  } else if (const Preset* p = find_preset(o.preset)) {
-    todo.push_back(p);
-  } else {
-    throw CLI::ValidationError("--preset",
-                               "unknown preset '" + o.preset + "'; known: all, " + preset_names());
+  if (o.ep > 0) {
+    run_layer_ep(o);
+    return 0;
   }
+  const std::vector<const Preset*> todo = presets_of(o.preset);
   const DType dt = parse_dtype(o.dtype);
   std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
   fmt::print(text, "moekit bench layer  dtype={}  {}  SwiGLU, aux loss coeff {}, {}  {}  {}\n",
@@ -299,6 +280,30 @@ int run(const Options& o) {
 
 }  // namespace
 
+MoeLayerConfig preset_config(const Preset& p, const LayerOptions& o, std::vector<float>& bias) {
+  MoeLayerConfig c;
+  c.hidden = p.H, c.ffn = p.F, c.num_experts = p.E;
+  c.route = preset_route_options(p, o.seed, bias);
+  c.shared_ffn = p.shared_experts * p.F;
+  c.activation = Activation::kSwiGLU;
+  c.capacity_factor = o.capacity_factor;
+  c.aux_loss_coeff = o.aux_loss_coeff;
+  return c;
+}
+
+std::vector<const Preset*> presets_of(const std::string& name) {
+  std::vector<const Preset*> todo;
+  if (name == "all") {
+    for (const Preset& p : presets()) todo.push_back(&p);
+  } else if (const Preset* p = find_preset(name)) {
+    todo.push_back(p);
+  } else {
+    throw CLI::ValidationError("--preset",
+                               "unknown preset '" + name + "'; known: all, " + preset_names());
+  }
+  return todo;
+}
+
 void register_bench_layer(CLI::App& bench) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand(
@@ -318,6 +323,11 @@ void register_bench_layer(CLI::App& bench) {
   cmd->add_option("--mem-limit-gib", opts->mem_limit_gib,
                   "Skip a preset whose buffers would exceed this")
       ->capture_default_str();
+  cmd->add_option("--ep", opts->ep,
+                  "Run the layer over this many ranks, --tokens each (mpiexec -n P, or the "
+                  "threads engine), beside the one-rank layer on all their tokens")
+      ->check(CLI::Range(1, 1024));
+  add_ep_group_options(*cmd, opts->group);
   cmd->callback([opts] { run(*opts); });
 }
 

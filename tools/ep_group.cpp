@@ -132,6 +132,21 @@ void barrier(Communicator& comm) {
   check(comm.all_gather(&none, all.data(), 1));
 }
 
+void quiet_barrier(EpRank& r) {
+#if MOEKIT_TOOL_MPI
+  if (r.mpi_comm) {
+    MPI_Request request;
+    MPI_Ibarrier(*static_cast<MPI_Comm*>(r.mpi_comm), &request);
+    for (int done = 0; !done;) {
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return;
+  }
+#endif
+  barrier(r.comm);  // the threads engine's barrier sleeps once it has spun briefly
+}
+
 std::vector<Timing> time_collective(Communicator& comm, int warmup, int reps,
                                     const std::vector<std::function<void()>>& fns) {
   std::vector<std::vector<double>> ms(fns.size());

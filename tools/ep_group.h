@@ -41,6 +41,10 @@ void run_ep_group(const EpGroupOptions& o, const std::function<void(EpRank&)>& b
 // Every rank waits for all.
 void barrier(Communicator& comm);
 
+// The same, but the ranks that wait sleep rather than spin (MPI's own barrier busy-polls), so
+// that one rank can time work on every core of the machine while the others wait.
+void quiet_barrier(EpRank& r);
+
 // time_interleaved for a group: the functions alternate run by run, each between two barriers, so
 // a time is the slowest rank's. Every rank returns its own (nearly equal) times.
 std::vector<Timing> time_collective(Communicator& comm, int warmup, int reps,

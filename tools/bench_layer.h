@@ -1,0 +1,35 @@
+// moekit bench layer: the one-rank layer against dense matmuls (bench_layer.cpp), and with
+// --ep P the layer over P ranks against the one-rank layer (bench_layer_ep.cpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "ep_group.h"
+#include "moekit/layer.h"
+#include "presets.h"
+
+namespace moekit::tools {
+
+struct LayerOptions : BenchOptions {
+  double capacity_factor = 0;
+  float aux_loss_coeff = 0.01f;
+  double mem_limit_gib = 16;
+  int ep = 0;  // > 0: the layer over this many ranks
+  EpGroupOptions group;
+};
+
+inline constexpr double kGiB = 1ull << 30;
+
+// The preset's layer: its H, F, E, routing and shared experts, SwiGLU, the options' capacity and
+// load-balancing coefficient. The expert bias, when the preset has one, is drawn into `bias`.
+MoeLayerConfig preset_config(const Preset& p, const LayerOptions& o, std::vector<float>& bias);
+
+// The presets --preset names: one, or every one for "all" (a CLI::ValidationError otherwise).
+std::vector<const Preset*> presets_of(const std::string& name);
+
+// --ep P (bench_layer_ep.cpp).
+void run_layer_ep(const LayerOptions& o);
+
+}  // namespace moekit::tools
