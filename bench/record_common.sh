@@ -31,6 +31,13 @@ start_report() {  # start_report TITLE
   } >"$report"
 }
 
+# Runs that go through mpiexec: Open MPI refuses to run as root unless told.
+allow_mpi_as_root() {
+  if [[ $(id -u) -eq 0 ]]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  fi
+}
+
 run() {  # run NAME ARGS...: one bench invocation, table into the report, JSON beside it
   local name=$1
   shift

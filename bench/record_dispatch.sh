@@ -10,9 +10,7 @@ op=dispatch
 runner=()
 runner_shown=
 source bench/record_common.sh
-if [[ $(id -u) -eq 0 ]]; then  # Open MPI refuses root unless told
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
+allow_mpi_as_root
 start_report "Expert-parallel dispatch and combine"
 
 for P in 2 4; do

@@ -11,9 +11,7 @@ op=layer-ep
 runner=()
 runner_shown=
 source bench/record_common.sh
-if [[ $(id -u) -eq 0 ]]; then  # Open MPI refuses root unless told
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
+allow_mpi_as_root
 start_report "The MoE layer over P ranks"
 
 runner=(mpiexec -n 2 "$tool" bench layer)

@@ -11,6 +11,7 @@
 #include <map>
 #include <vector>
 
+#include "comm/blocks.h"
 #include "moekit/ep_mpi.h"
 
 namespace moekit {
@@ -97,8 +98,9 @@ class MpiCommunicator final : public Communicator {
                         std::span<const RecvBlock> recv, int64_t* ticket) override {
     constexpr const char* op = "exchange_start";
     if (!ticket) return Status::invalid_argument(op, "ticket", "null", "must point to an int64");
-    MOEKIT_RETURN_IF_ERROR(check_blocks(op, "send", send));
-    MOEKIT_RETURN_IF_ERROR(check_blocks(op, "recv", recv));
+    // MPI counts are int: a block may hold up to INT_MAX rows of the row datatype.
+    MOEKIT_RETURN_IF_ERROR(detail::check_blocks(op, "send", send, size_, row_bytes, INT_MAX));
+    MOEKIT_RETURN_IF_ERROR(detail::check_blocks(op, "recv", recv, size_, row_bytes, INT_MAX));
     const int64_t k = next_;
     Flight& f = flights_[static_cast<size_t>(k % kRing)];
     if (f.active) {
@@ -190,22 +192,6 @@ class MpiCommunicator final : public Communicator {
     std::vector<SendBlock> self_send;
     std::vector<RecvBlock> self_recv;
   };
-
-  template <class Block>
-  Status check_blocks(const char* op, const char* name, std::span<const Block> blocks) const {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const Block& b = blocks[i];
-      if (b.peer < 0 || b.peer >= size_ || b.rows < 0 || b.rows > INT_MAX ||
-          (b.rows > 0 && !b.data)) {
-        return Status::invalid_argument(
-            op, fmt::format("{}[{}]", name, i),
-            fmt::format("{{peer {}, rows {}, data {}}}", b.peer, b.rows,
-                        static_cast<const void*>(b.data)),
-            fmt::format("needs a peer in [0, {}), rows in [0, 2^31) and data for rows > 0", size_));
-      }
-    }
-    return {};
-  }
 
   // A contiguous datatype of row_bytes bytes, made once per size.
   Status row_type(size_t row_bytes, MPI_Datatype* type) {

@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-#include "check.h"
+#include "comm/blocks.h"
 #include "moekit/ep.h"
 
 namespace moekit {
@@ -54,24 +54,6 @@ struct Hub {
   std::vector<int64_t> flags;  // per rank: all_reduce_sum's first overflowing element, or -1
   std::unique_ptr<Slot[]> slots;
 };
-
-// Blocks: peers in range, rows >= 0, data where rows > 0, bytes that fit.
-template <class Block>
-Status check_blocks(const char* op, const char* name, std::span<const Block> blocks, int P,
-                    size_t row_bytes) {
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const Block& b = blocks[i];
-    int64_t bytes = 0;
-    if (b.peer < 0 || b.peer >= P || b.rows < 0 || (b.rows > 0 && !b.data) ||
-        !detail::mul_fits(b.rows, static_cast<int64_t>(row_bytes), &bytes)) {
-      return Status::invalid_argument(
-          op, fmt::format("{}[{}]", name, i),
-          fmt::format("{{peer {}, rows {}, data {}}}", b.peer, b.rows, b.data),
-          fmt::format("needs a peer in [0, {}), rows >= 0 and data for rows > 0", P));
-    }
-  }
-  return {};
-}
 
 class ThreadCommunicator final : public Communicator {
  public:
@@ -124,7 +106,7 @@ class ThreadCommunicator final : public Communicator {
     }
     hub_->flags[static_cast<size_t>(rank_)] = overflow;
     hub_->barrier.arrive_and_wait();  // every rank has read every input
-    for (int q = 0; q < P; ++q) {
+    for (int q = 0; q < P && hi > lo; ++q) {  // no slice: nothing to copy (and maybe no data)
       std::memcpy(static_cast<std::byte*>(hub_->posts[q]) + lo * 4, slice_.data(), slice_.size());
     }
     hub_->barrier.arrive_and_wait();  // every slice is in place, every flag visible
@@ -141,8 +123,8 @@ class ThreadCommunicator final : public Communicator {
   Status exchange_start(size_t row_bytes, std::span<const SendBlock> send,
                         std::span<const RecvBlock> recv, int64_t* ticket) override {
     constexpr const char* op = "exchange_start";
-    MOEKIT_RETURN_IF_ERROR(check_blocks(op, "send", send, size(), row_bytes));
-    MOEKIT_RETURN_IF_ERROR(check_blocks(op, "recv", recv, size(), row_bytes));
+    MOEKIT_RETURN_IF_ERROR(detail::check_blocks(op, "send", send, size(), row_bytes));
+    MOEKIT_RETURN_IF_ERROR(detail::check_blocks(op, "recv", recv, size(), row_bytes));
     if (!ticket) return Status::invalid_argument(op, "ticket", "null", "must point to an int64");
     const int64_t k = next_;
     Local& mine = local_[static_cast<size_t>(k % kRing)];

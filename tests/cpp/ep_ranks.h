@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,5 +33,17 @@ void on_ranks(int P, Body&& body) {
   for (std::thread& t : threads) t.join();
 }
 #endif
+
+// A collective call that must fail on every rank: its message names `what`, and on the ranks
+// other than the culprit, the culprit's rank.
+inline void expect_error_everywhere(const Communicator& comm, const Status& s,
+                                    const std::string& what, int culprit) {
+  ASSERT_FALSE(s.ok()) << what;
+  EXPECT_NE(s.message().find(what), std::string::npos) << s.message();
+  if (comm.rank() != culprit) {
+    EXPECT_NE(s.message().find("on rank " + std::to_string(culprit)), std::string::npos)
+        << s.message();
+  }
+}
 
 }  // namespace moekit::test
