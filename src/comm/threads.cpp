@@ -105,7 +105,7 @@ class ThreadCommunicator final : public Communicator {
       }
     }
     hub_->flags[static_cast<size_t>(rank_)] = overflow;
-    hub_->barrier.arrive_and_wait();  // every rank has read every input
+    hub_->barrier.arrive_and_wait();          // every rank has read every input
     for (int q = 0; q < P && hi > lo; ++q) {  // no slice: nothing to copy (and maybe no data)
       std::memcpy(static_cast<std::byte*>(hub_->posts[q]) + lo * 4, slice_.data(), slice_.size());
     }
