@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "check.h"
 #include "comm/agree.h"
@@ -293,6 +296,223 @@ Status ep_combine(const EpPlan& plan, ConstTensorView y_local, TensorView y_perm
   EpPending pending;
   MOEKIT_RETURN_IF_ERROR(ep_combine_start(plan, y_local, y_perm, comm, &pending));
   return ep_wait(&pending);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixed-size exchanges: the layouts on either side.
+
+namespace {
+
+// Rows that move between the flat side (x_perm, x_local: [rows, H]) and the blocked side
+// ([P, C, H], seen as P * C rows).
+struct Run {
+  int64_t flat, blocked, rows;
+};
+
+// What one of the four ops moves: its runs, and the rows of its destination no run covers,
+// which it zeroes.
+struct Moves {
+  std::vector<Run> runs;
+  std::vector<std::pair<int64_t, int64_t>> zero;  // [first, last) rows of the destination
+};
+
+// A [rows, H] buffer of contiguous rows; *row_bytes = H * the dtype's size.
+Status check_flat(const char* op, const char* name, const ConstTensorView& v, int64_t* row_bytes) {
+  return check_rows(op, name, v, 0, "", row_bytes);
+}
+
+// [P, C, H] of contiguous rows and blocks, H and the dtype those of `flat`.
+Status check_blocked(const char* op, const char* name, const ConstTensorView& v,
+                     const ConstTensorView& flat, const char* flat_name) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, name, v, 3));
+  MOEKIT_RETURN_IF_ERROR(detail::check_same_dtype(op, name, v.dtype, flat_name, flat.dtype));
+  MOEKIT_RETURN_IF_ERROR(detail::check_dim(op, name, v, 2, flat.shape[1],
+                                           fmt::format("{}.shape[1]", flat_name).c_str()));
+  int64_t rows = 0, bytes = 0;
+  if (!detail::mul_fits(v.shape[0], v.shape[1], &rows) ||
+      !detail::mul_fits(rows, v.shape[2] * static_cast<int64_t>(dtype_size(v.dtype)), &bytes)) {
+    return Status::invalid_argument(op, fmt::format("{}.shape", name), shape_str(v),
+                                    "its byte count does not fit int64");
+  }
+  if ((v.shape[1] > 1 && v.stride[1] != v.shape[2]) ||
+      (v.shape[0] > 1 && v.stride[0] != v.shape[1] * v.shape[2])) {
+    return Status::invalid_argument(op, fmt::format("{}.stride", name),
+                                    fmt::format("[{}, {}, 1]", v.stride[0], v.stride[1]),
+                                    "blocks and rows must be contiguous");
+  }
+  return {};
+}
+
+// The counts of one side, as int64, checked >= 0: [E] (tokens_per_expert) or [P, E_loc].
+Status read_counts(const char* op, const char* name, const ConstTensorView& v, int rank,
+                   std::vector<int64_t>* out) {
+  MOEKIT_RETURN_IF_ERROR(check_view(op, name, v, rank));
+  MOEKIT_RETURN_IF_ERROR(detail::check_dtype(op, name, v.dtype, DType::kI32));
+  out->clear();
+  const int64_t rows = rank == 1 ? 1 : v.shape[0], cols = v.shape[rank - 1];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int32_t x = static_cast<const int32_t*>(
+          v.data)[(rank == 1 ? 0 : r * v.stride[0]) + c * v.stride[rank - 1]];
+      if (x < 0) {
+        return Status::invalid_argument(
+            op, rank == 1 ? fmt::format("{}[{}]", name, c) : fmt::format("{}[{}, {}]", name, r, c),
+            std::to_string(x), "rows must be >= 0");
+      }
+      out->push_back(x);
+    }
+  }
+  return {};
+}
+
+// pack / unpack: one run per peer (its experts' rows are contiguous on both sides).
+Status pack_moves(const char* op, const ConstTensorView& tpe, int64_t P, int64_t C,
+                  int64_t flat_rows, bool to_blocked, Moves* m) {
+  std::vector<int64_t> counts;
+  MOEKIT_RETURN_IF_ERROR(read_counts(op, "tokens_per_expert", tpe, 1, &counts));
+  const int64_t E = static_cast<int64_t>(counts.size());
+  if (P < 1 || E % P != 0) {
+    return Status::invalid_argument(
+        op, "tokens_per_expert.shape[0]", std::to_string(E),
+        fmt::format("the experts must be a multiple of the {} blocks (ranks)", P));
+  }
+  const int64_t El = E / P;
+  m->runs.clear();
+  m->zero.clear();
+  int64_t flat = 0;
+  for (int64_t q = 0; q < P; ++q) {
+    int64_t rows = 0;
+    for (int64_t j = 0; j < El; ++j) rows += counts[static_cast<size_t>(q * El + j)];
+    if (rows > C) {
+      return Status::invalid_argument(op, fmt::format("the rows for rank {}", q),
+                                      std::to_string(rows),
+                                      fmt::format("more than a block holds (C = {})", C));
+    }
+    if (rows > 0) m->runs.push_back({flat, q * C, rows});
+    if (to_blocked && rows < C) m->zero.emplace_back(q * C + rows, (q + 1) * C);
+    flat += rows;
+  }
+  if (flat > flat_rows) {
+    return Status::invalid_argument(op, "sum(tokens_per_expert)", std::to_string(flat),
+                                    fmt::format("more than x_perm's {} rows", flat_rows));
+  }
+  if (!to_blocked && flat < flat_rows) m->zero.emplace_back(flat, flat_rows);
+  return {};
+}
+
+// regroup / ungroup: one run per (source, local expert), flat side local-expert-major.
+Status regroup_moves(const char* op, const ConstTensorView& rtpe, int64_t P, int64_t C,
+                     int64_t flat_rows, bool to_blocked, Moves* m) {
+  std::vector<int64_t> counts;
+  MOEKIT_RETURN_IF_ERROR(read_counts(op, "recv_tokens_per_expert", rtpe, 2, &counts));
+  if (rtpe.shape[0] != P) {
+    return Status::invalid_argument(op, "recv_tokens_per_expert.shape[0]",
+                                    std::to_string(rtpe.shape[0]),
+                                    fmt::format("must be the {} blocks (ranks)", P));
+  }
+  const int64_t El = rtpe.shape[1];
+  m->runs.clear();
+  m->zero.clear();
+  std::vector<int64_t> used(static_cast<size_t>(P), 0);  // rows of each block so far
+  int64_t flat = 0;
+  for (int64_t j = 0; j < El; ++j) {
+    for (int64_t q = 0; q < P; ++q) {
+      const int64_t rows = counts[static_cast<size_t>(q * El + j)];
+      int64_t& u = used[static_cast<size_t>(q)];
+      if (u + rows > C) {
+        return Status::invalid_argument(op, fmt::format("the rows from rank {}", q),
+                                        std::to_string(u + rows),
+                                        fmt::format("more than a block holds (C = {})", C));
+      }
+      if (rows > 0) m->runs.push_back({flat, q * C + u, rows});
+      u += rows;
+      flat += rows;
+    }
+  }
+  if (flat > flat_rows) {
+    return Status::invalid_argument(op, "sum(recv_tokens_per_expert)", std::to_string(flat),
+                                    fmt::format("more than x_local's {} rows", flat_rows));
+  }
+  if (to_blocked) {
+    for (int64_t q = 0; q < P; ++q) {
+      const int64_t u = used[static_cast<size_t>(q)];
+      if (u < C) m->zero.emplace_back(q * C + u, (q + 1) * C);
+    }
+  } else if (flat < flat_rows) {
+    m->zero.emplace_back(flat, flat_rows);
+  }
+  return {};
+}
+
+// Moves the rows (flat -> blocked, or back) and zeroes the rest of the destination.
+void move_rows(const Moves& m, const void* src, void* dst, int64_t row_bytes, bool to_blocked) {
+  const auto* from = static_cast<const std::byte*>(src);
+  auto* to = static_cast<std::byte*>(dst);
+  const int64_t n = static_cast<int64_t>(m.runs.size()), z = static_cast<int64_t>(m.zero.size());
+#pragma omp parallel
+  {
+#pragma omp for schedule(dynamic) nowait
+    for (int64_t i = 0; i < n; ++i) {
+      const Run& r = m.runs[static_cast<size_t>(i)];
+      const int64_t a = to_blocked ? r.flat : r.blocked, b = to_blocked ? r.blocked : r.flat;
+      std::memcpy(to + b * row_bytes, from + a * row_bytes,
+                  static_cast<size_t>(r.rows * row_bytes));
+    }
+#pragma omp for schedule(dynamic)
+    for (int64_t i = 0; i < z; ++i) {
+      const auto [lo, hi] = m.zero[static_cast<size_t>(i)];
+      std::memset(to + lo * row_bytes, 0, static_cast<size_t>((hi - lo) * row_bytes));
+    }
+  }
+}
+
+// One of the four: checks, moves. `flat` and `blocked` are the two sides; `to_blocked` says which
+// is written.
+Status fixed_layout(const char* op, bool regroup, const char* flat_name, const char* blocked_name,
+                    const ConstTensorView& flat, const ConstTensorView& blocked,
+                    const ConstTensorView& counts, bool to_blocked, void* dst) {
+  int64_t row_bytes = 0;
+  MOEKIT_RETURN_IF_ERROR(check_flat(op, flat_name, flat, &row_bytes));
+  MOEKIT_RETURN_IF_ERROR(check_blocked(op, blocked_name, blocked, flat, flat_name));
+  thread_local Moves m;  // kept from call to call: no allocation once grown
+  const int64_t P = blocked.shape[0], C = blocked.shape[1];
+  MOEKIT_RETURN_IF_ERROR(regroup ? regroup_moves(op, counts, P, C, flat.shape[0], to_blocked, &m)
+                                 : pack_moves(op, counts, P, C, flat.shape[0], to_blocked, &m));
+  // Source and destination must not overlap (a row could be overwritten before it is read).
+  const auto* f = static_cast<const std::byte*>(flat.data);
+  const auto* b = static_cast<const std::byte*>(blocked.data);
+  const int64_t fb = flat.shape[0] * row_bytes, bb = P * C * row_bytes;
+  if (fb > 0 && bb > 0 && f < b + bb && b < f + fb) {
+    return Status::invalid_argument(
+        op, to_blocked ? blocked_name : flat_name, fmt::format("{}", dst),
+        fmt::format("overlaps {}", to_blocked ? flat_name : blocked_name));
+  }
+  move_rows(m, to_blocked ? flat.data : blocked.data, dst, row_bytes, to_blocked);
+  return {};
+}
+
+}  // namespace
+
+Status ep_pack(ConstTensorView x_perm, ConstTensorView tokens_per_expert, TensorView send) {
+  return fixed_layout("ep_pack", false, "x_perm", "send", x_perm, send, tokens_per_expert, true,
+                      send.data);
+}
+
+Status ep_unpack(ConstTensorView send, ConstTensorView tokens_per_expert, TensorView x_perm) {
+  return fixed_layout("ep_unpack", false, "x_perm", "send", x_perm, send, tokens_per_expert, false,
+                      x_perm.data);
+}
+
+Status ep_regroup(ConstTensorView recv, ConstTensorView recv_tokens_per_expert,
+                  TensorView x_local) {
+  return fixed_layout("ep_regroup", true, "x_local", "recv", x_local, recv, recv_tokens_per_expert,
+                      false, x_local.data);
+}
+
+Status ep_ungroup(ConstTensorView x_local, ConstTensorView recv_tokens_per_expert,
+                  TensorView recv) {
+  return fixed_layout("ep_ungroup", true, "x_local", "recv", x_local, recv, recv_tokens_per_expert,
+                      true, recv.data);
 }
 
 }  // namespace moekit

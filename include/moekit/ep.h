@@ -161,4 +161,39 @@ Status ep_combine_start(const EpPlan& plan, ConstTensorView y_local, TensorView 
                         Communicator& comm, EpPending* pending);
 Status ep_wait(EpPending* pending);
 
+// ---------------------------------------------------------------------------------------------
+// Exchanges of fixed-size blocks. Where the row exchange has to be an all-to-all of equal blocks
+// (XLA's all_to_all, on backends without a ragged all-to-all), every rank sends every peer a
+// block of C rows, of which only the first carry rows, and the receiver regroups what arrives.
+// These four ops are the layouts on either side of such an exchange; the exchange is the
+// caller's. They need no communicator and no plan: the counts say where every row goes. Each is
+// a pure row permutation plus zero rows, and each pair is the other's gradient. Dropless, C
+// must hold the most rows one rank can send one peer (all of its N); with a capacity, less.
+//
+//   x_perm [N, H]  --ep_pack-->     send [P, C, H]    block q: the rows of peer q's experts
+//   recv [P, C, H] --ep_regroup-->  x_local [R, H]    [local expert][source rank], then 0 rows
+//   y_local [R, H] --ep_ungroup-->  [P, C, H]         back in recv's layout
+//   [P, C, H]      --ep_unpack-->   y_perm [N, H]     back in x_perm's layout
+//
+// Counts are read from host memory; any that do not fit (negative, more rows than a block or a
+// buffer holds) are an error before anything is written.
+
+// send [q, i] = x_perm's i-th row of peer q's experts (experts q*E_loc .. (q+1)*E_loc - 1, in
+// order), for i below their rows; every other row of send is 0.
+//   x_perm             [N, H] any dtype, rows in the order tokens_per_expert gives
+//   tokens_per_expert  [E] i32, E = P * E_loc (P = send.shape[0])
+//   send               [P, C, H] x_perm's dtype
+Status ep_pack(ConstTensorView x_perm, ConstTensorView tokens_per_expert, TensorView send);
+// The inverse: x_perm's rows back from the blocks; rows past sum(tokens_per_expert) are 0.
+Status ep_unpack(ConstTensorView send, ConstTensorView tokens_per_expert, TensorView x_perm);
+
+// x_local = local expert 0's rows from source 0, 1, ..., then local expert 1's, ...; then 0 rows.
+// Block q of recv holds source q's rows for local expert 0, then 1, ... (as ep_pack left them).
+//   recv                    [P, C, H] any dtype
+//   recv_tokens_per_expert  [P, E_loc] i32: rows source q sent for local expert j
+//   x_local                 [R, H] recv's dtype, R >= the rows received (P * C always will do)
+Status ep_regroup(ConstTensorView recv, ConstTensorView recv_tokens_per_expert, TensorView x_local);
+// The inverse: the blocks back from x_local's rows; each block's unused rows are 0.
+Status ep_ungroup(ConstTensorView x_local, ConstTensorView recv_tokens_per_expert, TensorView recv);
+
 }  // namespace moekit

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ffi_common.h"
+#include "moekit/ep.h"
 #include "moekit/permute.h"
 #include "moekit/ragged_dot.h"
 #include "moekit/ragged_dot_cuda.h"
@@ -338,6 +339,38 @@ namespace {
 using ffi::AnyBuffer;
 using F32 = ffi::Buffer<ffi::F32>;
 
+// The layouts around an exchange of fixed-size blocks (moekit/ep.h): each takes one tensor and
+// the counts and writes the other tensor; `names` are the three's names in the errors.
+using FixedLayoutCall = Status (*)(ConstTensorView, ConstTensorView, TensorView);
+ffi::Error call_layout(FixedLayoutCall fn, const char* const (&names)[3], ffi::AnyBuffer in,
+                       ffi::AnyBuffer counts, ffi::AnyBuffer out) {
+  ConstTensorView vi, vc;
+  TensorView vo;
+  MOEKIT_FFI_TRY(view_of(in, names[0], &vi));
+  MOEKIT_FFI_TRY(view_of(counts, names[1], &vc));
+  MOEKIT_FFI_TRY(view_of(out, names[2], &vo));
+  return to_error(fn(vi, vc, vo));
+}
+
+ffi::Error ep_pack_fwd(ffi::AnyBuffer x_perm, ffi::AnyBuffer tpe,
+                       ffi::Result<ffi::AnyBuffer> send) {
+  return call_layout(ep_pack, {"x_perm", "tokens_per_expert", "send"}, x_perm, tpe, *send);
+}
+ffi::Error ep_unpack_fwd(ffi::AnyBuffer send, ffi::AnyBuffer tpe,
+                         ffi::Result<ffi::AnyBuffer> x_perm) {
+  return call_layout(ep_unpack, {"send", "tokens_per_expert", "x_perm"}, send, tpe, *x_perm);
+}
+ffi::Error ep_regroup_fwd(ffi::AnyBuffer recv, ffi::AnyBuffer rtpe,
+                          ffi::Result<ffi::AnyBuffer> x_local) {
+  return call_layout(ep_regroup, {"recv", "recv_tokens_per_expert", "x_local"}, recv, rtpe,
+                     *x_local);
+}
+ffi::Error ep_ungroup_fwd(ffi::AnyBuffer x_local, ffi::AnyBuffer rtpe,
+                          ffi::Result<ffi::AnyBuffer> recv) {
+  return call_layout(ep_ungroup, {"x_local", "recv_tokens_per_expert", "recv"}, x_local, rtpe,
+                     *recv);
+}
+
 // Binding b followed by kArgs buffer arguments, then kRets buffer results, of any element type
 // (the C++ calls check each dtype and name the argument). A Binding cannot be copied or moved
 // outside XLA's code, only extended, so the recursion ends on the last extension.
@@ -381,6 +414,10 @@ XLA_FFI_DEFINE_HANDLER(kPermuteBwd, permute_bwd, (buffers<3, 2>().Attr<bool>("ha
 XLA_FFI_DEFINE_HANDLER(kUnpermuteFwd, unpermute_fwd, (buffers<3, 1>().Attr<bool>("has_probs")));
 XLA_FFI_DEFINE_HANDLER(kUnpermuteBwd, unpermute_bwd, (buffers<4, 2>().Attr<bool>("has_probs")));
 XLA_FFI_DEFINE_HANDLER(kSortChunks, sort_chunks, (buffers<4, 2>().Attrs<SortAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kEpPack, ep_pack_fwd, (buffers<2, 1>()));
+XLA_FFI_DEFINE_HANDLER(kEpUnpack, ep_unpack_fwd, (buffers<2, 1>()));
+XLA_FFI_DEFINE_HANDLER(kEpRegroup, ep_regroup_fwd, (buffers<2, 1>()));
+XLA_FFI_DEFINE_HANDLER(kEpUngroup, ep_ungroup_fwd, (buffers<2, 1>()));
 
 }  // namespace
 
@@ -416,6 +453,10 @@ constexpr Target kCpuTargets[] = {
     {"moekit_unpermute_fwd", "cpu", moekit::python::kUnpermuteFwd},
     {"moekit_unpermute_bwd", "cpu", moekit::python::kUnpermuteBwd},
     {"moekit_sort_chunks_by_index", "cpu", moekit::python::kSortChunks},
+    {"moekit_ep_pack", "cpu", moekit::python::kEpPack},
+    {"moekit_ep_unpack", "cpu", moekit::python::kEpUnpack},
+    {"moekit_ep_regroup", "cpu", moekit::python::kEpRegroup},
+    {"moekit_ep_ungroup", "cpu", moekit::python::kEpUngroup},
 };
 
 }  // namespace
