@@ -7,6 +7,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from moekit.jax import ep
 from moekit.jax.permute import permute, unpermute
 from moekit.jax.ragged_dot import ragged_dot
 from moekit.jax.router import aux_loss_scores, load_balancing_loss, route, z_loss
@@ -60,7 +61,7 @@ def activation(h, kind="swiglu"):
 def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=None,
               group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
               capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
-              z_loss_coeff=0.0):
+              z_loss_coeff=0.0, ep_axis=None):
     """The MoE layer: route, permute, gate+up grouped matmul, activation, down grouped matmul,
     combine with the routing weights, plus an optional shared expert.
 
@@ -80,11 +81,20 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         The "probs" policy ranks an expert's tokens by their routing weights.
       aux_loss_coeff: the load-balancing loss on `aux_loss_scores` (0: not computed).
       z_loss_coeff: the router z-loss (0: not computed).
+      ep_axis: None, or (inside `jax.shard_map`) the mesh axis the experts are sharded over:
+        expert parallelism. Then x is this device's ``[T, H]`` tokens, params.router and the
+        shared expert are the same on every device, and params.w_in ``[E_loc, H, 2F | F]`` and
+        params.w_out ``[E_loc, F, H]`` hold this device's experts (E_loc = E / the axis size;
+        device i holds experts i*E_loc ..). Each expert's rows travel to its device and back
+        (`moekit.jax.ep`), each device computing only its own experts' rows. The losses and
+        tokens_per_expert are the whole batch's (over the axis), the same on every device; a
+        capacity applies to each device's own tokens, before anything moves.
 
     Returns:
       ``(out [T, H] in x's dtype, MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
       flow to x and every weight (not to expert_bias), through the losses too; each step's
-      backward is the C++ one, the activation's is JAX's.
+      backward is the C++ one, the activation's is JAX's. With ep_axis, the gradients of the
+      replicated weights are summed over the axis by shard_map, as for any replicated input.
 
     Under `vmap` each step runs as a loop of calls (see the package docstring).
     """
@@ -100,18 +110,24 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         raise ValueError(f"{fn}: params.router must be [H, E] with H = {H}, got "
                          f"{tuple(router.shape)}")
     E = router.shape[1]
+    ranks = 1 if ep_axis is None else jax.lax.axis_size(ep_axis)
+    if E % ranks:
+        raise ValueError(f"{fn}: the {E} experts do not divide over the {ranks} devices of "
+                         f"ep_axis {ep_axis!r}")
+    E_loc = E // ranks  # the experts whose weights this call holds
     if activation_kind not in _ACTIVATIONS:
         raise ValueError(f"{fn}: activation_kind = {activation_kind!r}: must be one of "
                          f"{sorted(_ACTIVATIONS)}")
     gated = _ACTIVATIONS[activation_kind][0]
-    if w_out.ndim != 3 or w_out.shape[0] != E or w_out.shape[2] != H:
-        raise ValueError(f"{fn}: params.w_out must be [E, F, H] = [{E}, F, {H}], got "
-                         f"{tuple(w_out.shape)}")
+    experts = "E" if ep_axis is None else "E_loc"
+    if w_out.ndim != 3 or w_out.shape[0] != E_loc or w_out.shape[2] != H:
+        raise ValueError(f"{fn}: params.w_out must be [{experts}, F, H] = [{E_loc}, F, {H}], "
+                         f"got {tuple(w_out.shape)}")
     F = w_out.shape[1]
-    want_in = (E, H, 2 * F if gated else F)
+    want_in = (E_loc, H, 2 * F if gated else F)
     if tuple(w_in.shape) != want_in:
         raise ValueError(f"{fn}: params.w_in must be {list(want_in)} "
-                         f"({'[E, H, 2F], gate | up' if gated else '[E, H, F]'}), got "
+                         f"([{experts}, H, {'2F], gate | up' if gated else 'F]'}), got "
                          f"{tuple(w_in.shape)}")
     for name, w in (("router", router), ("w_in", w_in), ("w_out", w_out)):
         if w.dtype != x.dtype:
@@ -122,19 +138,36 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     logits = jnp.dot(x, router, preferred_element_type=jnp.float32)  # [T, E]
     r = route(logits, k, score=score, pre_softmax=pre_softmax, num_groups=num_groups,
               group_topk=group_topk, scaling_factor=scaling_factor, expert_bias=expert_bias)
+    # Over an ep_axis, every device holds T tokens: the batch's losses are sums of the devices'
+    # shares (the load-balancing loss on the batch's counts and token count, the z-loss's mean
+    # over every token).
+    def over_devices(v):
+        return v if ep_axis is None else jax.lax.psum(v, ep_axis)
+
     zero = jnp.zeros((), jnp.float32)
     aux = zero
     if aux_loss_coeff:
         scores, aux_map = aux_loss_scores(logits, k, score=score)
-        aux = load_balancing_loss(scores, jnp.sum(aux_map, axis=0, dtype=jnp.int32), k=k,
-                                  coeff=aux_loss_coeff)
-    z = z_loss(logits, z_loss_coeff) if z_loss_coeff else zero
+        counts = over_devices(jnp.sum(aux_map, axis=0, dtype=jnp.int32))
+        aux = over_devices(load_balancing_loss(
+            scores, counts, k=k, coeff=aux_loss_coeff,
+            total_tokens=None if ep_axis is None else T * ranks))
+    z = over_devices(z_loss(logits, z_loss_coeff) / ranks) if z_loss_coeff else zero
 
     by_probs = capacity_factor is not None and drop_policy == "probs"
     p = permute(x, r.topk_indices, r.topk_weights if by_probs else None, num_experts=E,
                 align_size=align_size, capacity_factor=capacity_factor, drop_policy=drop_policy)
-    h = ragged_dot(p.x, w_in, p.tokens_per_expert)  # [N, 2F | F]
-    y = ragged_dot(activation(h, activation_kind), w_out, p.tokens_per_expert)  # [N, H]
+    if ep_axis is None:
+        rows, sizes = p.x, p.tokens_per_expert  # [N, H], [E]
+    else:
+        capacity = ep.block_rows(T, E, ranks, k, rows=p.x.shape[0],
+                                 capacity_factor=capacity_factor, align_size=align_size)
+        rows, exchange = ep.dispatch(p.x, p.tokens_per_expert, ep_axis, capacity=capacity)
+        sizes = exchange.local_tokens_per_expert  # [E_loc]
+    h = ragged_dot(rows, w_in, sizes)  # [rows, 2F | F]
+    y = ragged_dot(activation(h, activation_kind), w_out, sizes)  # [rows, H]
+    if ep_axis is not None:
+        y = ep.combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
     out = unpermute(y, p, r.topk_weights)  # [T, H]
     if params.shared_in is not None:
         shared_in, shared_out = jnp.asarray(params.shared_in), jnp.asarray(params.shared_out)
@@ -145,4 +178,4 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         hs = jnp.dot(x, shared_in, preferred_element_type=jnp.float32).astype(x.dtype)
         out = out + jnp.dot(activation(hs, activation_kind), shared_out,
                             preferred_element_type=jnp.float32).astype(x.dtype)
-    return out, MoeAux(aux, z, p.tokens_per_expert)
+    return out, MoeAux(aux, z, over_devices(p.tokens_per_expert))

@@ -1,0 +1,168 @@
+"""Expert parallelism under `jax.shard_map` (SPEC.md section 4): each device's rows to the
+device holding their expert, regrouped by local expert, and back.
+
+The exchange is XLA's: on backends without a ragged all-to-all (XLA:CPU), a `jax.lax.all_to_all`
+of equal blocks, one per peer, each `capacity` rows long and filled as far as the routing needs.
+moekit's C++ kernels lay the rows out on either side (`pack`, `regroup`, `ungroup`, `unpack`;
+each pair is the other's gradient), and the grouped matmuls never compute the padding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moekit.jax import _ffi
+
+__all__ = ["Exchange", "block_rows", "combine", "dispatch", "pack", "regroup", "ungroup",
+           "unpack"]
+
+
+def _layout(name, x, counts, shape):
+    return _ffi.call(name, (shape, x.dtype), x, counts)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def pack(x_perm, tokens_per_expert, num_ranks, capacity):
+    """``[N, H] -> [P, C, H]``: block q holds the rows of device q's experts (E / P of the
+    `tokens_per_expert` [E], in order), then zero rows. A peer's rows beyond C is an error."""
+    return _layout("moekit_ep_pack", x_perm, tokens_per_expert,
+                   (num_ranks, capacity, x_perm.shape[1]))
+
+
+def _pack_fwd(x_perm, tokens_per_expert, num_ranks, capacity):
+    return pack(x_perm, tokens_per_expert, num_ranks, capacity), (tokens_per_expert,
+                                                                  x_perm.shape[0])
+
+
+def _pack_bwd(num_ranks, capacity, res, ct):
+    tokens_per_expert, rows = res
+    return unpack(ct, tokens_per_expert, rows), None
+
+
+pack.defvjp(_pack_fwd, _pack_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def unpack(blocks, tokens_per_expert, rows):
+    """The inverse of `pack`: ``[P, C, H] -> [rows, H]``; rows past the routed ones are 0."""
+    return _layout("moekit_ep_unpack", blocks, tokens_per_expert, (rows, blocks.shape[2]))
+
+
+def _unpack_fwd(blocks, tokens_per_expert, rows):
+    return unpack(blocks, tokens_per_expert, rows), (tokens_per_expert, blocks.shape[:2])
+
+
+def _unpack_bwd(rows, res, ct):
+    tokens_per_expert, (num_ranks, capacity) = res
+    return pack(ct, tokens_per_expert, num_ranks, capacity), None
+
+
+unpack.defvjp(_unpack_fwd, _unpack_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def regroup(recv, recv_tokens_per_expert, rows):
+    """``[P, C, H] -> [rows, H]``: block q holds source q's rows for local expert 0, 1, ...
+    (`recv_tokens_per_expert` [P, E_loc]); the result holds local expert 0's rows from every
+    source in source order, then local expert 1's, ..., then zero rows."""
+    return _layout("moekit_ep_regroup", recv, recv_tokens_per_expert, (rows, recv.shape[2]))
+
+
+def _regroup_fwd(recv, recv_tokens_per_expert, rows):
+    return regroup(recv, recv_tokens_per_expert, rows), (recv_tokens_per_expert, recv.shape[:2])
+
+
+def _regroup_bwd(rows, res, ct):
+    recv_tokens_per_expert, (num_ranks, capacity) = res
+    return ungroup(ct, recv_tokens_per_expert, num_ranks, capacity), None
+
+
+regroup.defvjp(_regroup_fwd, _regroup_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def ungroup(x_local, recv_tokens_per_expert, num_ranks, capacity):
+    """The inverse of `regroup`: ``[rows, H] -> [P, C, H]``, unused rows 0."""
+    return _layout("moekit_ep_ungroup", x_local, recv_tokens_per_expert,
+                   (num_ranks, capacity, x_local.shape[1]))
+
+
+def _ungroup_fwd(x_local, recv_tokens_per_expert, num_ranks, capacity):
+    return (ungroup(x_local, recv_tokens_per_expert, num_ranks, capacity),
+            (recv_tokens_per_expert, x_local.shape[0]))
+
+
+def _ungroup_bwd(num_ranks, capacity, res, ct):
+    recv_tokens_per_expert, rows = res
+    return regroup(ct, recv_tokens_per_expert, rows), None
+
+
+ungroup.defvjp(_ungroup_fwd, _ungroup_bwd)
+
+
+def block_rows(tokens, num_experts, num_ranks, k, *, rows, capacity_factor=None, align_size=None,
+               pad_to_capacity=False):
+    """The rows C of one block: the most one device can send one peer. Dropless that is all of
+    its `rows` (permute's N_out: every row may go to one peer's experts); with a capacity, at most
+    E_loc experts of capacity rows each (the capacity as permute computes it, aligned)."""
+    if capacity_factor is None:
+        return rows
+    a = align_size or 1
+    capacity = math.ceil(float(tokens) * float(k) / num_experts * capacity_factor)
+    per_expert = -(-capacity // a) * a
+    per_peer = (num_experts // num_ranks) * per_expert
+    return per_peer if pad_to_capacity else min(rows, per_peer)
+
+
+class Exchange(NamedTuple):
+    """What `dispatch` learnt, for `combine`: the counts on both sides and the block size."""
+    tokens_per_expert: jax.Array       # [E] int32: this device's rows per expert (sent)
+    recv_tokens_per_expert: jax.Array  # [P, E_loc] int32: rows from source q for local expert j
+    local_tokens_per_expert: jax.Array  # [E_loc] int32: the local experts' group sizes
+    rows: int                          # N: rows of this device's permuted buffer
+    capacity: int                      # C: rows of one block
+
+
+def dispatch(x_perm, tokens_per_expert, axis_name, *, capacity):
+    """Sends each expert's rows to the device holding it, along `axis_name` (device i holds
+    experts i*E_loc .. (i+1)*E_loc - 1), and regroups what arrives by local expert.
+
+    Args:
+      x_perm: ``[N, H]`` this device's rows, expert-major (permute's output).
+      tokens_per_expert: ``[E]`` int32, E = P * E_loc.
+      axis_name: the mesh axis of the experts.
+      capacity: C, the rows of one block (`block_rows`).
+
+    Returns:
+      ``(x_local [P * C, H], Exchange)``: the local experts' rows, local-expert-major, each
+      expert's rows in source order, then zero rows; ``Exchange.local_tokens_per_expert`` are
+      ragged_dot's group sizes for the local weights.
+    """
+    num_ranks = jax.lax.axis_size(axis_name)
+    E = tokens_per_expert.shape[0]
+    if E % num_ranks:
+        raise ValueError(f"dispatch: {E} experts do not divide over the {num_ranks} devices of "
+                         f"axis {axis_name!r}")
+    # One exchange of counts: row q of the result is what device q sends each local expert.
+    recv_counts = jax.lax.all_to_all(tokens_per_expert.reshape(num_ranks, E // num_ranks),
+                                     axis_name, 0, 0, tiled=True)
+    blocks = pack(x_perm, tokens_per_expert, num_ranks, capacity)
+    recv = jax.lax.all_to_all(blocks, axis_name, 0, 0, tiled=True)
+    x_local = regroup(recv, recv_counts, num_ranks * capacity)
+    return x_local, Exchange(tokens_per_expert, recv_counts,
+                             jnp.sum(recv_counts, axis=0, dtype=jnp.int32), x_perm.shape[0],
+                             capacity)
+
+
+def combine(y_local, exchange, axis_name):
+    """The inverse of `dispatch`: ``y_local [P * C, H]`` (in x_local's order) back to the
+    devices the rows came from, as ``y_perm [N, H]`` in x_perm's order."""
+    num_ranks = jax.lax.axis_size(axis_name)
+    back = ungroup(y_local, exchange.recv_tokens_per_expert, num_ranks, exchange.capacity)
+    ret = jax.lax.all_to_all(back, axis_name, 0, 0, tiled=True)
+    return unpack(ret, exchange.tokens_per_expert, exchange.rows)
