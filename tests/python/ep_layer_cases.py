@@ -21,34 +21,11 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 import moekit.jax as mj  # noqa: E402
-
-T_LOC = 9  # tokens per device
-
-
-def problem(case, dtype, seed=0):
-    """x [D*T, H], MoeParams over all E experts, and a cotangent for out, from one seed."""
-    H, F, E, Fs = case["H"], case["F"], case["E"], case.get("Fs", 0)
-    gated = case.get("activation_kind", "swiglu") in ("swiglu", "geglu")
-    ks = jax.random.split(jax.random.key(seed), 7)
-    n = lambda k, shape, s: (jax.random.normal(k, shape) * s).astype(dtype)  # noqa: E731
-    params = mj.MoeParams(n(ks[1], (H, E), 0.5), n(ks[2], (E, H, (2 if gated else 1) * F), 0.3),
-                          n(ks[3], (E, F, H), 0.3),
-                          n(ks[4], (H, (2 if gated else 1) * Fs), 0.3) if Fs else None,
-                          n(ks[5], (Fs, H), 0.3) if Fs else None)
-    x = n(ks[0], (DEVICES * T_LOC, H), 1.0)
-    ct = n(ks[6], (DEVICES * T_LOC, H), 1.0)
-    return x, params, ct
-
-
-def layer_kwargs(case):
-    keep = ("k", "score", "pre_softmax", "expert_bias", "activation_kind", "capacity_factor",
-            "drop_policy", "aux_loss_coeff", "z_loss_coeff")
-    return {key: case[key] for key in keep if key in case}
-
+from ep_problem import T_LOC, cases, layer_kwargs, problem  # noqa: E402
 
 def run_case(name, case, dtype):
     mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("ep",))
-    x, params, ct = problem(case, dtype)
+    x, params, ct = problem(case, dtype, DEVICES)
     kw = layer_kwargs(case)
     shared = params.shared_in is not None
     spec = mj.MoeParams(P(), P("ep"), P("ep"), P() if shared else None, P() if shared else None)
@@ -100,25 +77,10 @@ def run_case(name, case, dtype):
           f"{'bit-exact' if exact else 'within tolerance'}; max |diff| {', '.join(worst)}")
 
 
-def cases():
-    E = 2 * DEVICES  # two experts per device
-    base = dict(H=16, F=8, E=E, k=2)
-    return {
-        "uneven_routing": dict(base, aux_loss_coeff=0.01, z_loss_coeff=0.001),
-        # A bias that sends every token to device 0's experts (sigmoid routing takes it).
-        "all_to_device0": dict(base, score="sigmoid", aux_loss_coeff=0.01,
-                               expert_bias=jnp.array([4.0] * 2 + [-4.0] * (E - 2))),
-        "one_expert_per_device": dict(base, E=DEVICES, k=1, activation_kind="relu"),
-        "shared_expert_geglu": dict(base, k=3, Fs=6, activation_kind="geglu",
-                                    pre_softmax=True, aux_loss_coeff=0.02),
-        "capacity": dict(base, capacity_factor=1.0, drop_policy="position"),
-    }
-
-
 def check_errors():
     """Bad sharding is a ValueError at trace time that names it."""
     mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("ep",))
-    x, params, _ = problem(dict(H=16, F=8, E=2 * DEVICES), jnp.float32)
+    x, params, _ = problem(dict(H=16, F=8, E=2 * DEVICES), jnp.float32, DEVICES)
     spec = mj.MoeParams(P(), P("ep"), P("ep"))
 
     def call(x, params, in_specs=(P("ep"), spec)):
@@ -152,7 +114,7 @@ def main():
         failed += 1
         print(f"FAILED errors: {e}")
     for dtype in (jnp.float32, jnp.bfloat16):
-        for name, case in cases().items():
+        for name, case in cases(DEVICES).items():
             try:
                 run_case(name, case, dtype)
             except AssertionError as e:
