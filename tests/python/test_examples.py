@@ -12,6 +12,8 @@ def test_expert_parallel_equals_the_one_device_layer():
     run = subprocess.run([sys.executable, str(ROOT / "examples" / "expert_parallel.py")],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "equals the one-device layer, values and gradients" in run.stdout
-    # Four devices really took part: the script says so only after asserting it.
+    assert "both forms equal the one-device layer, values and gradients" in run.stdout
+    # Four devices really took part, and both forms ran: the script says so only after asserting
+    # each.
     assert "sharded over 4 devices" in run.stdout
+    assert "replicated tokens: output" in run.stdout and "sharded tokens: output" in run.stdout
