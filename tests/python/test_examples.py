@@ -17,3 +17,11 @@ def test_expert_parallel_equals_the_one_device_layer():
     # each.
     assert "sharded over 4 devices" in run.stdout
     assert "replicated tokens: output" in run.stdout and "sharded tokens: output" in run.stdout
+
+
+def test_expert_parallel_training_follows_one_device(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "train_ep.py"), "--steps", "20",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "the expert-parallel training follows the one-device training" in run.stdout
+    assert (tmp_path / "loss.png").stat().st_size > 0
