@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 import moekit.jax as mj  # noqa: E402
-from ep_problem import T_LOC, cases, layer_kwargs, problem  # noqa: E402
+from ep_problem import cases, compare, layer_kwargs, loss, problem, reference  # noqa: E402,E501
 
 def run_case(name, case, dtype):
     mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("ep",))
@@ -34,47 +34,15 @@ def run_case(name, case, dtype):
         return jax.shard_map(lambda x, p: mj.moe_layer(x, p, ep_axis="ep", **kw), mesh=mesh,
                              in_specs=(P("ep"), spec), out_specs=(P("ep"), P()))(x, params)
 
-    def one(x, params):
-        if "capacity_factor" not in case:
-            return mj.moe_layer(x, params, **kw)
-        # Each device drops its own tokens: the one-device layer on each device's tokens alone.
-        outs = [mj.moe_layer(x[d * T_LOC:(d + 1) * T_LOC], params, **kw) for d in range(DEVICES)]
-        out = jnp.concatenate([o for o, _ in outs])
-        return out, mj.MoeAux(sum(a.aux_loss for _, a in outs), sum(a.z_loss for _, a in outs),
-                              sum(a.tokens_per_expert for _, a in outs))
-
-    def loss(f):
-        def value(x, params):
-            out, aux = f(x, params)
-            return (jnp.sum(out.astype(jnp.float32) * ct.astype(jnp.float32)) + aux.aux_loss
-                    + aux.z_loss)
-        return value
-
-    got, got_aux = jax.jit(sharded)(x, params)
-    want, want_aux = jax.jit(one)(x, params)
-    g_got = jax.jit(jax.grad(loss(sharded), argnums=(0, 1)))(x, params)
-    g_want = jax.jit(jax.grad(loss(one), argnums=(0, 1)))(x, params)
-
-    tol = dict(rtol=2e-5, atol=2e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
-    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
-    np.testing.assert_allclose(f32(got), f32(want), **tol, err_msg=f"{name}: out")
-    np.testing.assert_array_equal(got_aux.tokens_per_expert, want_aux.tokens_per_expert,
-                                  err_msg=f"{name}: tokens_per_expert")
-    if "capacity_factor" not in case:  # per-device references have per-device losses
-        np.testing.assert_allclose(f32(got_aux.aux_loss), f32(want_aux.aux_loss), rtol=1e-5,
-                                   atol=1e-7, err_msg=f"{name}: aux_loss")
-        np.testing.assert_allclose(f32(got_aux.z_loss), f32(want_aux.z_loss), rtol=1e-5,
-                                   atol=1e-7, err_msg=f"{name}: z_loss")
-    names = ["d_x", "d_router", "d_w_in", "d_w_out", "d_shared_in", "d_shared_out"]
-    worst = []
-    for n, g, w in zip(names, jax.tree.leaves(g_got), jax.tree.leaves(g_want)):
-        scale = float(np.abs(f32(w)).max()) or 1.0
-        np.testing.assert_allclose(f32(g), f32(w), rtol=tol["rtol"], atol=tol["atol"] * scale,
-                                   err_msg=f"{name}: {n}")
-        worst.append(f"{n} {float(np.abs(f32(g) - f32(w)).max()):.1e}")
-    exact = float(np.abs(f32(got) - f32(want)).max()) == 0.0
-    print(f"ok {name} {np.dtype(dtype).name} on {DEVICES} devices: out "
-          f"{'bit-exact' if exact else 'within tolerance'}; max |diff| {', '.join(worst)}")
+    one = reference(case, DEVICES)
+    got = jax.jit(sharded)(x, params)
+    want = jax.jit(one)(x, params)
+    g_got = jax.jit(jax.grad(loss(sharded, ct), argnums=(0, 1)))(x, params)
+    g_want = jax.jit(jax.grad(loss(one, ct), argnums=(0, 1)))(x, params)
+    np_tree = lambda t: jax.tree.map(np.asarray, t)  # noqa: E731
+    how = compare(name, case, dtype, (*np_tree(got), jax.tree.leaves(np_tree(g_got))),
+                  (*np_tree(want), jax.tree.leaves(np_tree(g_want))))
+    print(f"ok {name} {np.dtype(dtype).name} on {DEVICES} devices: {how}")
 
 
 def check_errors():
@@ -91,6 +59,9 @@ def check_errors():
         # Every device given all the experts' weights: E_loc would be E.
         "params.w_out must be [E_loc, F, H]":
             lambda: call(x, params, (P("ep"), mj.MoeParams(P(), P(), P()))),
+        "ep_exchange = 'nccl'": lambda: jax.shard_map(
+            lambda x, p: mj.moe_layer(x, p, k=2, ep_axis="ep", ep_exchange="nccl")[0],
+            mesh=mesh, in_specs=(P("ep"), spec), out_specs=P("ep"))(x, params),
         # E + 1 experts cannot divide over the devices.
         "do not divide over the": lambda: call(x, params._replace(
             router=jnp.zeros((16, 2 * DEVICES + 1)))),

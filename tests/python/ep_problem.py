@@ -1,8 +1,10 @@
-"""The expert-parallel layer's test problems, shared by ep_layer_cases.py (several devices of one
-process) and ep_two_processes.py (jax.distributed): import after XLA_FLAGS is set."""
+"""The expert-parallel layer's test problems, references and comparison, shared by
+ep_layer_cases.py (several devices of one process) and ep_processes.py (one process per device,
+jax.distributed): import after XLA_FLAGS is set."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import moekit.jax as mj
 
@@ -46,3 +48,56 @@ def cases(devices):
     }
 
 
+
+
+def reference(case, devices):
+    """moe_layer on one device for the whole batch. With a capacity each device drops its own
+    tokens, so then the one-device layer runs on each device's tokens alone."""
+    kw = layer_kwargs(case)
+
+    def one(x, params):
+        if "capacity_factor" not in case:
+            return mj.moe_layer(x, params, **kw)
+        outs = [mj.moe_layer(x[d * T_LOC:(d + 1) * T_LOC], params, **kw) for d in range(devices)]
+        out = jnp.concatenate([o for o, _ in outs])
+        return out, mj.MoeAux(sum(a.aux_loss for _, a in outs), sum(a.z_loss for _, a in outs),
+                              sum(a.tokens_per_expert for _, a in outs))
+    return one
+
+
+def loss(layer, ct):
+    """The scalar whose gradients the tests compare: out against a cotangent, plus the losses."""
+    def value(x, params):
+        out, aux = layer(x, params)
+        return (jnp.sum(out.astype(jnp.float32) * ct.astype(jnp.float32)) + aux.aux_loss
+                + aux.z_loss)
+    return value
+
+
+GRAD_NAMES = ["d_x", "d_router", "d_w_in", "d_w_out", "d_shared_in", "d_shared_out"]
+
+
+def compare(name, case, dtype, got, want):
+    """got and want: (out, MoeAux, grads) as NumPy arrays (or the parts of them one process
+    holds, both the same parts). Dropless: equal within f32 rounding (bf16: one bf16 rounding).
+    Raises AssertionError; returns a line saying how close."""
+    (out, aux, grads), (w_out, w_aux, w_grads) = got, want
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    np.testing.assert_allclose(f32(out), f32(w_out), **tol, err_msg=f"{name}: out")
+    np.testing.assert_array_equal(aux.tokens_per_expert, w_aux.tokens_per_expert,
+                                  err_msg=f"{name}: tokens_per_expert")
+    if "capacity_factor" not in case:  # per-device references have per-device losses
+        np.testing.assert_allclose(f32(aux.aux_loss), f32(w_aux.aux_loss), rtol=1e-5,
+                                   atol=1e-7, err_msg=f"{name}: aux_loss")
+        np.testing.assert_allclose(f32(aux.z_loss), f32(w_aux.z_loss), rtol=1e-5,
+                                   atol=1e-7, err_msg=f"{name}: z_loss")
+    worst = []
+    for n, g, w in zip(GRAD_NAMES, grads, w_grads):
+        scale = float(np.abs(f32(w)).max()) or 1.0
+        np.testing.assert_allclose(f32(g), f32(w), rtol=tol["rtol"], atol=tol["atol"] * scale,
+                                   err_msg=f"{name}: {n}")
+        worst.append(f"{n} {float(np.abs(f32(g) - f32(w)).max()):.1e}")
+    exact = float(np.abs(f32(out) - f32(w_out)).max()) == 0.0
+    return (f"out {'bit-exact' if exact else 'within tolerance'}; max |diff| "
+            f"{', '.join(worst)}")

@@ -1,14 +1,19 @@
-"""moe_layer with ep_axis under shard_map, on 2 and 4 CPU devices of one process and on two
-processes (jax.distributed, gloo), against moe_layer on one device. The cases are in
-ep_layer_cases.py and ep_two_processes.py: each runs in fresh processes, as XLA_FLAGS must be set
-before jax starts."""
+"""moe_layer with ep_axis under shard_map, on 2 and 4 CPU devices of one process, on two
+processes (jax.distributed, gloo) and, with ep_exchange="mpi", on 2 and 3 processes under
+mpiexec, against moe_layer on one device. The cases are in ep_layer_cases.py and
+ep_processes.py: each runs in fresh processes, as XLA_FLAGS must be set before jax starts."""
 
+import os
 import pathlib
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 
 import pytest
+
+from moekit.jax import ep_mpi
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -19,9 +24,9 @@ def test_sharded_layer_equals_the_one_device_layer(devices):
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    # Five cases, f32 and bf16, each on every device; and the two bad shardings.
+    # Five cases, f32 and bf16, each on every device; and the three bad arguments.
     assert sum(line.startswith("ok ") and f"on {devices} devices" in line for line in lines) == 10
-    assert sum(line.startswith("ok error: ") for line in lines) == 2
+    assert sum(line.startswith("ok error: ") for line in lines) == 3
     assert lines[-1] == "0 failed"
 
 
@@ -29,9 +34,10 @@ def test_two_processes_with_jax_distributed_equal_the_one_device_layer():
     with socket.socket() as s:  # a free port for the coordinator
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    runs = [subprocess.Popen([sys.executable, str(HERE / "ep_two_processes.py"), str(i),
-                              str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True) for i in range(2)]
+    runs = [subprocess.Popen([sys.executable, str(HERE / "ep_processes.py"), "all_to_all",
+                              str(i), "2", str(port), "shared_expert_geglu", "capacity:bf16"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for i in range(2)]
     try:
         outs = [r.communicate(timeout=600)[0] for r in runs]
     finally:
@@ -40,3 +46,30 @@ def test_two_processes_with_jax_distributed_equal_the_one_device_layer():
     for i, (r, out) in enumerate(zip(runs, outs)):
         assert r.returncode == 0, f"process {i}:\n{out}"
         assert f"ok process {i} of 2" in out, out
+        assert "ok auto is all_to_all" in out, out
+
+
+@pytest.mark.skipif(not ep_mpi.available() or not shutil.which("mpiexec"),
+                    reason="moekit built without MPI (libmoekit_jax_mpi.so), or no mpiexec")
+@pytest.mark.parametrize("processes", [2, 3])
+def test_mpi_exchange_under_mpiexec_equals_the_one_device_layer(processes):
+    """ep_exchange="mpi", one process per device under mpiexec: every case, f32 and bf16, and a
+    mesh in the wrong order an error on every process."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    run = subprocess.Popen(["mpiexec", "-n", str(processes), "--oversubscribe", sys.executable,
+                            str(HERE / "ep_processes.py"), "mpi"], cwd=HERE, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        out = run.communicate(timeout=600)[0]
+    finally:
+        try:
+            os.killpg(run.pid, signal.SIGKILL)  # mpiexec and every rank, even after a hang
+        except ProcessLookupError:
+            pass
+    assert run.returncode == 0, out
+    for i in range(processes):
+        assert f"ok process {i} of {processes}" in out, out
+    assert out.count("ok auto is mpi") == processes, out
+    assert out.count("ok error on a mesh in the wrong order") == processes, out
+    assert out.count("(mpi): out") == processes * 10, out

@@ -27,8 +27,6 @@ def _load(path):
     except OSError as e:
         raise ImportError(f"moekit.jax: cannot load its XLA FFI handlers {path}: {e}; build and "
                           f"install the package with `pip install --no-build-isolation .`") from e
-    lib.moekit_ffi_targets.restype = ctypes.c_int64
-    lib.moekit_ffi_targets.argtypes = [ctypes.POINTER(ctypes.POINTER(_Target))]
     lib.moekit_ffi_built_with_jaxlib.restype = ctypes.c_char_p
     lib.moekit_ffi_cuda_built.restype = ctypes.c_bool
     lib.moekit_ffi_cuda_workspace_bytes.restype = ctypes.c_int64
@@ -52,19 +50,21 @@ if _version(jax.lib.__version__) < _version(BUILT_WITH_JAXLIB):
         f"(pip install --no-build-isolation .) with this jaxlib installed")
 
 
-def targets():
-    """[(name, platform, handler address)] of every handler in the library: the CPU ones, and
-    the CUDA ones of ragged_dot in a build with CUDA."""
+def register(table_fn):
+    """Registers with XLA every handler of a library's table (its moekit_ffi_*targets
+    function, declared here): [(name, platform, handler address)]."""
+    table_fn.restype = ctypes.c_int64
+    table_fn.argtypes = [ctypes.POINTER(ctypes.POINTER(_Target))]
     table = ctypes.POINTER(_Target)()
-    count = _lib.moekit_ffi_targets(ctypes.byref(table))
-    return [(table[i].name.decode(), table[i].platform.decode(), table[i].handler)
-            for i in range(count)]
+    count = table_fn(ctypes.byref(table))
+    for i in range(count):
+        # Registering for CUDA where jaxlib has no CUDA backend is harmless: jaxlib keeps it for
+        # a backend that never comes.
+        jax.ffi.register_ffi_target(table[i].name.decode(), jax.ffi.pycapsule(table[i].handler),
+                                    platform=table[i].platform.decode())
 
 
-for _name, _platform, _handler in targets():
-    # Registering for CUDA where jaxlib has no CUDA backend is harmless: jaxlib keeps it for a
-    # backend that never comes.
-    jax.ffi.register_ffi_target(_name, jax.ffi.pycapsule(_handler), platform=_platform)
+register(_lib.moekit_ffi_targets)
 
 
 def cuda_built():
@@ -90,14 +90,16 @@ def permute_max_rows(T, E, k, align_size, capacity_factor, pad_to_capacity):
 FLOAT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))
 
 
-def call(name, results, *args, **attrs):
+def call(name, results, *args, has_side_effect=False, **attrs):
     """One FFI call. `results` is one (shape, dtype) pair or a list of them (then a list comes
     back); attrs become the handler's attributes. Under vmap the batch runs as a loop of calls;
-    inside shard_map the results vary over the axes the operands vary over."""
+    inside shard_map the results vary over the axes the operands vary over. has_side_effect: XLA
+    must neither drop the call nor merge it with an equal one (a collective)."""
     single = isinstance(results, tuple)
     typed = _varying_type(args)
     structs = [jax.ShapeDtypeStruct(s, d, **typed) for s, d in ([results] if single else results)]
-    out = jax.ffi.ffi_call(name, structs, vmap_method="sequential")(*args, **attrs)
+    out = jax.ffi.ffi_call(name, structs, vmap_method="sequential",
+                           has_side_effect=has_side_effect)(*args, **attrs)
     return out[0] if single else list(out)
 
 

@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from moekit.jax import ep
+from moekit.jax import ep, ep_mpi
 from moekit.jax.permute import permute, unpermute
 from moekit.jax.ragged_dot import ragged_dot
 from moekit.jax.router import aux_loss_scores, load_balancing_loss, route, z_loss
@@ -61,7 +61,7 @@ def activation(h, kind="swiglu"):
 def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=None,
               group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
               capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
-              z_loss_coeff=0.0, ep_axis=None):
+              z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto"):
     """The MoE layer: route, permute, gate+up grouped matmul, activation, down grouped matmul,
     combine with the routing weights, plus an optional shared expert.
 
@@ -89,6 +89,12 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         (`moekit.jax.ep`), each device computing only its own experts' rows. The losses and
         tokens_per_expert are the whole batch's (over the axis), the same on every device; a
         capacity applies to each device's own tokens, before anything moves.
+      ep_exchange: how rows travel over ep_axis. "all_to_all" (any backend, any launch):
+        XLA's all_to_all of equal blocks of each peer's worst-case rows (`moekit.jax.ep`).
+        "mpi": only the routed rows, by moekit's MPI engine from the FFI handler
+        (`moekit.jax.ep_mpi`), for one CPU device per process under mpirun; there the faster
+        (bench/results/jax_layer_ep-*). "auto" (default): "mpi" where `ep_mpi.serves` the
+        axis, else "all_to_all".
 
     Returns:
       ``(out [T, H] in x's dtype, MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
@@ -110,7 +116,12 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         raise ValueError(f"{fn}: params.router must be [H, E] with H = {H}, got "
                          f"{tuple(router.shape)}")
     E = router.shape[1]
+    if ep_exchange not in ("auto", "all_to_all", "mpi"):
+        raise ValueError(f"{fn}: ep_exchange = {ep_exchange!r}: must be 'auto', 'all_to_all' or "
+                         f"'mpi'")
     ranks = 1 if ep_axis is None else jax.lax.axis_size(ep_axis)
+    if ep_exchange == "auto":
+        ep_exchange = "mpi" if ep_axis is not None and ep_mpi.serves(ranks) else "all_to_all"
     if E % ranks:
         raise ValueError(f"{fn}: the {E} experts do not divide over the {ranks} devices of "
                          f"ep_axis {ep_axis!r}")
@@ -160,14 +171,16 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     if ep_axis is None:
         rows, sizes = p.x, p.tokens_per_expert  # [N, H], [E]
     else:
+        exchanger = ep_mpi if ep_exchange == "mpi" else ep
         capacity = ep.block_rows(T, E, ranks, k, rows=p.x.shape[0],
                                  capacity_factor=capacity_factor, align_size=align_size)
-        rows, exchange = ep.dispatch(p.x, p.tokens_per_expert, ep_axis, capacity=capacity)
+        rows, exchange = exchanger.dispatch(p.x, p.tokens_per_expert, ep_axis,
+                                            capacity=capacity)
         sizes = exchange.local_tokens_per_expert  # [E_loc]
     h = ragged_dot(rows, w_in, sizes)  # [rows, 2F | F]
     y = ragged_dot(activation(h, activation_kind), w_out, sizes)  # [rows, H]
     if ep_axis is not None:
-        y = ep.combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
+        y = exchanger.combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
     out = unpermute(y, p, r.topk_weights)  # [T, H]
     if params.shared_in is not None:
         shared_in, shared_out = jnp.asarray(params.shared_in), jnp.asarray(params.shared_out)
