@@ -74,9 +74,17 @@ def setup(args, devices):
     ks = jax.random.split(jax.random.key(args.seed), 6)
     x = (jax.random.normal(ks[0], (T, H)) / 2).astype(dtype)
     ct = jax.random.normal(ks[1], (T, H)).astype(dtype)
-    params = mj.MoeParams((jax.random.normal(ks[2], (H, E)) * H**-0.5).astype(dtype),
-                          (jax.random.normal(ks[3], (E, H, 2 * F)) * H**-0.5).astype(dtype),
-                          (jax.random.normal(ks[4], (E, F, H)) * F**-0.5).astype(dtype))
+
+    def expert_weights(lo, hi):
+        """w_in and w_out of experts lo .. hi - 1, each from a key of its own, so that a process
+        makes only its own experts' (4 processes holding every expert do not fit in 24 GiB)."""
+        def one(e):
+            w_in = jax.random.normal(jax.random.fold_in(ks[3], e), (H, 2 * F)) * H**-0.5
+            w_out = jax.random.normal(jax.random.fold_in(ks[4], e), (F, H)) * F**-0.5
+            return w_in.astype(dtype), w_out.astype(dtype)
+        return jax.lax.map(one, jnp.arange(lo, hi))
+
+    router = (jax.random.normal(ks[2], (H, E)) * H**-0.5).astype(dtype)
     kw = dict(k=k, score=p["score"], pre_softmax=p["pre_softmax"], aux_loss_coeff=0.01)
     mesh = Mesh(np.array(devices), ("ep",))
     spec = mj.MoeParams(P(), P("ep"), P("ep"))
@@ -115,7 +123,7 @@ def setup(args, devices):
     info = {"preset": p["name"], "tokens": T, "dtype": args.dtype, "reps": args.reps,
             # Per device and exchange (forward: dispatch + combine; the backward moves as much).
             "exchange_bytes_padded": 2 * D * N * row, "exchange_bytes_needed": 2 * N * row}
-    return dict(x=x, ct=ct, params=params, mesh=mesh, spec=spec, sharded=sharded, one=one,
+    return dict(x=x, ct=ct, router=router, expert_weights=expert_weights, mesh=mesh, spec=spec, sharded=sharded, one=one,
                 fwd_bwd=fwd_bwd, exchange=exchange, info=info)
 
 
@@ -142,8 +150,10 @@ def run_devices(args):
     D = args.devices_here
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={D}"
     import jax
+    import moekit.jax as mj
     s = setup(args, jax.devices()[:D])
-    x, params, ex = s["x"], s["params"], s["exchange"]("all_to_all")
+    x, ex = s["x"], s["exchange"]("all_to_all")
+    params = mj.MoeParams(s["router"], *s["expert_weights"](0, s["router"].shape[1]))
     ms = time_in_turn({"one": (s["fwd_bwd"](s["one"], s["ct"]), (x, params)),
                        "ep": (s["fwd_bwd"](s["sharded"]("all_to_all"), s["ct"]), (x, params)),
                        "exchange": (ex, (x, params.router))}, args)
@@ -160,6 +170,7 @@ def run_ranks(args):
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
+    import moekit.jax as mj
     from jax.sharding import NamedSharding, PartitionSpec as P
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(initialization_timeout=300)
@@ -172,7 +183,12 @@ def run_ranks(args):
                                             lambda index: value[index])
 
     x, ct = spread(s["x"], P("ep")), spread(s["ct"], P("ep"))
-    params = jax.tree.map(spread, s["params"], s["spec"])
+    E, D, me = s["router"].shape[1], jax.process_count(), jax.process_index()
+    mine = [np.asarray(w) for w in s["expert_weights"](me * E // D, (me + 1) * E // D)]
+    params = mj.MoeParams(spread(s["router"], P()), *(
+        jax.make_array_from_single_device_arrays((E,) + w.shape[1:], NamedSharding(mesh, P("ep")),
+                                                 [jax.device_put(w, jax.local_devices()[0])])
+        for w in mine))
     cases = {}
     for kind in ("mpi", "all_to_all"):
         cases[f"ep_{kind}"] = (s["fwd_bwd"](s["sharded"](kind), ct), (x, params))
