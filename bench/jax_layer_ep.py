@@ -1,26 +1,31 @@
-"""Times moekit.jax.moe_layer with expert parallelism (ep_axis, under shard_map) on D CPU devices
-of one process against moe_layer on one device, on the same global tokens, forward + backward.
+"""Times moekit.jax.moe_layer with expert parallelism (ep_axis, under shard_map) against
+moe_layer on one device, on the same global tokens, forward + backward.
 
     .venv/bin/python bench/jax_layer_ep.py --preset qwen3-30b-a3b --tokens 4096 \
-        [--devices 1,2,4] [--dtype bf16] [--reps 3] [--warmup 1] [--json]
+        [--devices 1,2,4] [--processes 2,4] [--dtype bf16] [--reps 3] [--warmup 1] [--json]
 
---tokens is the global batch: each of D devices holds tokens / D of them and E / D experts. Each
-device count runs in a process of its own (XLA_FLAGS must be set before jax starts), which times,
-run by run in turn:
+--tokens is the global batch: each of D devices holds tokens / D of them and E / D experts.
+
+--devices: D CPU devices of one process, each count in a process of its own (XLA_FLAGS must be
+set before jax starts), which times, run by run in turn:
   one       moe_layer on all the tokens, on device 0
-  ep        the layer with ep_axis over the D devices (tokens and experts split)
+  ep        the layer with ep_axis over the D devices, ep_exchange="all_to_all"
   exchange  the exchange alone: moekit.jax.ep.dispatch then combine of each device's permuted
             rows (the same counts as the layer's first step), forward only
+The D devices share the machine's cores (XLA runs each device's part on threads of its own, and
+moekit's kernels inside use OpenMP), so "ep" against "one" is the price of splitting the layer,
+padding included, on the same cores. XLA's all_to_all exchanges equal blocks: each device sends
+every peer a block of C rows (C = all its N rows, dropless), D * C rows where the routing needs N
+(the "moved / needed" column).
+
+--processes: P processes under mpiexec (jax.distributed with gloo, one device each, cores / P
+OpenMP threads each, bound to a core where P <= cores), which time in turn the layer with
+ep_exchange="mpi" (moekit's MPI engine, only the routed rows) and "all_to_all" (XLA's over
+gloo), and each exchange alone; each run's time is the slowest process's. The one-device
+reference runs in a process of its own with every core, launched just before.
+
 Forward + backward is jax.value_and_grad of sum(out * ct) + the load-balancing loss, to x and
 every weight; compilation is not timed.
-
-The D devices of one process share the machine's cores (XLA runs each device's part on threads
-of its own, and moekit's kernels inside use OpenMP), so "ep" against "one" is the price of
-splitting the layer, padding included, on the same cores.
-
-The exchange on the CPU is XLA's all_to_all of equal blocks: each device sends every peer a block
-of C rows (C = all its N rows, dropless), so it moves D * C rows where the routing needs N (the
-"moved / needed" column).
 """
 
 from __future__ import annotations
