@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <iterator>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "ffi_common.h"
 #include "moekit/ep.h"
+#include "moekit/layer.h"
 #include "moekit/permute.h"
 #include "moekit/ragged_dot.h"
 #include "moekit/ragged_dot_cuda.h"
@@ -371,6 +373,73 @@ ffi::Error ep_ungroup_fwd(ffi::AnyBuffer x_local, ffi::AnyBuffer rtpe,
                      *recv);
 }
 
+// The expert FFN's activation over the first `rows` rows of h (an int32 scalar): a buffer whose
+// static shape is a worst case holds its routed rows first (ragged_dot's groups). The rest of
+// the result is 0, as the activation of ragged_dot's zero rows would be.
+ffi::Error activation_args(ffi::AnyBuffer h, ffi::Buffer<ffi::S32> rows, int32_t kind,
+                           ConstTensorView* vh, int64_t* n, Activation* act) {
+  MOEKIT_FFI_TRY(view_of(h, "h", vh));
+  if (vh->rank != 2) return ffi::Error::InvalidArgument("activation: h must have rank 2");
+  if (rows.element_count() != 1) {
+    return ffi::Error::InvalidArgument("activation: rows must hold one value");
+  }
+  *n = rows.typed_data()[0];
+  if (*n < 0 || *n > vh->shape[0]) {
+    return ffi::Error::InvalidArgument(
+        "activation: rows = " + std::to_string(*n) +
+        ": must be in [0, h.shape[0] = " + std::to_string(vh->shape[0]) + "]");
+  }
+  if (kind < 0 || kind > static_cast<int32_t>(Activation::kRelu)) {
+    return ffi::Error::InvalidArgument("activation: kind = " + std::to_string(kind));
+  }
+  *act = static_cast<Activation>(kind);
+  vh->shape[0] = *n;
+  return ffi::Error::Success();
+}
+
+// A result or cotangent of the activation has h's rows (then it is cut to the computed ones).
+template <class View>
+ffi::Error cut_to_rows(const char* name, int64_t h_rows, int64_t n, View* v) {
+  if (v->rank < 1 || v->shape[0] != h_rows) {
+    return ffi::Error::InvalidArgument(std::string("activation: ") + name +
+                                       " must have h's rows, " + std::to_string(h_rows));
+  }
+  v->shape[0] = n;
+  return ffi::Error::Success();
+}
+
+// a [N, F] = act(h [N, 2F | F]) on rows < rows.
+ffi::Error activation_fwd(ffi::AnyBuffer h, ffi::Buffer<ffi::S32> rows,
+                          ffi::Result<ffi::AnyBuffer> a, int32_t kind) {
+  ConstTensorView vh;
+  TensorView va;
+  int64_t n = 0;
+  Activation act{};
+  MOEKIT_FFI_TRY(activation_args(h, rows, kind, &vh, &n, &act));
+  MOEKIT_FFI_TRY(view_of(*a, "a", &va));
+  MOEKIT_FFI_TRY(cut_to_rows("a", h.dimensions()[0], n, &va));
+  MOEKIT_FFI_TRY(to_error(activation(vh, act, va)));
+  zero_rows_from(*a, n);
+  return ffi::Error::Success();
+}
+
+// d_h [N, 2F | F] = d_a * act'(h) on rows < rows.
+ffi::Error activation_bwd(ffi::AnyBuffer h, ffi::AnyBuffer d_a, ffi::Buffer<ffi::S32> rows,
+                          ffi::Result<ffi::AnyBuffer> d_h, int32_t kind) {
+  ConstTensorView vh, vd;
+  TensorView vg;
+  int64_t n = 0;
+  Activation act{};
+  MOEKIT_FFI_TRY(activation_args(h, rows, kind, &vh, &n, &act));
+  MOEKIT_FFI_TRY(view_of(d_a, "d_a", &vd));
+  MOEKIT_FFI_TRY(view_of(*d_h, "d_h", &vg));
+  MOEKIT_FFI_TRY(cut_to_rows("d_a", h.dimensions()[0], n, &vd));
+  MOEKIT_FFI_TRY(cut_to_rows("d_h", h.dimensions()[0], n, &vg));
+  MOEKIT_FFI_TRY(to_error(activation_backward(vh, vd, act, vg)));
+  zero_rows_from(*d_h, n);
+  return ffi::Error::Success();
+}
+
 // Binding b followed by kArgs buffer arguments, then kRets buffer results, of any element type
 // (the C++ calls check each dtype and name the argument). A Binding cannot be copied or moved
 // outside XLA's code, only extended, so the recursion ends on the last extension.
@@ -414,6 +483,17 @@ XLA_FFI_DEFINE_HANDLER(kPermuteBwd, permute_bwd, (buffers<3, 2>().Attr<bool>("ha
 XLA_FFI_DEFINE_HANDLER(kUnpermuteFwd, unpermute_fwd, (buffers<3, 1>().Attr<bool>("has_probs")));
 XLA_FFI_DEFINE_HANDLER(kUnpermuteBwd, unpermute_bwd, (buffers<4, 2>().Attr<bool>("has_probs")));
 XLA_FFI_DEFINE_HANDLER(kSortChunks, sort_chunks, (buffers<4, 2>().Attrs<SortAttrs>()));
+XLA_FFI_DEFINE_HANDLER(
+    kActivationFwd, activation_fwd,
+    (ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<ffi::Buffer<ffi::S32>>().Ret<AnyBuffer>().Attr<int32_t>(
+        "kind")));
+XLA_FFI_DEFINE_HANDLER(kActivationBwd, activation_bwd,
+                       (ffi::Ffi::Bind()
+                            .Arg<AnyBuffer>()
+                            .Arg<AnyBuffer>()
+                            .Arg<ffi::Buffer<ffi::S32>>()
+                            .Ret<AnyBuffer>()
+                            .Attr<int32_t>("kind")));
 XLA_FFI_DEFINE_HANDLER(kEpPack, ep_pack_fwd, (buffers<2, 1>()));
 XLA_FFI_DEFINE_HANDLER(kEpUnpack, ep_unpack_fwd, (buffers<2, 1>()));
 XLA_FFI_DEFINE_HANDLER(kEpRegroup, ep_regroup_fwd, (buffers<2, 1>()));
@@ -453,6 +533,8 @@ constexpr Target kCpuTargets[] = {
     {"moekit_unpermute_fwd", "cpu", moekit::python::kUnpermuteFwd},
     {"moekit_unpermute_bwd", "cpu", moekit::python::kUnpermuteBwd},
     {"moekit_sort_chunks_by_index", "cpu", moekit::python::kSortChunks},
+    {"moekit_activation_fwd", "cpu", moekit::python::kActivationFwd},
+    {"moekit_activation_bwd", "cpu", moekit::python::kActivationBwd},
     {"moekit_ep_pack", "cpu", moekit::python::kEpPack},
     {"moekit_ep_unpack", "cpu", moekit::python::kEpUnpack},
     {"moekit_ep_regroup", "cpu", moekit::python::kEpRegroup},

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 
@@ -115,6 +116,16 @@ auto ragged_binding(Binding&& bind) {
       .template Arg<ffi::Buffer<ffi::S32>>()
       .template Arg<ffi::Buffer<ffi::S32>>()
       .template Ret<ffi::AnyBuffer>();
+}
+
+// Rows [from, N) of an [N, ...] buffer set to 0: what a handler leaves of a result whose static
+// shape is a worst case past the rows it computed.
+inline void zero_rows_from(ffi::AnyBuffer b, int64_t from) {
+  const auto dims = b.dimensions();
+  if (dims.size() == 0 || from >= dims[0]) return;
+  const size_t row_bytes = b.size_bytes() / static_cast<size_t>(dims[0]);
+  std::memset(static_cast<std::byte*>(b.untyped_data()) + static_cast<size_t>(from) * row_bytes, 0,
+              static_cast<size_t>(dims[0] - from) * row_bytes);
 }
 
 #define MOEKIT_FFI_TRY(expr)                           \

@@ -111,15 +111,6 @@ Status check_axis(Communicator& comm, const char* op, ffi::Buffer<S32> axis_inde
   return detail::agree(comm, op, local);
 }
 
-// Rows [from, rows) of a [rows, H] buffer set to 0.
-void zero_rows_from(AnyBuffer b, int64_t from) {
-  const auto dims = b.dimensions();
-  if (dims.size() == 0 || from >= dims[0]) return;
-  const size_t row_bytes = b.size_bytes() / static_cast<size_t>(dims[0]);
-  std::memset(static_cast<std::byte*>(b.untyped_data()) + static_cast<size_t>(from) * row_bytes, 0,
-              static_cast<size_t>(dims[0] - from) * row_bytes);
-}
-
 // Rows of each expert to the process holding it, regrouped there by local expert:
 //   x_perm [N, H], tokens_per_expert [E] i32 (this process's), axis_index [] i32
 //   -> x_local [R, H] (x_perm's dtype; rows past those received 0),

@@ -196,15 +196,42 @@ def test_capacity_drops_exactly_the_slots_the_spec_says(policy):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
-def test_activation_matches_jax_nn():
-    h = jax.random.normal(jax.random.key(1), (5, 14)) * 3
-    for kind, (gated, fn) in ACTS.items():
-        np.testing.assert_allclose(mj.activation(h, kind), ref_ffn(h, kind), rtol=1e-6,
-                                   err_msg=kind)
+@pytest.mark.parametrize("dtype", [F32, jnp.bfloat16])
+def test_activation_matches_jax_nn(dtype):
+    """Values and gradients against jax.nn in float32 (rounded once to dtype), on an odd shape;
+    with rows, the rows below it the same and every other row of both 0."""
+    h = (jax.random.normal(jax.random.key(1), (7, 14)) * 3).astype(dtype)
+    ct = jax.random.normal(jax.random.key(2), (7, 14)).astype(dtype)
+    tol = 1e-6 if dtype == F32 else 1e-2
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+
+    def close(got, want, what):
+        want = f32(want)
+        np.testing.assert_allclose(f32(got), want, rtol=tol,
+                                   atol=tol * float(np.abs(want).max(initial=0.0)), err_msg=what)
+
+    for kind, (gated, _) in ACTS.items():
+        w = 7 if gated else 14
+        ref = lambda h: ref_ffn(h.astype(F32), kind).astype(dtype)  # noqa: E731
+        close(mj.activation(h, kind), ref(h), kind)
+        grad = jax.grad(lambda h: jnp.sum(mj.activation(h, kind).astype(F32) * ct[:, :w]))(h)
+        want = jax.grad(lambda h: jnp.sum(ref_ffn(h, kind) * ct[:, :w].astype(F32)))(
+            h.astype(F32))
+        close(grad, want, f"{kind}: d_h")
+        for rows in (0, 4, 7):  # also traced
+            got = jax.jit(lambda h, r: mj.activation(h, kind, rows=r))(h, rows)
+            close(got[:rows], ref(h)[:rows], f"{kind}: rows {rows}")
+            assert not np.any(f32(got[rows:])), f"{kind}: rows past {rows} not 0"
+            g = jax.grad(lambda h: jnp.sum(
+                mj.activation(h, kind, rows=rows).astype(F32) * ct[:, :w]))(h)
+            close(g[:rows], grad[:rows], f"{kind}: d_h, rows {rows}")
+            assert not np.any(f32(g[rows:])), f"{kind}: d_h past {rows} not 0"
     with pytest.raises(ValueError, match="kind = 'tanh'"):
         mj.activation(h, "tanh")
     with pytest.raises(ValueError, match="even width"):
         mj.activation(h[:, :7], "swiglu")
+    with pytest.raises(Exception, match=r"rows = 8: must be in \[0, h.shape\[0\] = 7\]"):
+        jax.block_until_ready(jax.jit(lambda h, r: mj.activation(h, rows=r))(h, 8))
 
 
 def test_named_errors():

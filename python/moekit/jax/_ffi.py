@@ -50,21 +50,28 @@ if _version(jax.lib.__version__) < _version(BUILT_WITH_JAXLIB):
         f"(pip install --no-build-isolation .) with this jaxlib installed")
 
 
-def register(table_fn):
-    """Registers with XLA every handler of a library's table (its moekit_ffi_*targets
-    function, declared here): [(name, platform, handler address)]."""
+def targets(table_fn=None):
+    """[(name, platform, handler address)] of every handler in a library's table: its
+    moekit_ffi_*targets function (default: libmoekit_jax.so's, the CPU handlers and, in a build
+    with CUDA, ragged_dot's CUDA ones)."""
+    table_fn = table_fn or _lib.moekit_ffi_targets
     table_fn.restype = ctypes.c_int64
     table_fn.argtypes = [ctypes.POINTER(ctypes.POINTER(_Target))]
     table = ctypes.POINTER(_Target)()
     count = table_fn(ctypes.byref(table))
-    for i in range(count):
+    return [(table[i].name.decode(), table[i].platform.decode(), table[i].handler)
+            for i in range(count)]
+
+
+def register(table_fn=None):
+    """Registers with XLA every handler of a library's table (see `targets`)."""
+    for name, platform, handler in targets(table_fn):
         # Registering for CUDA where jaxlib has no CUDA backend is harmless: jaxlib keeps it for
         # a backend that never comes.
-        jax.ffi.register_ffi_target(table[i].name.decode(), jax.ffi.pycapsule(table[i].handler),
-                                    platform=table[i].platform.decode())
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler), platform=platform)
 
 
-register(_lib.moekit_ffi_targets)
+register()
 
 
 def cuda_built():

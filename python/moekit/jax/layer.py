@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from moekit.jax import ep, ep_mpi
+from moekit.jax import _ffi, ep, ep_mpi
 from moekit.jax.permute import permute, unpermute
 from moekit.jax.ragged_dot import ragged_dot
 from moekit.jax.router import aux_loss_scores, load_balancing_loss, route, z_loss
@@ -31,31 +33,53 @@ class MoeAux(NamedTuple):
     tokens_per_expert: jax.Array  # [E] int32: rows of each expert's block, as permute made them
 
 
-_ACTIVATIONS = {
-    "swiglu": (True, jax.nn.silu),
-    "geglu": (True, lambda g: jax.nn.gelu(g, approximate=True)),
-    "gelu": (False, lambda h: jax.nn.gelu(h, approximate=True)),
-    "relu": (False, jax.nn.relu),
-}
+# kind: (gated, moekit::Activation's value)
+_ACTIVATIONS = {"swiglu": (True, 0), "geglu": (True, 1), "gelu": (False, 2), "relu": (False, 3)}
 
 
-def activation(h, kind="swiglu"):
-    """The expert FFN's nonlinearity, in float32, rounded once to h's dtype.
+def activation(h, kind="swiglu", *, rows=None):
+    """The expert FFN's nonlinearity, in float32, rounded once to h's dtype (moekit's C++ kernel,
+    forward and backward).
 
-    Gated ("swiglu": silu(gate) * up, "geglu": gelu(gate) * up) take h = [gate | up] ``[N, 2F]``;
-    "gelu" (the tanh form, as jax.nn.gelu's default) and "relu" map ``[N, F]``.
+    Gated ("swiglu": silu(gate) * up, "geglu": gelu(gate) * up) take h = [gate | up] ``[N, 2F]``
+    and give ``[N, F]``; "gelu" (the tanh form, as jax.nn.gelu's default) and "relu" map
+    ``[N, F]``. rows: None (every row), or an int32 scalar, traced or not: only rows below it
+    are computed and the rest of the result is 0 (for a buffer whose static shape is a worst
+    case, such as ragged_dot's output past its groups, whose rows are 0 and map to 0). A rows
+    outside [0, N] raises when the result is computed.
     """
     if kind not in _ACTIVATIONS:
         raise ValueError(f"activation: kind = {kind!r}: must be one of {sorted(_ACTIVATIONS)}")
-    gated, fn = _ACTIVATIONS[kind]
-    h32 = h.astype(jnp.float32)
-    if gated:
-        if h.shape[-1] % 2:
-            raise ValueError(f"activation: a gated activation needs [gate | up], an even width; "
-                             f"got {h.shape[-1]}")
-        gate, up = jnp.split(h32, 2, axis=-1)
-        return (fn(gate) * up).astype(h.dtype)
-    return fn(h32).astype(h.dtype)
+    h = jnp.asarray(h)
+    _ffi.check_float("activation", "h", h)
+    _ffi.check_rank("activation", "h", h, 2, "[N, 2F] (gated) or [N, F]")
+    if _ACTIVATIONS[kind][0] and h.shape[-1] % 2:
+        raise ValueError(f"activation: a gated activation needs [gate | up], an even width; "
+                         f"got {h.shape[-1]}")
+    rows = jnp.asarray(h.shape[0] if rows is None else rows, jnp.int32).reshape(())
+    return _activation(h, rows, kind)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _activation(h, rows, kind):
+    gated, code = _ACTIVATIONS[kind]
+    width = h.shape[1] // 2 if gated else h.shape[1]
+    return _ffi.call("moekit_activation_fwd", ((h.shape[0], width), h.dtype), h, rows,
+                     kind=np.int32(code))
+
+
+def _activation_fwd(h, rows, kind):
+    return _activation(h, rows, kind), (h, rows)
+
+
+def _activation_bwd(kind, res, ct):
+    h, rows = res
+    d_h = _ffi.call("moekit_activation_bwd", (h.shape, h.dtype), h, ct.astype(h.dtype), rows,
+                    kind=np.int32(_ACTIVATIONS[kind][1]))
+    return d_h, None
+
+
+_activation.defvjp(_activation_fwd, _activation_bwd)
 
 
 def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=None,
@@ -177,8 +201,9 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         rows, exchange = exchanger.dispatch(p.x, p.tokens_per_expert, ep_axis,
                                             capacity=capacity)
         sizes = exchange.local_tokens_per_expert  # [E_loc]
-    h = ragged_dot(rows, w_in, sizes)  # [rows, 2F | F]
-    y = ragged_dot(activation(h, activation_kind), w_out, sizes)  # [rows, H]
+    h = ragged_dot(rows, w_in, sizes)  # [rows, 2F | F]; 0 past the groups
+    a = activation(h, activation_kind, rows=jnp.sum(sizes))  # computes the groups' rows only
+    y = ragged_dot(a, w_out, sizes)  # [rows, H]
     if ep_axis is not None:
         y = exchanger.combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
     out = unpermute(y, p, r.topk_weights)  # [T, H]
