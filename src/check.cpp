@@ -14,13 +14,18 @@ Status check_view(const char* op, const char* name, const ConstTensorView& v, in
     return Status::invalid_argument(op, fmt::format("{}.rank", name), std::to_string(v.rank),
                                     fmt::format("expected a rank-{} tensor", rank));
   }
+  int64_t numel = 1;
   for (int d = 0; d < rank; ++d) {
     if (v.shape[d] < 0) {
       return Status::invalid_argument(op, fmt::format("{}.shape", name), shape_str(v),
                                       "dimensions must be >= 0");
     }
+    if (!mul_fits(numel, v.shape[d], &numel)) {
+      return Status::invalid_argument(op, fmt::format("{}.shape", name), shape_str(v),
+                                      "more elements than a 64-bit count holds");
+    }
   }
-  if (v.numel() == 0) return {};
+  if (numel == 0) return {};
   if (v.data == nullptr) {
     return Status::invalid_argument(op, fmt::format("{}.data", name), "null",
                                     fmt::format("a tensor of shape {} needs data", shape_str(v)));
@@ -30,13 +35,33 @@ Status check_view(const char* op, const char* name, const ConstTensorView& v, in
                                     std::to_string(v.stride[rank - 1]),
                                     "the innermost dimension must be contiguous (stride 1)");
   }
-  for (int d = rank - 2; d >= 0; --d) {
-    const int64_t inner_extent = v.shape[d + 1] * v.stride[d + 1];
-    if (v.stride[d] < inner_extent) {
+  // Outer strides keep rows apart; every element's offset, in elements and in bytes, must fit
+  // int64 (the last one is sum((shape[d] - 1) * stride[d]) from data), so that no address
+  // computed from them wraps.
+  int64_t last = 0;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (d < rank - 1) {
+      int64_t inner_extent = 0;
+      if (!mul_fits(v.shape[d + 1], v.stride[d + 1], &inner_extent) || v.stride[d] < inner_extent) {
+        return Status::invalid_argument(
+            op, fmt::format("{}.stride[{}]", name, d), std::to_string(v.stride[d]),
+            fmt::format("must be >= shape[{}] * stride[{}] so that elements do not overlap", d + 1,
+                        d + 1));
+      }
+    }
+    int64_t span = 0;
+    if (!mul_fits(v.shape[d] - 1, v.stride[d], &span) ||
+        __builtin_add_overflow(last, span, &last)) {
       return Status::invalid_argument(
           op, fmt::format("{}.stride[{}]", name, d), std::to_string(v.stride[d]),
-          fmt::format("must be >= {} so that elements do not overlap", inner_extent));
+          fmt::format("with shape {}, offsets past 64 bits", shape_str(v)));
     }
+  }
+  int64_t bytes = 0;
+  if (last == INT64_MAX || !mul_fits(last + 1, static_cast<int64_t>(dtype_size(v.dtype)), &bytes)) {
+    return Status::invalid_argument(
+        op, fmt::format("{}.shape", name), shape_str(v),
+        fmt::format("its last element lies {} elements from data: past 64-bit byte offsets", last));
   }
   return {};
 }
