@@ -111,6 +111,26 @@ Status check_axis(Communicator& comm, const char* op, ffi::Buffer<S32> axis_inde
   return detail::agree(comm, op, local);
 }
 
+// What dispatch and combine share, called with s.mu held: the communicator, the axis check,
+// the views of the rows in and out, and the plan of the counts (every rank the same
+// collectives: the ops agree before they move anything).
+struct Exchange {
+  Communicator* comm = nullptr;
+  ConstTensorView in;
+  TensorView out;
+};
+ffi::Error begin(MpiState& s, const char* op, ffi::Buffer<S32> axis_index, int64_t axis_size,
+                 AnyBuffer in, const char* in_name, ffi::Buffer<S32> tokens_per_expert,
+                 AnyBuffer out, const char* out_name, Exchange* x) {
+  MOEKIT_FFI_TRY(to_error(communicator(s, &x->comm)));
+  MOEKIT_FFI_TRY(to_error(check_axis(*x->comm, op, axis_index, axis_size)));
+  ConstTensorView counts;
+  MOEKIT_FFI_TRY(view_of(in, in_name, &x->in));
+  MOEKIT_FFI_TRY(view_of(tokens_per_expert, "tokens_per_expert", &counts));
+  MOEKIT_FFI_TRY(view_of(out, out_name, &x->out));
+  return to_error(ep_plan(counts, *x->comm, &s.plan));
+}
+
 // Rows of each expert to the process holding it, regrouped there by local expert:
 //   x_perm [N, H], tokens_per_expert [E] i32 (this process's), axis_index [] i32
 //   -> x_local [R, H] (x_perm's dtype; rows past those received 0),
@@ -121,23 +141,15 @@ ffi::Error dispatch(AnyBuffer x_perm, ffi::Buffer<S32> tokens_per_expert,
   constexpr const char* op = "moekit.jax.ep_mpi.dispatch";
   MpiState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  Communicator* comm = nullptr;
-  MOEKIT_FFI_TRY(to_error(communicator(s, &comm)));
-  MOEKIT_FFI_TRY(to_error(check_axis(*comm, op, axis_index, axis_size)));
-  ConstTensorView in, counts;
-  TensorView out;
-  MOEKIT_FFI_TRY(view_of(x_perm, "x_perm", &in));
-  MOEKIT_FFI_TRY(view_of(tokens_per_expert, "tokens_per_expert", &counts));
-  MOEKIT_FFI_TRY(view_of(*x_local, "x_local", &out));
-  // From here every rank runs the same collectives: the ops agree before they move anything.
-  MOEKIT_FFI_TRY(to_error(ep_plan(counts, *comm, &s.plan)));
+  Exchange x;
+  MOEKIT_FFI_TRY(begin(s, op, axis_index, axis_size, x_perm, "x_perm", tokens_per_expert, *x_local,
+                       "x_local", &x));
   if (local_tokens_per_expert->element_count() != s.plan.local_tokens_per_expert.size()) {
     // Shapes come from the same program on every rank: every rank stops here alike.
     return ffi::Error::InvalidArgument(std::string(op) +
-                                       ": local_tokens_per_expert must hold "
-                                       "E / P values");
+                                       ": local_tokens_per_expert must hold E / P values");
   }
-  MOEKIT_FFI_TRY(to_error(ep_dispatch(s.plan, in, out, *comm)));
+  MOEKIT_FFI_TRY(to_error(ep_dispatch(s.plan, x.in, x.out, *x.comm)));
   zero_rows_from(*x_local, s.plan.recv_rows);
   std::memcpy(local_tokens_per_expert->typed_data(), s.plan.local_tokens_per_expert.data(),
               s.plan.local_tokens_per_expert.size() * sizeof(int32_t));
@@ -149,19 +161,12 @@ ffi::Error dispatch(AnyBuffer x_perm, ffi::Buffer<S32> tokens_per_expert,
 //   -> y_perm [N, H] (rows past the routed ones 0)
 ffi::Error combine(AnyBuffer y_local, ffi::Buffer<S32> tokens_per_expert,
                    ffi::Buffer<S32> axis_index, ffi::Result<AnyBuffer> y_perm, int64_t axis_size) {
-  constexpr const char* op = "moekit.jax.ep_mpi.combine";
   MpiState& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
-  Communicator* comm = nullptr;
-  MOEKIT_FFI_TRY(to_error(communicator(s, &comm)));
-  MOEKIT_FFI_TRY(to_error(check_axis(*comm, op, axis_index, axis_size)));
-  ConstTensorView in, counts;
-  TensorView out;
-  MOEKIT_FFI_TRY(view_of(y_local, "y_local", &in));
-  MOEKIT_FFI_TRY(view_of(tokens_per_expert, "tokens_per_expert", &counts));
-  MOEKIT_FFI_TRY(view_of(*y_perm, "y_perm", &out));
-  MOEKIT_FFI_TRY(to_error(ep_plan(counts, *comm, &s.plan)));
-  MOEKIT_FFI_TRY(to_error(ep_combine(s.plan, in, out, *comm)));
+  Exchange x;
+  MOEKIT_FFI_TRY(begin(s, "moekit.jax.ep_mpi.combine", axis_index, axis_size, y_local, "y_local",
+                       tokens_per_expert, *y_perm, "y_perm", &x));
+  MOEKIT_FFI_TRY(to_error(ep_combine(s.plan, x.in, x.out, *x.comm)));
   zero_rows_from(*y_perm, s.plan.send_rows);
   return ffi::Error::Success();
 }
