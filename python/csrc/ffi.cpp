@@ -11,6 +11,7 @@
 #include <iterator>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -440,6 +441,43 @@ ffi::Error activation_bwd(ffi::AnyBuffer h, ffi::AnyBuffer d_a, ffi::Buffer<ffi:
   return ffi::Error::Success();
 }
 
+// x of a wider integer type (int64, uint32, uint64: jax_enable_x64's sizes, offsets and
+// indices) as int32, each value checked: one that does not fit is an error naming `name` (the
+// attribute "what": the call and the argument), the index and the value, never a narrowed number
+// computed as another input.
+template <class T>
+ffi::Error narrow_values(const T* x, size_t n, std::string_view name, int32_t* out) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::in_range<int32_t>(x[i])) {
+      return ffi::Error::InvalidArgument(std::string(name) + "[" + std::to_string(i) +
+                                         "] = " + std::to_string(x[i]) +
+                                         ": does not fit int32 (moekit's sizes, offsets and "
+                                         "indices are int32)");
+    }
+    out[i] = static_cast<int32_t>(x[i]);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error to_int32(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::S32>> out,
+                    std::string_view name) {
+  if (x.element_count() != out->element_count()) {
+    return ffi::Error::InvalidArgument(std::string(name) + ": result size differs");
+  }
+  const size_t n = x.element_count();
+  int32_t* o = out->typed_data();
+  switch (x.element_type()) {
+    case ffi::DataType::S64:
+      return narrow_values(static_cast<const int64_t*>(x.untyped_data()), n, name, o);
+    case ffi::DataType::U32:
+      return narrow_values(static_cast<const uint32_t*>(x.untyped_data()), n, name, o);
+    case ffi::DataType::U64:
+      return narrow_values(static_cast<const uint64_t*>(x.untyped_data()), n, name, o);
+    default:
+      return ffi::Error::InvalidArgument(std::string(name) + ": expected int64, uint32 or uint64");
+  }
+}
+
 // Binding b followed by kArgs buffer arguments, then kRets buffer results, of any element type
 // (the C++ calls check each dtype and name the argument). A Binding cannot be copied or moved
 // outside XLA's code, only extended, so the recursion ends on the last extension.
@@ -494,6 +532,10 @@ XLA_FFI_DEFINE_HANDLER(kActivationBwd, activation_bwd,
                             .Arg<ffi::Buffer<ffi::S32>>()
                             .Ret<AnyBuffer>()
                             .Attr<int32_t>("kind")));
+XLA_FFI_DEFINE_HANDLER(
+    kToInt32, to_int32,
+    (ffi::Ffi::Bind().Arg<AnyBuffer>().Ret<ffi::Buffer<ffi::S32>>().Attr<std::string_view>(
+        "what")));
 XLA_FFI_DEFINE_HANDLER(kEpPack, ep_pack_fwd, (buffers<2, 1>()));
 XLA_FFI_DEFINE_HANDLER(kEpUnpack, ep_unpack_fwd, (buffers<2, 1>()));
 XLA_FFI_DEFINE_HANDLER(kEpRegroup, ep_regroup_fwd, (buffers<2, 1>()));
@@ -535,6 +577,7 @@ constexpr Target kCpuTargets[] = {
     {"moekit_sort_chunks_by_index", "cpu", moekit::python::kSortChunks},
     {"moekit_activation_fwd", "cpu", moekit::python::kActivationFwd},
     {"moekit_activation_bwd", "cpu", moekit::python::kActivationBwd},
+    {"moekit_to_int32", "cpu", moekit::python::kToInt32},
     {"moekit_ep_pack", "cpu", moekit::python::kEpPack},
     {"moekit_ep_unpack", "cpu", moekit::python::kEpUnpack},
     {"moekit_ep_regroup", "cpu", moekit::python::kEpRegroup},

@@ -140,6 +140,36 @@ def check_rank(fn, name, x, rank, dims):
         raise ValueError(f"{fn}: {name} must be {dims}, got shape {tuple(x.shape)}")
 
 
+def as_int32(fn, name, x):
+    """x, an integer array, as int32: sizes, offsets and indices are int32 in every kernel. A
+    wider type (int64 under jax_enable_x64, uint32, uint64) is checked value by value, never
+    narrowed silently: a value that does not fit is a ValueError naming it at trace time where x
+    is known then, and an error when the program runs where it is traced (on the CPU; on other
+    backends a traced wider x is refused at trace time: pass int32)."""
+    x = jnp.asarray(x)
+    dt = np.dtype(x.dtype)
+    if dt.kind not in "iu":
+        raise TypeError(f"{fn}: {name} dtype {dt} is not an integer type")
+    if dt == np.int32 or dt.itemsize < 4:
+        return x.astype(jnp.int32)  # every value fits
+    try:
+        value = np.asarray(x)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        value = None
+    if value is not None:
+        bad = np.flatnonzero((value < np.iinfo(np.int32).min) | (value > np.iinfo(np.int32).max))
+        if bad.size:
+            index = tuple(int(i) for i in np.unravel_index(bad[0], value.shape))
+            raise ValueError(f"{fn}: {name}{list(index)} = {value[index]} does not fit int32 "
+                             f"(moekit's sizes, offsets and indices are int32)")
+        return x.astype(jnp.int32)
+    if jax.default_backend() != "cpu":
+        raise TypeError(f"{fn}: {name} is a traced {dt} array; on {jax.default_backend()} "
+                        f"moekit checks wider integers only where their values are known: pass "
+                        f"int32")
+    return call("moekit_to_int32", (x.shape, jnp.int32), x, what=f"{fn}: {name}")
+
+
 def concrete_int(x):
     """The value of a scalar that is known at trace time, else None."""
     try:

@@ -108,7 +108,7 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
             raise ValueError(f"{fn}: k = {k} differs from the indices' k = "
                              f"{routing_map.shape[1]}")
         k = routing_map.shape[1]
-        routing_map = routing_map.astype(jnp.int32)
+        routing_map = _ffi.as_int32(fn, "routing_map", routing_map)
     else:
         raise TypeError(f"{fn}: routing_map dtype {routing_map.dtype} is not bool or int32")
     S = routing_map.shape[1]
@@ -253,6 +253,7 @@ def sort_chunks_by_index(x, split_sizes, sorted_index, probs=None, *, inverse=Fa
         if probs.shape != (x.shape[0],):
             raise ValueError(f"{fn}: probs must be [N] = [{x.shape[0]}], got "
                              f"{tuple(probs.shape)}")
-    out, out_probs = _sort(x, split_sizes.astype(jnp.int32), sorted_index.astype(jnp.int32),
+    out, out_probs = _sort(x, _ffi.as_int32(fn, "split_sizes", split_sizes),
+                           _ffi.as_int32(fn, "sorted_index", sorted_index),
                            probs if has_probs else _ffi.placeholder(), bool(inverse), has_probs)
     return (out, out_probs) if has_probs else out

@@ -127,9 +127,10 @@ def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
             raise ValueError(f"ragged_dot: group_offset = {value} is outside "
                              f"[0, {num_groups - num_local}] (G = {num_groups}, "
                              f"E_loc = {num_local})")
-        group_offset = group_offset.astype(jnp.int32).reshape((1,))
+        group_offset = _ffi.as_int32("ragged_dot", "group_offset", group_offset).reshape((1,))
     out_dtype = lhs.dtype if preferred_element_type is None else np.dtype(preferred_element_type)
     if out_dtype not in (np.dtype(jnp.float32), lhs.dtype):
         raise TypeError(f"ragged_dot: preferred_element_type {out_dtype} is not float32 or "
                         f"the inputs' dtype {lhs.dtype}")
-    return _ragged_dot(lhs, rhs, group_sizes.astype(jnp.int32), group_offset, out_dtype)
+    group_sizes = _ffi.as_int32("ragged_dot", "group_sizes", group_sizes)
+    return _ragged_dot(lhs, rhs, group_sizes, group_offset, out_dtype)

@@ -218,7 +218,7 @@ def load_balancing_loss(scores, tokens_per_expert, *, k, coeff=1.0, total_tokens
     attrs = (("k", np.int32(k)), ("coeff", np.float32(coeff)),
              ("total_tokens", np.int64(total_tokens or 0)),
              ("per_sequence", np.bool_(per_sequence)))
-    return _balance(scores, tokens_per_expert.astype(jnp.int32), attrs)
+    return _balance(scores, _ffi.as_int32(fn, "tokens_per_expert", tokens_per_expert), attrs)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
