@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ep_ranks.h"
+#include "ep_rows.h"
 #include "host_tensor.h"
 #include "moekit/ep.h"
 
@@ -22,6 +23,8 @@ namespace {
 
 using test::on_ranks;
 using test::rank_counts;
+using test::rows_of;
+using test::same_row;
 
 enum class Routing {
   kRandom,     // 0..9 rows per expert, some experts empty
@@ -57,38 +60,10 @@ int64_t sum(const std::vector<int32_t>& c) {
   return s;
 }
 
-// A distinct bit pattern per (rank, row, element).
-uint32_t pattern(int q, int64_t row, int64_t col) {
-  uint32_t h = static_cast<uint32_t>(q) * 0x9E3779B1u ^ static_cast<uint32_t>(row) * 0x85EBCA77u ^
-               static_cast<uint32_t>(col) * 0xC2B2AE3Du;
-  h ^= h >> 15;
-  h *= 0x2C1B3C6Du;
-  h ^= h >> 12;
-  return h;
-}
-
-// Rank q's permuted rows: [rows, H] of dtype dt, every element its pattern's low bytes.
-HostTensor rows_of(int q, int64_t rows, int64_t H, DType dt) {
-  HostTensor t(dt, {rows, H});
-  const size_t s = dtype_size(dt);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < H; ++c) {
-      const uint32_t v = pattern(q, r, c);
-      std::memcpy(t.bytes.data() + (r * H + c) * s, &v, s);
-    }
-  }
-  return t;
-}
-
 HostTensor filled(DType dt, int64_t rows, int64_t H, uint8_t byte) {
   HostTensor t(dt, {rows, H});
   std::fill(t.bytes.begin(), t.bytes.end(), std::byte{byte});
   return t;
-}
-
-bool same_row(const HostTensor& a, int64_t ra, const HostTensor& b, int64_t rb) {
-  const size_t n = static_cast<size_t>(a.shape[1]) * dtype_size(a.dtype);
-  return std::memcmp(a.bytes.data() + ra * n, b.bytes.data() + rb * n, n) == 0;
 }
 
 bool row_is(const HostTensor& a, int64_t r, uint8_t byte) {

@@ -11,37 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "ep_rows.h"
 #include "host_tensor.h"
 #include "moekit/ep.h"
 
 namespace moekit {
 namespace {
 
-// A distinct, never-zero bit pattern per (rank, row, element).
-uint32_t pattern(int q, int64_t row, int64_t col) {
-  uint32_t h = static_cast<uint32_t>(q + 1) * 0x9E3779B1u ^
-               static_cast<uint32_t>(row + 1) * 0x85EBCA77u ^
-               static_cast<uint32_t>(col + 1) * 0xC2B2AE3Du;
-  h ^= h >> 15;
-  return h | 0x00010001u;  // no element is all zero bits, in any dtype
-}
-
-HostTensor rows_of(int q, int64_t rows, int64_t H, DType dt) {
-  HostTensor t(dt, {rows, H});
-  const size_t s = dtype_size(dt);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < H; ++c) {
-      const uint32_t v = pattern(q, r, c);
-      std::memcpy(t.bytes.data() + (r * H + c) * s, &v, s);
-    }
-  }
-  return t;
-}
-
-bool row_equal(const HostTensor& a, int64_t ra, const HostTensor& b, int64_t rb, int64_t H) {
-  const size_t n = static_cast<size_t>(H) * dtype_size(a.dtype);
-  return std::memcmp(a.bytes.data() + ra * n, b.bytes.data() + rb * n, n) == 0;
-}
+using test::rows_of;
+using test::same_row;
 
 bool row_zero(const HostTensor& a, int64_t r, int64_t H) {
   const size_t n = static_cast<size_t>(H) * dtype_size(a.dtype);
@@ -126,7 +104,7 @@ TEST(EpFixed, PackExchangeRegroupIsDispatchAndTheWayBackIsTheIdentity) {
           int64_t first = 0;  // the first row of expert q*El + j in rank p's x_perm
           for (int64_t e = 0; e < q * c.El + j; ++e) first += counts[p][e];
           for (int32_t i = 0; i < counts[p][q * c.El + j]; ++i, ++row) {
-            EXPECT_TRUE(row_equal(x_local, row, x_perm[p], first + i, H))
+            EXPECT_TRUE(same_row(x_local, row, x_perm[p], first + i))
                 << "x_local row " << row << " of rank " << q;
           }
         }
@@ -149,7 +127,7 @@ TEST(EpFixed, PackExchangeRegroupIsDispatchAndTheWayBackIsTheIdentity) {
       HostTensor y_perm(c.dt, {N[p] + 2, H});
       std::fill(y_perm.bytes.begin(), y_perm.bytes.end(), std::byte{0x12});
       ASSERT_TRUE(ep_unpack(returned[p].in(), i32(counts[p], {E}), y_perm.mut()).ok());
-      for (int64_t r = 0; r < N[p]; ++r) EXPECT_TRUE(row_equal(y_perm, r, x_perm[p], r, H)) << r;
+      for (int64_t r = 0; r < N[p]; ++r) EXPECT_TRUE(same_row(y_perm, r, x_perm[p], r)) << r;
       for (int64_t r = N[p]; r < N[p] + 2; ++r) EXPECT_TRUE(row_zero(y_perm, r, H)) << r;
     }
   }
