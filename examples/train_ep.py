@@ -5,11 +5,17 @@ norm and a head, trained with Adam for next-token prediction on synthetic sequen
 a fixed function of the one before, with some noise), with the load-balancing loss.
 
 It trains twice from the same initial weights on the same batches: on one device with
-`moe_layer`, and on two processes (jax.distributed, gloo CPU collectives; one device each), with
-the batch and the experts split between them and `moe_layer(..., ep_axis="ep")`. The two loss
-curves must agree; the script prints how closely, and saves both as a plot and as JSON.
+`moe_layer`, and on two processes (jax.distributed; one CPU device each), with the batch and the
+experts split between them and `moe_layer(..., ep_axis="ep")`. The two loss curves must agree;
+the script prints how closely, and saves both as a plot and as JSON.
 
-Run:  python examples/train_ep.py [--steps 300] [--out bench/results/train_ep-cpu-DATE]
+The two processes exchange rows one of two ways (`--exchange`): "mpi" starts them under
+`mpiexec` and moves only the routed rows with moekit's MPI engine (`moekit.jax.ep_mpi`);
+"all_to_all" starts them itself, with gloo CPU collectives and XLA's padded all-to-all. The
+default takes "mpi" where moekit was built with it and `mpiexec` is on the PATH.
+
+Run:  python examples/train_ep.py [--steps 300] [--exchange mpi|all_to_all]
+                                  [--out bench/results/train_ep-cpu-DATE]
 (it starts the two processes itself)
 """
 
@@ -18,6 +24,8 @@ import datetime
 import json
 import os
 import pathlib
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -60,7 +68,7 @@ def build(jax, jnp, mj):
     def rmsnorm(x, w):
         return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
 
-    def loss(params, tokens, ep_axis=None, total_sequences=B):
+    def loss(params, tokens, ep_axis=None, total_sequences=B, ep_exchange="auto"):
         """Mean next-token cross-entropy over the batch (these tokens, over all devices), plus
         the load-balancing losses. Under ep_axis, tokens are this device's sequences."""
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -68,7 +76,7 @@ def build(jax, jnp, mj):
         aux = 0.0
         for blk in params["blocks"]:
             y, a = mj.moe_layer(rmsnorm(x, blk["norm"]), blk["moe"], k=K, aux_loss_coeff=AUX,
-                                ep_axis=ep_axis)
+                                ep_axis=ep_axis, ep_exchange=ep_exchange)
             x, aux = x + y, aux + a.aux_loss
         logits = rmsnorm(x, params["norm"]) @ params["head"]  # [b * S, V]
         nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets.reshape(-1, 1), axis=1)
@@ -123,8 +131,9 @@ def train_one_device(steps):
     return losses
 
 
-def train_expert_parallel(process_id, port, steps, out_file):
-    """One of the two processes: the batch split by sequence, the experts by expert."""
+def train_expert_parallel(exchange, process_id, port, steps, out_file):
+    """One of the two processes: the batch split by sequence, the experts by expert. Under
+    mpiexec (exchange "mpi") jax.distributed finds the processes in Open MPI's environment."""
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     import jax
     import jax.numpy as jnp
@@ -133,8 +142,13 @@ def train_expert_parallel(process_id, port, steps, out_file):
     import moekit.jax as mj
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=PROCESSES,
-                               process_id=process_id, initialization_timeout=120)
+    if exchange == "mpi":
+        jax.distributed.initialize(initialization_timeout=120)
+    else:
+        jax.distributed.initialize(coordinator_address=f"localhost:{port}",
+                                   num_processes=PROCESSES, process_id=process_id,
+                                   initialization_timeout=120)
+    process_id = jax.process_index()
     mesh = Mesh(np.array(jax.devices()), ("ep",))
     init, batch, loss = build(jax, jnp, mj)
     opt_init, opt_update = adam(jax, jnp)
@@ -154,7 +168,8 @@ def train_expert_parallel(process_id, port, steps, out_file):
 
     params = jax.tree.map(global_array, params0, specs)
     state = jax.tree.map(global_array, opt_init(params0), (specs, specs))
-    sharded_loss = jax.shard_map(lambda p, t: loss(p, t, ep_axis="ep"), mesh=mesh,
+    sharded_loss = jax.shard_map(lambda p, t: loss(p, t, ep_axis="ep", ep_exchange=exchange),
+                                 mesh=mesh,
                                  in_specs=(specs, P("ep")), out_specs=P())
 
     @jax.jit
@@ -173,7 +188,7 @@ def train_expert_parallel(process_id, port, steps, out_file):
     jax.distributed.shutdown()
 
 
-def plot(one, ep, path):
+def plot(one, ep, exchange, path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,8 +196,8 @@ def plot(one, ep, path):
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(one, label="one device (moe_layer)", linewidth=2.5, alpha=0.6)
-    ax.plot(ep, label=f"{PROCESSES} processes, expert-parallel (ep_axis)", linewidth=1,
-            linestyle="--")
+    ax.plot(ep, label=f"{PROCESSES} processes, expert-parallel (ep_axis, {exchange} exchange)",
+            linewidth=1, linestyle="--")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (cross-entropy + load balancing)")
     ax.set_title(f"MoE LM: V={V} H={H} E={E} k={K}, {BLOCKS} blocks, batch {B}x{S}")
@@ -191,43 +206,71 @@ def plot(one, ep, path):
     fig.savefig(path, dpi=120)
 
 
+def default_exchange():
+    """"mpi" where moekit was built with the MPI exchange and mpiexec is on the PATH."""
+    from moekit.jax import ep_mpi
+
+    return "mpi" if ep_mpi.available() and shutil.which("mpiexec") else "all_to_all"
+
+
+def start_processes(exchange, args, curve):
+    """The two expert-parallel processes, in a session of their own (to stop them all)."""
+    me = [sys.executable, __file__, "--exchange", exchange, "--steps", str(args.steps),
+          "--curve", str(curve)]
+    if exchange == "mpi":
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        return [subprocess.Popen(["mpiexec", "-n", str(PROCESSES), "--oversubscribe", *me,
+                                  "--process", "-1"], env=env, start_new_session=True)]
+    with socket.socket() as s:  # a free port for the coordinator
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    return [subprocess.Popen([*me, "--process", str(i), "--port", str(port)],
+                             start_new_session=True)
+            for i in range(PROCESSES)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--exchange", choices=("mpi", "all_to_all"), default=None,
+                        help="how the two processes exchange rows (default: mpi where built "
+                        "with it and mpiexec is found, else all_to_all)")
     parser.add_argument("--out", default=None, help="the folder for the plot and the curves "
                         "(default bench/results/train_ep-cpu-DATE)")
     parser.add_argument("--process", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--curve", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps must be at least 1, got {args.steps}")
     if args.process is not None:  # one of the two expert-parallel processes
-        train_expert_parallel(args.process, args.port, args.steps, args.curve)
+        train_expert_parallel(args.exchange, args.process, args.port, args.steps, args.curve)
         return 0
 
+    exchange = args.exchange or default_exchange()
     root = pathlib.Path(__file__).resolve().parents[1]
     day = datetime.date.today().isoformat()
     out = pathlib.Path(args.out or root / "bench" / "results" / f"train_ep-cpu-{day}")
     out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:  # a free port for the coordinator
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
     curve = out / "expert_parallel.json"
-    procs = [subprocess.Popen([sys.executable, __file__, "--process", str(i), "--port", str(port),
-                               "--steps", str(args.steps), "--curve", str(curve)])
-             for i in range(PROCESSES)]
-    print(f"training {args.steps} steps on one device, and on {PROCESSES} processes beside it")
-    one = train_one_device(args.steps)
+    procs = start_processes(exchange, args, curve)
+    print(f"training {args.steps} steps on one device, and on {PROCESSES} processes beside it "
+          f"({exchange} exchange)")
     try:
+        one = train_one_device(args.steps)
         codes = [p.wait(timeout=1800) for p in procs]
     finally:
         for p in procs:
-            p.kill()
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # mpiexec and its ranks too
+            except ProcessLookupError:
+                pass
     if any(codes):
-        print(f"an expert-parallel process failed: exit codes {codes}")
+        print(f"the expert-parallel processes failed: exit codes {codes}")
         return 1
     ep = json.loads(curve.read_text())
     (out / "one_device.json").write_text(json.dumps(one))
-    plot(one, ep, out / "loss.png")
+    plot(one, ep, exchange, out / "loss.png")
     diff = max(abs(a - b) for a, b in zip(one, ep))
     print(f"loss: step 0 {one[0]:.4f} (one device) {ep[0]:.4f} ({PROCESSES} processes); "
           f"step {args.steps - 1} {one[-1]:.4f} {ep[-1]:.4f}")
