@@ -3,6 +3,10 @@ by test_layer_ep.py in a fresh process per device count (XLA_FLAGS must be set b
 starts). Usage: python ep_layer_cases.py DEVICES  -- prints one line per case, exits 1 on any
 mismatch.
 
+Each case runs with both of XLA's exchanges: ep_exchange="all_to_all", and "ragged" with
+jax.lax.ragged_all_to_all replaced by ragged_all_to_all_reference's (XLA:CPU does not lower the
+primitive; the reference is checked against the primitive's documented example first).
+
 Dropless, the sharded layer's outputs, losses, tokens_per_expert and gradients (to x and every
 weight) must equal the one-device layer's on the same tokens within f32 rounding (bf16: within
 one bf16 rounding); with a capacity each device drops its own tokens, so the reference is the
@@ -22,8 +26,11 @@ from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 import moekit.jax as mj  # noqa: E402
 from ep_problem import cases, compare, layer_kwargs, loss, problem, reference  # noqa: E402,E501
+import ragged_all_to_all_reference  # noqa: E402
 
-def run_case(name, case, dtype):
+jax.lax.ragged_all_to_all = ragged_all_to_all_reference.ragged_all_to_all
+
+def run_case(name, case, dtype, exchange):
     mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("ep",))
     x, params, ct = problem(case, dtype, DEVICES)
     kw = layer_kwargs(case)
@@ -31,8 +38,9 @@ def run_case(name, case, dtype):
     spec = mj.MoeParams(P(), P("ep"), P("ep"), P() if shared else None, P() if shared else None)
 
     def sharded(x, params):
-        return jax.shard_map(lambda x, p: mj.moe_layer(x, p, ep_axis="ep", **kw), mesh=mesh,
-                             in_specs=(P("ep"), spec), out_specs=(P("ep"), P()))(x, params)
+        return jax.shard_map(
+            lambda x, p: mj.moe_layer(x, p, ep_axis="ep", ep_exchange=exchange, **kw), mesh=mesh,
+            in_specs=(P("ep"), spec), out_specs=(P("ep"), P()))(x, params)
 
     one = reference(case, DEVICES)
     got = jax.jit(sharded)(x, params)
@@ -42,7 +50,7 @@ def run_case(name, case, dtype):
     np_tree = lambda t: jax.tree.map(np.asarray, t)  # noqa: E731
     how = compare(name, case, dtype, (*np_tree(got), jax.tree.leaves(np_tree(g_got))),
                   (*np_tree(want), jax.tree.leaves(np_tree(g_want))))
-    print(f"ok {name} {np.dtype(dtype).name} on {DEVICES} devices: {how}")
+    print(f"ok {name} {np.dtype(dtype).name} on {DEVICES} devices ({exchange}): {how}")
 
 
 def check_errors():
@@ -79,18 +87,23 @@ def check_errors():
 def main():
     assert len(jax.devices()) == DEVICES, jax.devices()
     failed = 0
-    try:
-        check_errors()
-    except AssertionError as e:
-        failed += 1
-        print(f"FAILED errors: {e}")
-    for dtype in (jnp.float32, jnp.bfloat16):
-        for name, case in cases(DEVICES).items():
-            try:
-                run_case(name, case, dtype)
-            except AssertionError as e:
-                failed += 1
-                print(f"FAILED {name} {np.dtype(dtype).name} on {DEVICES} devices: {e}")
+    for what, check in (("errors", check_errors), ("the ragged_all_to_all reference", lambda:
+                        ragged_all_to_all_reference.check_the_documented_example(
+                            Mesh(np.array(jax.devices()[:2]), ("ep",))))):
+        try:
+            check()
+        except AssertionError as e:
+            failed += 1
+            print(f"FAILED {what}: {e}")
+    for exchange in ("all_to_all", "ragged"):
+        for dtype in (jnp.float32, jnp.bfloat16):
+            for name, case in cases(DEVICES).items():
+                try:
+                    run_case(name, case, dtype, exchange)
+                except AssertionError as e:
+                    failed += 1
+                    print(f"FAILED {name} {np.dtype(dtype).name} on {DEVICES} devices "
+                          f"({exchange}): {e}")
     print(f"{failed} failed")
     return 1 if failed else 0
 

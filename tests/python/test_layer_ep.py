@@ -1,6 +1,6 @@
-"""moe_layer with ep_axis under shard_map, on 2 and 4 CPU devices of one process, on two
-processes (jax.distributed, gloo) and, with ep_exchange="mpi", on 2 and 3 processes under
-mpiexec, against moe_layer on one device. The cases are in ep_layer_cases.py and
+"""moe_layer with ep_axis under shard_map, on 2 and 4 CPU devices of one process (XLA's all_to_all
+and, emulated, its ragged_all_to_all), on two processes (jax.distributed, gloo) and, with
+ep_exchange="mpi", on 2 and 3 processes under mpiexec, against moe_layer on one device. The cases are in ep_layer_cases.py and
 ep_processes.py: each runs in fresh processes, as XLA_FLAGS must be set before jax starts."""
 
 import os
@@ -24,8 +24,11 @@ def test_sharded_layer_equals_the_one_device_layer(devices):
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    # Five cases, f32 and bf16, each on every device; and the three bad arguments.
-    assert sum(line.startswith("ok ") and f"on {devices} devices" in line for line in lines) == 10
+    # Five cases, f32 and bf16, with each of XLA's exchanges, each on every device; and the
+    # three bad arguments.
+    for exchange in ("all_to_all", "ragged"):
+        assert sum(line.startswith("ok ") and f"on {devices} devices ({exchange})" in line
+                   for line in lines) == 10, exchange
     assert sum(line.startswith("ok error: ") for line in lines) == 3
     assert lines[-1] == "0 failed"
 

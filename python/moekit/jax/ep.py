@@ -1,10 +1,18 @@
 """Expert parallelism under `jax.shard_map` (SPEC.md section 4): each device's rows to the
 device holding their expert, regrouped by local expert, and back.
 
-The exchange is XLA's: on backends without a ragged all-to-all (XLA:CPU), a `jax.lax.all_to_all`
-of equal blocks, one per peer, each `capacity` rows long and filled as far as the routing needs.
-moekit's C++ kernels lay the rows out on either side (`pack`, `regroup`, `ungroup`, `unpack`;
-each pair is the other's gradient), and the grouped matmuls never compute the padding.
+The exchange is XLA's, one of two forms:
+
+- `dispatch` / `combine`, for any backend (XLA:CPU has no ragged all-to-all): a
+  `jax.lax.all_to_all` of equal blocks, one per peer, each `capacity` rows long and filled as
+  far as the routing needs. moekit's C++ kernels lay the rows out on either side (`pack`,
+  `regroup`, `ungroup`, `unpack`; each pair is the other's gradient).
+- `dispatch_ragged` / `combine_ragged`, for backends that lower `jax.lax.ragged_all_to_all`
+  (GPU, TPU): one chunk per (peer, expert), each written straight into its regrouped place on
+  the receiver, so only the routed rows move and no layout pass is needed. Their gradients are
+  JAX's own (the primitive's transpose is the return trip).
+
+Either way the grouped matmuls never compute the rows past those received.
 """
 
 from __future__ import annotations
@@ -18,8 +26,8 @@ import jax.numpy as jnp
 
 from moekit.jax import _ffi
 
-__all__ = ["Exchange", "block_rows", "combine", "dispatch", "pack", "regroup", "ungroup",
-           "unpack"]
+__all__ = ["Exchange", "RaggedExchange", "block_rows", "combine", "combine_ragged", "dispatch",
+           "dispatch_ragged", "pack", "regroup", "ungroup", "unpack"]
 
 
 def _layout(name, x, counts, shape):
@@ -166,3 +174,66 @@ def combine(y_local, exchange, axis_name):
     back = ungroup(y_local, exchange.recv_tokens_per_expert, num_ranks, exchange.capacity)
     ret = jax.lax.all_to_all(back, axis_name, 0, 0, tiled=True)
     return unpack(ret, exchange.tokens_per_expert, exchange.rows)
+
+
+def _starts(sizes, axis=-1):
+    """Exclusive prefix sums: where each of `sizes`' chunks starts when laid end to end."""
+    return jnp.cumsum(sizes, axis=axis, dtype=jnp.int32) - sizes
+
+
+class RaggedExchange(NamedTuple):
+    """What `dispatch_ragged` learnt, for `combine_ragged`. E = P * E_loc."""
+    tokens_per_expert: jax.Array        # [E] int32: this device's rows per expert (sent)
+    recv_tokens_per_expert: jax.Array   # [P, E_loc] int32: rows from source q for local expert j
+    recv_starts: jax.Array              # [P, E_loc] int32: where those rows lie in x_local
+    return_starts: jax.Array            # [P, E_loc] int32: where they go back to in q's x_perm
+    local_tokens_per_expert: jax.Array  # [E_loc] int32: the local experts' group sizes
+    rows: int                           # N: rows of this device's permuted buffer
+
+
+def dispatch_ragged(x_perm, tokens_per_expert, axis_name, *, capacity):
+    """`dispatch` by one `jax.lax.ragged_all_to_all`, for backends that lower it (not XLA:CPU,
+    whose compiler refuses the program). The same arguments and the same ``x_local``; only the
+    routed rows move.
+
+    Chunk e of the E sent is expert e's rows (``x_perm`` is expert-major), for device
+    ``e // E_loc``; the receiver has told each source, by an `all_to_all` of offsets, where in
+    its x_local that chunk goes: local expert j's rows from source 0, then from source 1, ...
+    after the rows of local experts before j, as `dispatch` lays them out. The gradient is JAX's
+    transpose of the primitive.
+
+    Returns:
+      ``(x_local [P * C, H], RaggedExchange)``.
+    """
+    num_ranks = jax.lax.axis_size(axis_name)
+    E = tokens_per_expert.shape[0]
+    if E % num_ranks:
+        raise ValueError(f"dispatch_ragged: {E} experts do not divide over the {num_ranks} "
+                         f"devices of axis {axis_name!r}")
+    tokens_per_expert = tokens_per_expert.astype(jnp.int32)
+    recv_counts = jax.lax.all_to_all(tokens_per_expert.reshape(num_ranks, E // num_ranks),
+                                     axis_name, 0, 0, tiled=True)  # [P, E_loc]
+    local = jnp.sum(recv_counts, axis=0, dtype=jnp.int32)  # [E_loc]
+    recv_starts = _starts(local)[None, :] + _starts(recv_counts, axis=0)  # [P, E_loc]
+    send_starts = _starts(tokens_per_expert)  # [E]: expert e's rows in x_perm
+    # Row q: where this device's chunks for q's experts go on q; where they come back to here.
+    land_at = jax.lax.all_to_all(recv_starts, axis_name, 0, 0, tiled=True).reshape(E)
+    return_starts = jax.lax.all_to_all(send_starts.reshape(num_ranks, E // num_ranks),
+                                       axis_name, 0, 0, tiled=True)
+    out = jnp.zeros((num_ranks * capacity, x_perm.shape[1]), x_perm.dtype)
+    x_local = jax.lax.ragged_all_to_all(x_perm, out, send_starts, tokens_per_expert, land_at,
+                                        recv_counts.reshape(E), axis_name=axis_name)
+    return x_local, RaggedExchange(tokens_per_expert, recv_counts, recv_starts, return_starts,
+                                   local, x_perm.shape[0])
+
+
+def combine_ragged(y_local, exchange, axis_name):
+    """The inverse of `dispatch_ragged`: ``y_local [P * C, H]`` (in x_local's order) back to the
+    devices the rows came from, as ``y_perm [N, H]`` in x_perm's order, rows past the routed
+    ones 0. One `jax.lax.ragged_all_to_all`, chunk (q, j) from its place in y_local to source q."""
+    E = exchange.tokens_per_expert.shape[0]
+    out = jnp.zeros((exchange.rows, y_local.shape[1]), y_local.dtype)
+    return jax.lax.ragged_all_to_all(
+        y_local, out, exchange.recv_starts.reshape(E),
+        exchange.recv_tokens_per_expert.reshape(E), exchange.return_starts.reshape(E),
+        exchange.tokens_per_expert, axis_name=axis_name)

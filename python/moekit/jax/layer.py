@@ -35,6 +35,10 @@ class MoeAux(NamedTuple):
 
 # kind: (gated, moekit::Activation's value)
 _ACTIVATIONS = {"swiglu": (True, 0), "geglu": (True, 1), "gelu": (False, 2), "relu": (False, 3)}
+# moe_layer's ep_exchange: (dispatch, combine) of each ("auto" picks one of them).
+_EXCHANGES = {"auto": None, "all_to_all": (ep.dispatch, ep.combine),
+              "ragged": (ep.dispatch_ragged, ep.combine_ragged),
+              "mpi": (ep_mpi.dispatch, ep_mpi.combine)}
 
 
 def activation(h, kind="swiglu", *, rows=None):
@@ -115,10 +119,12 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         capacity applies to each device's own tokens, before anything moves.
       ep_exchange: how rows travel over ep_axis. "all_to_all" (any backend, any launch):
         XLA's all_to_all of equal blocks of each peer's worst-case rows (`moekit.jax.ep`).
-        "mpi": only the routed rows, by moekit's MPI engine from the FFI handler
-        (`moekit.jax.ep_mpi`), for one CPU device per process under mpirun; there the faster
+        "ragged": only the routed rows, by `jax.lax.ragged_all_to_all` (`ep.dispatch_ragged`),
+        for backends that lower it (GPU, TPU; XLA:CPU's compiler refuses it). "mpi": only the
+        routed rows, by moekit's MPI engine from the FFI handler (`moekit.jax.ep_mpi`), for one
+        CPU device per process under mpirun; there faster than "all_to_all"
         (bench/results/jax_layer_ep-*). "auto" (default): "mpi" where `ep_mpi.serves` the
-        axis, else "all_to_all".
+        axis, else "all_to_all" on the CPU and "ragged" on other backends.
 
     Returns:
       ``(out [T, H] in x's dtype, MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
@@ -140,12 +146,13 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         raise ValueError(f"{fn}: params.router must be [H, E] with H = {H}, got "
                          f"{tuple(router.shape)}")
     E = router.shape[1]
-    if ep_exchange not in ("auto", "all_to_all", "mpi"):
-        raise ValueError(f"{fn}: ep_exchange = {ep_exchange!r}: must be 'auto', 'all_to_all' or "
-                         f"'mpi'")
+    if ep_exchange not in _EXCHANGES:
+        raise ValueError(f"{fn}: ep_exchange = {ep_exchange!r}: must be one of "
+                         f"{list(_EXCHANGES)}")
     ranks = 1 if ep_axis is None else jax.lax.axis_size(ep_axis)
-    if ep_exchange == "auto":
-        ep_exchange = "mpi" if ep_axis is not None and ep_mpi.serves(ranks) else "all_to_all"
+    if ep_exchange == "auto" and ep_axis is not None:
+        ep_exchange = ("mpi" if ep_mpi.serves(ranks) else
+                       "all_to_all" if jax.default_backend() == "cpu" else "ragged")
     if E % ranks:
         raise ValueError(f"{fn}: the {E} experts do not divide over the {ranks} devices of "
                          f"ep_axis {ep_axis!r}")
@@ -195,17 +202,16 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     if ep_axis is None:
         rows, sizes = p.x, p.tokens_per_expert  # [N, H], [E]
     else:
-        exchanger = ep_mpi if ep_exchange == "mpi" else ep
+        dispatch, combine = _EXCHANGES[ep_exchange]
         capacity = ep.block_rows(T, E, ranks, k, rows=p.x.shape[0],
                                  capacity_factor=capacity_factor, align_size=align_size)
-        rows, exchange = exchanger.dispatch(p.x, p.tokens_per_expert, ep_axis,
-                                            capacity=capacity)
+        rows, exchange = dispatch(p.x, p.tokens_per_expert, ep_axis, capacity=capacity)
         sizes = exchange.local_tokens_per_expert  # [E_loc]
     h = ragged_dot(rows, w_in, sizes)  # [rows, 2F | F]; 0 past the groups
     a = activation(h, activation_kind, rows=jnp.sum(sizes))  # computes the groups' rows only
     y = ragged_dot(a, w_out, sizes)  # [rows, H]
     if ep_axis is not None:
-        y = exchanger.combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
+        y = combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
     out = unpermute(y, p, r.topk_weights)  # [T, H]
     if params.shared_in is not None:
         shared_in, shared_out = jnp.asarray(params.shared_in), jnp.asarray(params.shared_out)
