@@ -51,18 +51,25 @@ struct Dims {
 };
 
 // Carves 64-byte aligned tensors out of one buffer, in order; with a null base it only counts
-// the bytes.
+// the bytes. A count past size_t sticks at SIZE_MAX (check_config refuses such a layer before
+// any buffer is laid out).
 class Arena {
  public:
   explicit Arena(std::byte* base) : base_(base) {}
   TensorView take(DType t, std::initializer_list<int64_t> shape) {
     int64_t n = 1;
-    for (int64_t d : shape) n *= d;
+    bool fits = true;
+    for (int64_t d : shape) fits = fits && detail::mul_fits(n, d, &n);
     void* p = base_ ? base_ + used_ : nullptr;
-    used_ += (static_cast<size_t>(n) * dtype_size(t) + kAlign - 1) / kAlign * kAlign;
+    size_t bytes = 0;
+    fits = fits && !__builtin_mul_overflow(static_cast<size_t>(n), dtype_size(t), &bytes) &&
+           !__builtin_add_overflow(bytes, kAlign - 1, &bytes) &&
+           !__builtin_add_overflow(used_, bytes / kAlign * kAlign, &used_);
+    if (!fits) used_ = SIZE_MAX;
     return TensorView(p, t, shape);
   }
   size_t used() const { return used_; }
+  bool overflowed() const { return used_ == SIZE_MAX; }
 
  private:
   std::byte* base_;
@@ -239,6 +246,19 @@ Status check_config(const char* op, const MoeLayerConfig& c, int64_t T, Dims& d)
   d.W = gated ? 2 * d.F : d.F;
   d.Fs = c.shared_ffn, d.Ws = gated ? 2 * d.Fs : d.Fs;
   d.B = c.aux_loss_sequences > 0 ? c.aux_loss_sequences : 1;
+  // The workspace in the widest dtype, counted without wrapping: it bounds every other one.
+  Dims widest = d;
+  widest.dt = DType::kF32;
+  const MoeLayerWorkspace w = workspace_of(widest);
+  for (size_t bytes : {w.saved_bytes, w.forward_bytes, w.backward_bytes}) {
+    if (bytes == SIZE_MAX) {
+      return Status::invalid_argument(
+          op, "config",
+          fmt::format("hidden {}, ffn {}, shared_ffn {}, {} experts, {} tokens", c.hidden, c.ffn,
+                      c.shared_ffn, c.num_experts, T),
+          "the layer's workspace does not fit a 64-bit size");
+    }
+  }
   return {};
 }
 

@@ -45,19 +45,26 @@ constexpr Implementation<PermuteImpl, detail::SortChunksProblem> kSortChunksImpl
     {PermuteImpl::kReference, detail::sort_chunks_ref},
 };
 
-// ceil(T * k / E * capacity_factor), or -1 without a capacity.
+// The most rows the permuted tensor can have: row_map indexes them with i32.
+constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+
+// ceil(T * k / E * capacity_factor), or -1 without a capacity. A capacity above kMaxRows is
+// kMaxRows + 1: it keeps every slot an expert can hold, and padded to, no block fits, as with
+// the exact value (which need not fit int64: capacity_factor may be 1e300).
 int64_t capacity_of(int64_t T, int64_t k, int64_t E, double capacity_factor) {
   if (capacity_factor == 0.0) return -1;
-  return static_cast<int64_t>(
-      std::ceil(static_cast<double>(T) * static_cast<double>(k) / E * capacity_factor));
+  const double c = std::ceil(static_cast<double>(T) * static_cast<double>(k) /
+                             static_cast<double>(E) * capacity_factor);
+  return c > static_cast<double>(kMaxRows) ? kMaxRows + 1 : static_cast<int64_t>(c);
 }
 
+// n (< 2^62) rounded up to a multiple of a (in [1, kMaxRows]): no overflow.
 int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 Status check_options(const char* op, const PermuteOptions& o) {
-  if (o.align_size < 1) {
+  if (o.align_size < 1 || o.align_size > kMaxRows) {
     return Status::invalid_argument(op, "align_size", std::to_string(o.align_size),
-                                    "must be >= 1 (1: no padding)");
+                                    "must be in [1, 2^31 - 1] (1: no padding)");
   }
   if (!(o.capacity_factor >= 0.0) || !std::isfinite(o.capacity_factor)) {
     return Status::invalid_argument(op, "capacity_factor", fmt::format("{}", o.capacity_factor),
@@ -120,11 +127,13 @@ BlockLayout block_layout(const std::vector<int64_t>& routed, int64_t capacity, i
   b.kept.resize(E);
   b.rows.resize(E);
   b.start.resize(E);
+  // needed stops at 2^62, far past the rows permute accepts: no sum of blocks can wrap.
+  constexpr int64_t kStop = int64_t{1} << 62;
   for (size_t e = 0; e < E; ++e) {
     b.kept[e] = capacity < 0 ? routed[e] : std::min(routed[e], capacity);
     b.rows[e] = round_up(pad_to_capacity ? capacity : b.kept[e], align);
     b.start[e] = b.needed;
-    b.needed += b.rows[e];
+    b.needed = std::min(b.needed + b.rows[e], kStop);
   }
   return b;
 }
@@ -132,14 +141,23 @@ BlockLayout block_layout(const std::vector<int64_t>& routed, int64_t capacity, i
 }  // namespace detail
 
 int64_t permute_max_rows(int64_t T, int64_t E, int32_t k, const PermuteOptions& o) {
-  if (T < 0 || E < 1 || k < 1 || !check_options("permute_max_rows", o).ok()) return -1;
-  const int64_t a = o.align_size, routed = T * k;
+  if (T < 0 || E < 1 || E > kMaxRows || k < 1 || !check_options("permute_max_rows", o).ok()) {
+    return -1;
+  }
+  // In 128 bits, where none of these products of int64 and int32 values can wrap.
+  using Wide = __int128;
+  const Wide a = o.align_size, routed = Wide{T} * k, experts = E;
   const int64_t capacity = capacity_of(T, k, E, o.capacity_factor);
-  if (capacity < 0) return (routed + E * (a - 1)) / a * a;
-  const int64_t per_expert = round_up(capacity, a);
-  if (o.pad_to_capacity) return E * per_expert;
-  const int64_t kept = std::min(routed, E * capacity);
-  return std::min(E * per_expert, (kept + E * (a - 1)) / a * a);
+  Wide rows = 0;
+  if (capacity < 0) {
+    rows = (routed + experts * (a - 1)) / a * a;
+  } else {
+    const Wide per_expert = round_up(capacity, o.align_size);
+    const Wide kept = std::min(routed, experts * capacity);
+    rows = o.pad_to_capacity ? experts * per_expert
+                             : std::min(experts * per_expert, (kept + experts * (a - 1)) / a * a);
+  }
+  return rows > kMaxRows ? -1 : static_cast<int64_t>(rows);
 }
 
 Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs,
@@ -155,10 +173,10 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
   MOEKIT_RETURN_IF_ERROR(
       check_dtype(op, "tokens_per_expert", out.tokens_per_expert.dtype, DType::kI32));
   p.E = out.tokens_per_expert.shape[0];
-  if (p.E < 1) {
+  if (p.E < 1 || p.E > kMaxRows) {
     return Status::invalid_argument(op, "tokens_per_expert.shape",
                                     detail::shape_str(out.tokens_per_expert),
-                                    "needs at least one expert");
+                                    "needs 1 to 2^31 - 1 experts (indices are i32)");
   }
   MOEKIT_RETURN_IF_ERROR(check_view(op, "routing", routing, 2));
   p.T = routing.shape[0];
@@ -248,12 +266,12 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
   }
   p.capacity = capacity_of(p.T, k, p.E, options.capacity_factor);
   p.layout = detail::block_layout(routed, p.capacity, options.align_size, options.pad_to_capacity);
-  if (p.layout.needed > std::numeric_limits<int32_t>::max()) {
+  if (p.layout.needed > kMaxRows) {
     return Status::invalid_argument(op, "routing", fmt::format("{} rows", p.layout.needed),
                                     "the permuted rows must be indexable by i32 (row_map)");
   }
   for (int64_t e = 0; e < p.E; ++e) {
-    if (p.layout.rows[e] > std::numeric_limits<int32_t>::max()) {
+    if (p.layout.rows[e] > kMaxRows) {
       return Status::invalid_argument(op, fmt::format("tokens_per_expert[{}]", e),
                                       std::to_string(p.layout.rows[e]), "does not fit in i32");
     }

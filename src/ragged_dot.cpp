@@ -120,12 +120,17 @@ Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out,
 
 int64_t ragged_dot_flops(std::span<const int32_t> group_sizes, int32_t group_offset,
                          int64_t num_local_groups, int64_t K, int64_t n) {
-  int64_t rows = 0;
-  for (int64_t j = group_offset;
-       j < group_offset + num_local_groups && j < static_cast<int64_t>(group_sizes.size()); ++j) {
-    rows += group_sizes[j];
+  if (group_offset < 0 || num_local_groups < 0 || K < 0 || n < 0) return -1;
+  int64_t rows = 0, flops = 0;
+  for (size_t j = static_cast<size_t>(group_offset);
+       j < group_sizes.size() && static_cast<int64_t>(j) - group_offset < num_local_groups; ++j) {
+    if (group_sizes[j] < 0 || __builtin_add_overflow(rows, group_sizes[j], &rows)) return -1;
   }
-  return 2 * rows * K * n;
+  if (!detail::mul_fits(rows, 2, &flops) || !detail::mul_fits(flops, K, &flops) ||
+      !detail::mul_fits(flops, n, &flops)) {
+    return -1;
+  }
+  return flops;
 }
 
 }  // namespace moekit

@@ -34,7 +34,8 @@ enum class DropPolicy {
 enum class PermuteImpl { kAuto, kThreaded, kReference };
 
 struct PermuteOptions {
-  // Each expert's block of rows is padded with zero rows to a multiple of align_size (>= 1).
+  // Each expert's block of rows is padded with zero rows to a multiple of align_size, in
+  // [1, 2^31 - 1].
   int64_t align_size = 1;
   // 0: dropless. > 0: each expert keeps at most capacity = ceil(T * k / E * capacity_factor)
   // of its routed slots (computed in double), chosen by drop_policy; the kept ones stay in token
@@ -63,7 +64,8 @@ struct PermuteOutputs {
 //   dropless: T * k, aligned: floor((T * k + E * (a - 1)) / a) * a;
 //   capacity: the same with T * k replaced by min(T * k, E * capacity), and at most
 //   E * round_up(capacity, a); pad_to_capacity: exactly E * round_up(capacity, a).
-// Returns -1 for invalid sizes or options (permute names the problem).
+// Returns -1 for invalid sizes or options (permute names the problem), and when the bound exceeds
+// the 2^31 - 1 rows permute can index (row_map is i32).
 int64_t permute_max_rows(int64_t T, int64_t E, int32_t k, const PermuteOptions& options);
 
 // Rows of x into expert-major order: expert e's block starts at the sum of the blocks before

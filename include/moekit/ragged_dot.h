@@ -65,7 +65,9 @@ Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out,
                        std::span<const int32_t> group_sizes, TensorView d_rhs,
                        const RaggedDotOptions& options = {});
 
-// 2 * (rows of the local groups) * K * n: the useful FLOPs of any of the three calls.
+// 2 * (rows of the local groups) * K * n: the useful FLOPs of any of the three calls. Local
+// groups past the end of group_sizes count 0 rows. -1 for a negative argument or group size, or
+// a count past int64.
 int64_t ragged_dot_flops(std::span<const int32_t> group_sizes, int32_t group_offset,
                          int64_t num_local_groups, int64_t K, int64_t n);
 

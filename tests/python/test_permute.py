@@ -214,12 +214,37 @@ def test_sort_chunks_by_index_and_its_inverse(with_probs):
     (lambda x, i: mj.permute(x.astype(jnp.int32), i, num_experts=4), r"x dtype int32"),
     (lambda x, i: mj.sort_chunks_by_index(x, jnp.ones(2, jnp.int32), jnp.zeros(3, jnp.int32)),
      r"differ in length"),
+    # Sizes past what the permuted rows can hold (i32 rows), once wrapped or a crash.
+    (lambda x, i: mj.permute(x, i, num_experts=4, align_size=2**31), r"align_size = 2147483648"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, align_size=0), r"align_size = 0"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, capacity_factor=float("inf")),
+     r"capacity_factor = inf"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, capacity_factor=0.0), r"capacity_factor = 0"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, capacity_factor=1e19, pad_to_capacity=True),
+     r"could exceed 2\^31 - 1"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, align_size=2**30), r"could exceed 2\^31 - 1"),
+    (lambda x, i: mj.permute(x, i, num_experts=2**31), r"2147483648 experts"),
 ])
 def test_invalid_arguments_are_named_at_trace_time(call, match):
     x = jnp.zeros((5, 3), F32)
     idx = jnp.zeros((5, 2), jnp.int32)
     with pytest.raises((ValueError, TypeError), match=match):
         call(x, idx)
+
+
+@pytest.mark.parametrize("capacity_factor", [1e19, 1e300])
+def test_a_capacity_past_every_row_keeps_every_slot(capacity_factor):
+    """ceil(T * k / E * capacity_factor) past int64 (once a crash): every slot kept, as
+    dropless."""
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((6, 3)), F32)
+    idx = jnp.asarray(rng.integers(0, 4, (6, 2)), jnp.int32)
+    probs = jnp.asarray(rng.random((6, 2)), F32)
+    got = mj.permute(x, idx, probs, num_experts=4, capacity_factor=capacity_factor)
+    want = mj.permute(x, idx, probs, num_experts=4)
+    for a, b in zip(got, want):
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
 
 
 def test_invalid_data_is_named_at_run_time():

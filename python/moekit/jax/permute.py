@@ -4,6 +4,7 @@ with its C++ backward."""
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -123,15 +124,24 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
     if capacity_factor is not None and k is None:
         raise ValueError(f"{fn}: a capacity_factor beside a routing map needs k")
     align = 1 if align_size is None else int(align_size)
+    if not 1 <= align < 2**31:
+        raise ValueError(f"{fn}: align_size = {align_size}: must be in [1, 2^31 - 1]")
     cf = 0.0 if capacity_factor is None else float(capacity_factor)
+    if capacity_factor is not None and not (math.isfinite(cf) and cf > 0):
+        raise ValueError(f"{fn}: capacity_factor = {capacity_factor}: must be finite and > 0 "
+                         f"(None: dropless)")
+    if not 1 <= E < 2**31:
+        raise ValueError(f"{fn}: {E} experts: must be in [1, 2^31 - 1]")
     if num_out_tokens is None:
         if k is None:
             raise ValueError(f"{fn}: give k or num_out_tokens beside a routing map (N_out would "
                              f"otherwise be T * E = {T * E})")
         num_out_tokens = _ffi.permute_max_rows(T, E, int(k), align, cf, bool(pad_to_capacity))
         if num_out_tokens < 0:
-            raise ValueError(f"{fn}: invalid options: align_size = {align_size}, "
-                             f"capacity_factor = {capacity_factor}, k = {k}")
+            raise ValueError(f"{fn}: T = {T}, E = {E}, k = {k}, align_size = {align_size}, "
+                             f"capacity_factor = {capacity_factor}, pad_to_capacity = "
+                             f"{pad_to_capacity}: invalid, or the permuted rows could exceed "
+                             f"2^31 - 1")
     has_probs = probs is not None
     attrs = (("align_size", np.int64(align)), ("capacity_factor", np.float64(cf)),
              ("drop_policy", np.int32(_DROP_POLICIES[drop_policy])),
