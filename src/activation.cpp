@@ -58,6 +58,7 @@ Status activation(ConstTensorView h, Activation act, TensorView a, ActivationImp
   MOEKIT_RETURN_IF_ERROR(
       check_dim(op, "a", a, 1, p.F, is_gated(act) ? "h.shape[1] / 2" : "h.shape[1]"));
   p.out = a;
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"a", a}}, {{"h", h}}));
   return detail::run_implementation(op, kForwardImpls, impl, p);
 }
 
@@ -77,6 +78,7 @@ Status activation_backward(ConstTensorView h, ConstTensorView d_a, Activation ac
   MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_h", d_h, 1, h.shape[1], "h.shape[1]"));
   p.d_a = d_a;
   p.out = d_h;
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"d_h", d_h}}, {{"h", h}, {"d_a", d_a}}));
   return detail::run_implementation(op, kBackwardImpls, impl, p);
 }
 

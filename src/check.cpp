@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace moekit::detail {
 
 std::string shape_str(const ConstTensorView& v) {
@@ -106,6 +108,67 @@ Status check_matrix(const char* op, const char* name, const ConstTensorView& v, 
   MOEKIT_RETURN_IF_ERROR(check_view(op, name, v, 2));
   MOEKIT_RETURN_IF_ERROR(check_dim(op, name, v, 0, rows, rows_what));
   return check_dim(op, name, v, 1, cols, cols_what);
+}
+
+Region::Region(const char* name, const ConstTensorView& v) : name(name) {
+  if (v.rank == 0 || v.data == nullptr || v.numel() == 0) return;
+  const uint64_t size = dtype_size(v.dtype);
+  first = reinterpret_cast<uintptr_t>(v.data);
+  // Rows of the outermost dimension, each the inner dimensions' extent (contiguous or not).
+  uint64_t inner_last = 0;
+  for (int d = 1; d < v.rank; ++d) {
+    inner_last += static_cast<uint64_t>(v.shape[d] - 1) * static_cast<uint64_t>(v.stride[d]);
+  }
+  rows = static_cast<uint64_t>(v.shape[0]);
+  row_stride = static_cast<uint64_t>(v.stride[0]) * size;
+  row_bytes = (inner_last + 1) * size;
+  if (v.rank == 1) rows = 1, row_stride = 0, row_bytes = static_cast<uint64_t>(v.shape[0]) * size;
+}
+
+Region::Region(const char* name, const void* data, size_t bytes)
+    : name(name),
+      first(reinterpret_cast<uintptr_t>(data)),
+      rows(data != nullptr && bytes > 0 ? 1 : 0),
+      row_bytes(bytes) {}
+
+namespace {
+uint64_t extent(const Region& r) { return (r.rows - 1) * r.row_stride + r.row_bytes; }
+}  // namespace
+
+bool overlap(const Region& a, const Region& b) {
+  if (a.empty() || b.empty()) return false;
+  if (a.first + extent(a) <= b.first || b.first + extent(b) <= a.first) return false;
+  // Rows with one period S (a single row takes the other's): each region's rows lie at the same
+  // place within every period, so they meet only if those places do.
+  const uint64_t S = a.rows > 1 ? a.row_stride : b.row_stride;
+  if (S == 0 || (a.rows > 1 && b.rows > 1 && a.row_stride != b.row_stride)) return true;
+  const uintptr_t base = std::min(a.first, b.first);
+  const uint64_t oa = (a.first - base) % S, ob = (b.first - base) % S;
+  if (oa + a.row_bytes > S || ob + b.row_bytes > S) return true;  // rows wider than the period
+  return oa < ob + b.row_bytes && ob < oa + a.row_bytes;
+}
+
+Status check_disjoint(const char* op, std::initializer_list<Region> outputs,
+                      std::initializer_list<Region> inputs) {
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (auto other = outputs.begin(); other != out; ++other) {
+      if (overlap(*out, *other)) {
+        return Status::invalid_argument(op, out->name, fmt::format("at {:#x}", out->first),
+                                        fmt::format("overlaps {} (another output): outputs "
+                                                    "must not share memory",
+                                                    other->name));
+      }
+    }
+    for (const Region& in : inputs) {
+      if (overlap(*out, in)) {
+        return Status::invalid_argument(op, out->name, fmt::format("at {:#x}", out->first),
+                                        fmt::format("overlaps {} (an input): no op runs in "
+                                                    "place",
+                                                    in.name));
+      }
+    }
+  }
+  return {};
 }
 
 }  // namespace moekit::detail

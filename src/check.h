@@ -2,7 +2,10 @@
 // that names the op, the argument and its value, so that errors read the same across ops.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
 
 #include "moekit/status.h"
@@ -40,5 +43,30 @@ Status check_output_dtype(const char* op, const char* name, DType t, DType in);
 // v.shape[dim] == expected; `expected_what` names where the expected size comes from.
 Status check_dim(const char* op, const char* name, const ConstTensorView& v, int dim,
                  int64_t expected, const char* expected_what);
+
+// The memory one argument of a call reads or writes, for check_disjoint: `rows` rows of
+// `row_bytes` bytes, `row_stride` bytes apart, from byte `first`. Built from a view that passed
+// check_view (its extent fits), or from a span; empty when it has no elements.
+struct Region {
+  const char* name;
+  uintptr_t first = 0;
+  uint64_t rows = 0, row_stride = 0, row_bytes = 0;
+
+  Region(const char* name, const ConstTensorView& v);
+  template <typename T>
+  Region(const char* name, std::span<T> s)
+      : Region(name, static_cast<const void*>(s.data()), s.size_bytes()) {}
+  Region(const char* name, const void* data, size_t bytes);
+  bool empty() const { return rows == 0 || row_bytes == 0; }
+};
+
+// Whether two regions share a byte. Exact for rows of one row stride (e.g. column blocks of one
+// matrix) and for regions whose byte ranges are apart; otherwise they count as overlapping.
+bool overlap(const Region& a, const Region& b);
+
+// Every output disjoint from every input and from every other output (empty ones aside): a
+// named error otherwise, before anything is written. No op here computes in place.
+Status check_disjoint(const char* op, std::initializer_list<Region> outputs,
+                      std::initializer_list<Region> inputs);
 
 }  // namespace moekit::detail

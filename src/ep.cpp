@@ -103,15 +103,12 @@ Status start(const char* op, bool to_experts, const EpPlan& plan, const ConstTen
     MOEKIT_RETURN_IF_ERROR(detail::check_same_dtype(op, out_name, out.dtype, in_name, in.dtype));
     MOEKIT_RETURN_IF_ERROR(detail::check_dim(op, out_name, out, 1, in.shape[1],
                                              to_experts ? "x_perm.shape[1]" : "y_local.shape[1]"));
-    // The parts that move must not overlap (a row could be overwritten before it is sent).
-    const auto* a = static_cast<const std::byte*>(in.data);
-    const auto* b = static_cast<const std::byte*>(out.data);
-    const int64_t a_rows = to_experts ? plan.send_rows : plan.recv_rows;
-    const int64_t b_rows = to_experts ? plan.recv_rows : plan.send_rows;
-    if (a_rows > 0 && b_rows > 0 && a < b + b_rows * row_bytes && b < a + a_rows * row_bytes) {
-      return Status::invalid_argument(op, out_name, fmt::format("{}", out.data),
-                                      fmt::format("overlaps {}", in_name));
-    }
+    // The rows that move must not overlap (a row could be overwritten before it is sent).
+    ConstTensorView moving_in = in, moving_out = out;
+    moving_in.shape[0] = to_experts ? plan.send_rows : plan.recv_rows;
+    moving_out.shape[0] = to_experts ? plan.recv_rows : plan.send_rows;
+    MOEKIT_RETURN_IF_ERROR(
+        detail::check_disjoint(op, {{out_name, moving_out}}, {{in_name, moving_in}}));
     return {};
   }();
   const AgreedValue values[] = {
@@ -479,14 +476,12 @@ Status fixed_layout(const char* op, bool regroup, const char* flat_name, const c
   MOEKIT_RETURN_IF_ERROR(regroup ? regroup_moves(op, counts, P, C, flat.shape[0], to_blocked, &m)
                                  : pack_moves(op, counts, P, C, flat.shape[0], to_blocked, &m));
   // Source and destination must not overlap (a row could be overwritten before it is read).
-  const auto* f = static_cast<const std::byte*>(flat.data);
-  const auto* b = static_cast<const std::byte*>(blocked.data);
-  const int64_t fb = flat.shape[0] * row_bytes, bb = P * C * row_bytes;
-  if (fb > 0 && bb > 0 && f < b + bb && b < f + fb) {
-    return Status::invalid_argument(
-        op, to_blocked ? blocked_name : flat_name, fmt::format("{}", dst),
-        fmt::format("overlaps {}", to_blocked ? flat_name : blocked_name));
-  }
+  const char* counts_name = regroup ? "recv_tokens_per_expert" : "tokens_per_expert";
+  MOEKIT_RETURN_IF_ERROR(
+      to_blocked ? detail::check_disjoint(op, {{blocked_name, blocked}},
+                                          {{flat_name, flat}, {counts_name, counts}})
+                 : detail::check_disjoint(op, {{flat_name, flat}},
+                                          {{blocked_name, blocked}, {counts_name, counts}}));
   move_rows(m, to_blocked ? flat.data : blocked.data, dst, row_bytes, to_blocked);
   return {};
 }

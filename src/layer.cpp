@@ -651,6 +651,51 @@ Status check_backward_args(const char* op, const Dims& d, const MoeLayerWeights&
   return {};
 }
 
+// No output of a layer call (the workspace the call writes included) shares memory with an
+// input or another output.
+Status check_forward_disjoint(const char* op, ConstTensorView x, const MoeLayerWeights& w,
+                              const MoeLayerConfig& c, const MoeLayerOutputs& out,
+                              std::span<const std::byte> saved,
+                              std::span<const std::byte> scratch) {
+  return detail::check_disjoint(op,
+                                {{"out.out", out.out},
+                                 {"out.tokens_per_expert", out.tokens_per_expert},
+                                 {"out.aux_loss", out.aux_loss, sizeof(float)},
+                                 {"out.z_loss", out.z_loss, sizeof(float)},
+                                 {"saved", saved},
+                                 {"scratch", scratch}},
+                                {{"x", x},
+                                 {"weights.router", w.router},
+                                 {"weights.w_in", w.w_in},
+                                 {"weights.w_out", w.w_out},
+                                 {"weights.shared_in", w.shared_in},
+                                 {"weights.shared_out", w.shared_out},
+                                 {"config.route.expert_bias", c.route.expert_bias}});
+}
+Status check_backward_disjoint(const char* op, ConstTensorView x, const MoeLayerWeights& w,
+                               const MoeLayerConfig& c, ConstTensorView d_out,
+                               const TensorView& d_x, const MoeLayerWeightGrads& g,
+                               std::span<const std::byte> saved,
+                               std::span<const std::byte> scratch) {
+  return detail::check_disjoint(op,
+                                {{"d_x", d_x},
+                                 {"grads.router", g.router},
+                                 {"grads.w_in", g.w_in},
+                                 {"grads.w_out", g.w_out},
+                                 {"grads.shared_in", g.shared_in},
+                                 {"grads.shared_out", g.shared_out},
+                                 {"scratch", scratch}},
+                                {{"x", x},
+                                 {"weights.router", w.router},
+                                 {"weights.w_in", w.w_in},
+                                 {"weights.w_out", w.w_out},
+                                 {"weights.shared_in", w.shared_in},
+                                 {"weights.shared_out", w.shared_out},
+                                 {"config.route.expert_bias", c.route.expert_bias},
+                                 {"d_out", d_out},
+                                 {"saved", saved}});
+}
+
 }  // namespace
 
 const char* moe_step_name(MoeStep s) {
@@ -685,6 +730,8 @@ Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
   const MoeLayerWorkspace need = workspace_of(d);
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes));
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.forward_bytes));
+  MOEKIT_RETURN_IF_ERROR(
+      check_forward_disjoint(op, x, weights, config, out, saved_buf, scratch_buf));
   if (profile) *profile = {};
 
   Arena saved_arena(saved_buf.data()), scratch_arena(scratch_buf.data());
@@ -720,6 +767,8 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
   const MoeLayerWorkspace need = workspace_of(d);
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes));
   MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.backward_bytes));
+  MOEKIT_RETURN_IF_ERROR(
+      check_backward_disjoint(op, x, weights, config, d_out, d_x, grads, saved_buf, scratch_buf));
   if (profile) *profile = {};
 
   // The saved buffer is only read here; the arena hands out mutable views of it.
@@ -872,7 +921,8 @@ Status moe_layer_ep_forward(ConstTensorView x, const MoeLayerWeights& weights,
       return Status::invalid_argument(op, "state", "null", "must point to a MoeLayerEpState");
     }
     MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, comm.size()));
-    return check_outputs(op, d, out);
+    MOEKIT_RETURN_IF_ERROR(check_outputs(op, d, out));
+    return check_forward_disjoint(op, x, weights, config, out, {}, {});
   }();
   const detail::AgreedValue values[] = {
       {"config (every field)", local.ok() ? static_cast<int64_t>(config_fingerprint(config)) : 0},
@@ -941,7 +991,9 @@ Status moe_layer_ep_backward(ConstTensorView x, const MoeLayerWeights& weights,
                       "moe_layer_ep_forward first)",
                       d.T));
     }
-    return check_backward_args(op, d, weights, d_out, d_aux_loss, d_z_loss, d_x, grads);
+    MOEKIT_RETURN_IF_ERROR(
+        check_backward_args(op, d, weights, d_out, d_aux_loss, d_z_loss, d_x, grads));
+    return check_backward_disjoint(op, x, weights, config, d_out, d_x, grads, {}, {});
   }();
   const detail::AgreedValue values[] = {
       {"config (every field)", local.ok() ? static_cast<int64_t>(config_fingerprint(config)) : 0},

@@ -283,6 +283,14 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
                     "a size that always fits)",
                     p.layout.needed));
   }
+  MOEKIT_RETURN_IF_ERROR(
+      detail::check_disjoint(op,
+                             {{"out.x", out.x},
+                              {"out.probs", out.probs},
+                              {"out.tokens_per_expert", out.tokens_per_expert},
+                              {"out.row_map", out.row_map},
+                              {"out.pad_offsets", out.pad_offsets}},
+                             {{"x", x}, {"routing", routing}, {"probs", probs}}));
   return run_implementation(op, kPermuteImpls, options.impl, p);
 }
 
@@ -297,6 +305,9 @@ Status unpermute(ConstTensorView y_perm, ConstTensorView row_map, ConstTensorVie
   MOEKIT_RETURN_IF_ERROR(check_matrix(op, "out", out, T, "T (row_map.shape[1])", y_perm.shape[1],
                                       "H (y_perm.shape[1])"));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "out", out.dtype, y_perm.dtype));
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
+      op, {{"out", out}},
+      {{"y_perm", y_perm}, {"row_map", row_map}, {"merging_probs", merging_probs}}));
   detail::CombineProblem p{y_perm, row_map, merging_probs, out, {}, {}};
   return run_implementation(op, kCombineImpls, impl, p);
 }
@@ -322,6 +333,9 @@ Status permute_backward(ConstTensorView d_x_perm, ConstTensorView d_probs_perm,
     MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_probs", d_probs, T, "T", S, "S (row_map.shape[2])"));
     MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_probs", d_probs.dtype, d_probs_perm.dtype));
   }
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
+      op, {{"d_x", d_x}, {"d_probs", d_probs}},
+      {{"d_x_perm", d_x_perm}, {"d_probs_perm", d_probs_perm}, {"row_map", row_map}}));
   detail::CombineProblem p{d_x_perm, row_map, {}, d_x, d_probs_perm, d_probs};
   return run_implementation(op, kCombineImpls, impl, p);
 }
@@ -354,6 +368,12 @@ Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTe
     MOEKIT_RETURN_IF_ERROR(check_matrix(op, "y_perm", y_perm, N, "d_y_perm rows", H, "H"));
     MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "y_perm", y_perm.dtype));
   }
+  MOEKIT_RETURN_IF_ERROR(
+      detail::check_disjoint(op, {{"d_y_perm", d_y_perm}, {"d_merging_probs", d_merging_probs}},
+                             {{"d_out", d_out},
+                              {"y_perm", y_perm},
+                              {"row_map", row_map},
+                              {"merging_probs", merging_probs}}));
   detail::ScatterProblem p{d_out, y_perm, row_map, merging_probs, d_y_perm, d_merging_probs, {}};
   // Each row of d_y_perm may be named once: a second writer would race.
   p.used.assign(N, 0);
@@ -399,6 +419,9 @@ Status sort_chunks_by_index(ConstTensorView x, ConstTensorView split_sizes,
     MOEKIT_RETURN_IF_ERROR(
         check_same_dtype(op, "out_probs", out_probs.dtype, "probs", probs.dtype));
   }
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
+      op, {{"out", out}, {"out_probs", out_probs}},
+      {{"x", x}, {"split_sizes", split_sizes}, {"sorted_index", sorted_index}, {"probs", probs}}));
   const auto* sizes = static_cast<const int32_t*>(split_sizes.data);
   const auto* index = static_cast<const int32_t*>(sorted_index.data);
   detail::SortChunksProblem p{x, out, probs, out_probs, {}, {}, {}, 0};

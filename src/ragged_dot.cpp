@@ -88,6 +88,8 @@ Status row_grouped(const char* op, const char* a_name, ConstTensorView a, ConstT
   MOEKIT_RETURN_IF_ERROR(detail::row_problem(op, a_name, a, rhs, c_name, c, opt,
                                              contract_over_rhs_n, /*allow_f16=*/false, &g));
   MOEKIT_RETURN_IF_ERROR(check_groups(op, sizes, opt.group_offset, rhs.shape[0], g.m, &g.groups));
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
+      op, {{c_name, c}}, {{a_name, a}, {"rhs", rhs}, {"group_sizes", sizes}}));
   return run_implementation(op, kRowImpls, opt.impl, g);
 }
 
@@ -115,6 +117,8 @@ Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out,
       detail::contraction_problem(op, lhs, d_out, d_rhs, options, /*allow_f16=*/false, &g));
   MOEKIT_RETURN_IF_ERROR(
       check_groups(op, group_sizes, options.group_offset, d_rhs.shape[0], g.m, &g.groups));
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
+      op, {{"d_rhs", d_rhs}}, {{"lhs", lhs}, {"d_out", d_out}, {"group_sizes", group_sizes}}));
   return run_implementation(op, kContractionImpls, options.impl, g);
 }
 

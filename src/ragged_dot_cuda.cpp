@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 
+#include "check.h"
 #include "ragged_dot_problem.h"
 #if MOEKIT_HAS_CUDA
 #include "cuda/grouped_gemm_cuda.h"
@@ -26,6 +27,19 @@ Status check_device_groups(const char* op, const CudaGroups& groups, int64_t num
   }
   if (groups.offset != nullptr) return {};  // on the device: clamped there
   return detail::check_group_offset(op, options.group_offset, groups.count, num_local);
+}
+
+// The output apart from the inputs, the groups and the workspace (which the call also writes).
+Status check_device_disjoint(const char* op, const detail::Region& out, const detail::Region& a,
+                             const detail::Region& b, const CudaGroups& groups,
+                             const CudaExec& exec) {
+  const size_t count = groups.count > 0 ? static_cast<size_t>(groups.count) : 0;
+  return detail::check_disjoint(
+      op, {out, {"exec.workspace", exec.workspace, exec.workspace_bytes}},
+      {a,
+       b,
+       {"groups.sizes", groups.sizes, count * sizeof(int32_t)},
+       {"groups.offset", groups.offset, groups.offset ? sizeof(int32_t) : 0}});
 }
 
 #if MOEKIT_HAS_CUDA
@@ -84,6 +98,8 @@ Status row_grouped_cuda(const char* op, const char* a_name, ConstTensorView a, C
   MOEKIT_RETURN_IF_ERROR(detail::row_problem(op, a_name, a, rhs, c_name, c, options,
                                              contract_over_rhs_n, /*allow_f16=*/true, &g));
   MOEKIT_RETURN_IF_ERROR(check_device_groups(op, groups, rhs.shape[0], options));
+  MOEKIT_RETURN_IF_ERROR(
+      check_device_disjoint(op, {c_name, c}, {a_name, a}, {"rhs", rhs}, groups, exec));
 #if MOEKIT_HAS_CUDA
   const DeviceGroups dg = device_groups(groups, rhs.shape[0], options);
   namespace cu = detail::cuda;
@@ -146,6 +162,8 @@ Status ragged_dot_drhs_cuda(ConstTensorView lhs, ConstTensorView d_out, const Cu
   MOEKIT_RETURN_IF_ERROR(
       detail::contraction_problem(op, lhs, d_out, d_rhs, options, /*allow_f16=*/true, &g));
   MOEKIT_RETURN_IF_ERROR(check_device_groups(op, groups, d_rhs.shape[0], options));
+  MOEKIT_RETURN_IF_ERROR(
+      check_device_disjoint(op, {"d_rhs", d_rhs}, {"lhs", lhs}, {"d_out", d_out}, groups, exec));
 #if MOEKIT_HAS_CUDA
   const DeviceGroups dg = device_groups(groups, d_rhs.shape[0], options);
   namespace cu = detail::cuda;

@@ -217,6 +217,8 @@ Status balance_forward(const char* op, const ConstTensorView& scores, const Cons
   double scale;
   MOEKIT_RETURN_IF_ERROR(check_balance(op, "scores", scores, tpe, o, per_sequence, &scale));
   MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"loss", loss, sizeof *loss}},
+                                                {{"scores", scores}, {"tokens_per_expert", tpe}}));
   *loss = static_cast<float>(scale * detail::balance_loss_sum(scores, tpe));
   return {};
 }
@@ -227,6 +229,8 @@ Status balance_backward(const char* op, const ConstTensorView& tpe, const LoadBa
   double scale;
   MOEKIT_RETURN_IF_ERROR(check_balance(op, "d_scores", d_scores, tpe, o, per_sequence, &scale));
   MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
+  MOEKIT_RETURN_IF_ERROR(
+      detail::check_disjoint(op, {{"d_scores", d_scores}}, {{"tokens_per_expert", tpe}}));
   detail::balance_loss_backward(tpe, static_cast<float>(scale * d_loss), d_scores);
   return {};
 }
@@ -257,6 +261,13 @@ Status route(ConstTensorView logits, const RouteOptions& options, const RouteOut
     MOEKIT_RETURN_IF_ERROR(
         check_output_dtype(op, "topk_weights", out.topk_weights.dtype, logits.dtype));
   }
+  MOEKIT_RETURN_IF_ERROR(
+      detail::check_disjoint(op,
+                             {{"probs", out.probs},
+                              {"routing_map", out.routing_map},
+                              {"topk_indices", out.topk_indices},
+                              {"topk_weights", out.topk_weights}},
+                             {{"logits", logits}, {"expert_bias", options.expert_bias}}));
   if (T == 0) return {};
   return run_implementation(op, kRouteImpls, options.impl, p);
 }
@@ -281,6 +292,12 @@ Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, Cons
   }
   MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_logits", d_logits, T, "T", E, "E"));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_logits", d_logits.dtype, logits.dtype));
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"d_logits", d_logits}},
+                                                {{"logits", logits},
+                                                 {"topk_indices", topk_indices},
+                                                 {"d_probs", d_probs},
+                                                 {"d_topk_weights", d_topk_weights},
+                                                 {"expert_bias", options.expert_bias}}));
   // A branch-free pass first (it vectorises); where it finds a bad index, the first is named.
   const auto index_row = [&](int64_t t) {
     return static_cast<const int32_t*>(topk_indices.data) + t * topk_indices.stride[0];
@@ -323,6 +340,8 @@ Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, Ten
     MOEKIT_RETURN_IF_ERROR(check_matrix(op, "routing_map", routing_map, T, "T", E, "E"));
     MOEKIT_RETURN_IF_ERROR(check_dtype(op, "routing_map", routing_map.dtype, DType::kBool));
   }
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
+      op, {{"scores", scores}, {"routing_map", routing_map}}, {{"logits", logits}}));
   if (T == 0) return {};
   detail::AuxScoresProblem p{logits, k, score, scores, routing_map};
   return run_implementation(op, kAuxImpls, impl, p);
@@ -338,6 +357,8 @@ Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_scores", d_scores.dtype));
   MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_logits", d_logits, T, "T", E, "E"));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_logits", d_logits.dtype, logits.dtype));
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"d_logits", d_logits}},
+                                                {{"logits", logits}, {"d_scores", d_scores}}));
   if (T == 0) return {};
   detail::AuxScoresBackwardProblem p{logits, d_scores, score, d_logits};
   return run_implementation(op, kAuxBackwardImpls, impl, p);
@@ -361,6 +382,8 @@ Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts) {
         op, "counts.shape[0]", std::to_string(B),
         fmt::format("the number of sequences must be >= 1 and divide T = {}", T));
   }
+  MOEKIT_RETURN_IF_ERROR(
+      detail::check_disjoint(op, {{"counts", counts}}, {{"routing_map", routing_map}}));
   const int64_t rows_per_seq = T / B;
   for (int64_t b = 0; b < B; ++b) {
     int32_t* out =
@@ -404,6 +427,8 @@ Status z_loss(ConstTensorView logits, float coeff, float* loss) {
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   MOEKIT_RETURN_IF_ERROR(check_finite(op, "coeff", coeff));
   MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
+  MOEKIT_RETURN_IF_ERROR(
+      detail::check_disjoint(op, {{"loss", loss, sizeof *loss}}, {{"logits", logits}}));
   const int64_t T = logits.shape[0];
   *loss = T == 0 || logits.shape[1] == 0
               ? 0.0f
@@ -419,6 +444,8 @@ Status z_loss_backward(ConstTensorView logits, float coeff, float d_loss, Tensor
   const int64_t T = logits.shape[0], E = logits.shape[1];
   MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_logits", d_logits, T, "T", E, "E"));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_logits", d_logits.dtype, logits.dtype));
+  MOEKIT_RETURN_IF_ERROR(
+      detail::check_disjoint(op, {{"d_logits", d_logits}}, {{"logits", logits}}));
   if (T == 0 || E == 0) return {};
   detail::z_loss_backward_rows(logits, static_cast<float>(2.0 * coeff * d_loss / T), d_logits);
   return {};
@@ -431,6 +458,9 @@ Status update_expert_bias(ConstTensorView tokens_per_expert, float rate, TensorV
   const int64_t E = expert_bias.shape[0];
   MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 1, E));
   MOEKIT_RETURN_IF_ERROR(check_finite(op, "rate", rate));
+  // expert_bias is updated in place; the counts are read beside it.
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"expert_bias", expert_bias}},
+                                                {{"tokens_per_expert", tokens_per_expert}}));
   if (E == 0) return {};
   const auto* counts = static_cast<const int32_t*>(tokens_per_expert.data);
   const int64_t cs = tokens_per_expert.stride[0];
