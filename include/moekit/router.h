@@ -63,6 +63,12 @@ struct RouteOutputs {
 // w = s[chosen], then w /= sum(w) + 1e-20 when k > 1. Finally w *= scaling_factor. Ties between
 // equal selection scores go to the lower expert index (as jax.lax.top_k).
 //
+// NaN logits, the same in every implementation and in moekit.jax.route: a NaN selection score
+// ranks below every number, -inf included (NaNs among themselves by index; a group whose score
+// sums a NaN likewise), so a row chooses its numbers first; the weights follow the formulas and
+// are NaN wherever they take a NaN (softmax pre: the whole row; softmax post and k > 1
+// normalisation: the row's weights when a NaN was chosen); the output order puts NaN weights last.
+//
 // Difference from top_k-based implementations: topk_indices are ordered by the final weight, not
 // by the selection score; they differ only when an expert bias reorders the choice.
 Status route(ConstTensorView logits, const RouteOptions& options, const RouteOutputs& out);

@@ -45,6 +45,11 @@ struct AuxScoresBackwardProblem {
 };
 
 Status route_ref(const RouteProblem& p);
+// One row of route_ref: logits [E] (f32) to the k experts and their weights, in output order
+// (descending weight, NaN last, ties to the lower index). The rule every implementation follows,
+// NaN included; route_vectorized takes it for rows holding a NaN.
+void route_row_ref(const RouteOptions& o, const float* logits, int64_t E, int32_t* experts,
+                   float* weights);
 Status route_backward_ref(const RouteBackwardProblem& p);
 Status aux_scores_ref(const AuxScoresProblem& p);
 Status aux_scores_backward_ref(const AuxScoresBackwardProblem& p);

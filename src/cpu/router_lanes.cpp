@@ -12,9 +12,10 @@
 // key and then by lower expert. Replacing those bits is exact when they are 0 in every key of the
 // row (bf16 logits under post-softmax, for instance). When they are not, the top k of the packed
 // keys is still the true top k unless the k-th and (k+1)-th packed keys agree above the low bits;
-// such rows are reported undecided, as are rows with a non-finite key (NaN has no order), and the
-// caller routes them with the row kernels. Sums over the k chosen are taken in the packed order,
-// the choice order up to near-ties, so weights match the row kernels' to f32 rounding.
+// such rows are reported undecided, as are rows with a non-finite key or a NaN logit (NaN has no
+// order; router.h's NaN rule is the reference's), and the caller routes them with the row
+// kernels. Sums over the k chosen are taken in the packed order, the choice order up to
+// near-ties, so weights match the row kernels' to f32 rounding.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/router_lanes.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -526,6 +527,33 @@ void SlotsToRows(const T* slots, int32_t k, int32_t used, T* rows) {
 #endif
 }
 
+// Whether a row of E logits (f32 | bf16) holds a NaN. The kernels above take a NaN's exp as 0
+// and cannot keep router.h's NaN rule, so such rows go to the row path (which takes the
+// reference's).
+bool RowHasNaN(const char* row, DType t, int64_t E) {
+  const hn::ScalableTag<uint16_t> du16;
+  const hn::ScalableTag<uint32_t> du32;
+  const auto scan = [E](auto du, const auto* bits, auto magnitude, auto inf) {
+    // A NaN's magnitude bits exceed the infinity's.
+    const size_t n = hn::Lanes(du);
+    auto nan = hn::Zero(du);
+    int64_t e = 0;
+    for (; e + static_cast<int64_t>(n) <= E; e += n) {
+      nan = hn::Or(nan,
+                   hn::VecFromMask(du, hn::Gt(hn::And(hn::LoadU(du, bits + e), magnitude), inf)));
+    }
+    bool tail = false;
+    for (; e < E; ++e) tail |= (bits[e] & hn::GetLane(magnitude)) > hn::GetLane(inf);
+    return tail || !hn::AllTrue(du, hn::Eq(nan, hn::Zero(du)));
+  };
+  if (t == DType::kBF16) {
+    return scan(du16, reinterpret_cast<const uint16_t*>(row), hn::Set(du16, 0x7fff),
+                hn::Set(du16, 0x7f80));
+  }
+  return scan(du32, reinterpret_cast<const uint32_t*>(row), hn::Set(du32, 0x7fffffffu),
+              hn::Set(du32, 0x7f800000u));
+}
+
 uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, const float* zero_bias,
                     float* work, int32_t* chosen, float* weights, StreamQueue& queue) {
   const D d;
@@ -563,7 +591,8 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, const float
     hn::StoreMaskBits(d, bad, bad_bits);
     uint32_t bad_rows = 0;
     for (int32_t l = 0; l < used; ++l) {
-      bad_rows |= static_cast<uint32_t>((bad_bits[l / 8] >> (l % 8)) & 1) << l;
+      const bool nan = RowHasNaN(row[l], p.logits.dtype, E);
+      bad_rows |= static_cast<uint32_t>(((bad_bits[l / 8] >> (l % 8)) & 1) | nan) << l;
     }
     SlotsToRows(chosen_t, k, used, chosen + r0 * k);
     SlotsToRows(weights_t, k, used, weights + r0 * k);

@@ -35,10 +35,10 @@ std::vector<float> softmax(const std::vector<float>& x) {
   return p;
 }
 
-// The order every sort here uses: NaN below everything (even -inf), so that a NaN in the input
-// gives a strict weak order, valid indices and no out-of-bounds sort, never a crash.
-float order_key(float v) { return std::isnan(v) ? -HUGE_VALF : v; }
-bool before(float a, float b) { return order_key(a) > order_key(b); }
+// The order every ranking here uses (router.h's NaN rule): larger first, NaN after every
+// number (-inf too), NaNs equal: a strict weak order, so valid indices and no out-of-bounds sort
+// whatever the input.
+bool before(float a, float b) { return !std::isnan(a) && (std::isnan(b) || a > b); }
 
 // Indices of the `n` largest key[i] among those with allowed[i], best first; equal keys keep
 // index order (stable sort), so the lower index wins a tie.
@@ -70,62 +70,73 @@ float load(const ConstTensorView& v, int64_t t, int64_t j) {
 
 }  // namespace
 
+void route_row_ref(const RouteOptions& o, const float* logits, int64_t E, int32_t* experts,
+                   float* weights) {
+  const std::vector<float> x(logits, logits + E);
+  const bool softmax_score = o.score == RouterScore::kSoftmax;
+  // s: the scores the weights are taken from; key: the scores the experts are chosen by.
+  std::vector<float> s(E);
+  if (softmax_score) {
+    s = o.pre_softmax ? softmax(x) : x;
+  } else {
+    for (int64_t e = 0; e < E; ++e) s[e] = activation(o.score, x[e]);
+  }
+  std::vector<float> key = s;
+  if (!o.expert_bias.empty()) {
+    for (int64_t e = 0; e < E; ++e) key[e] += o.expert_bias[e];
+  }
+  std::vector<bool> allowed(E, true);
+  if (o.num_groups > 0) {
+    const int64_t per_group = E / o.num_groups;
+    std::vector<float> group_score(o.num_groups);
+    for (int32_t g = 0; g < o.num_groups; ++g) {
+      std::vector<float> members(key.begin() + g * per_group, key.begin() + (g + 1) * per_group);
+      std::stable_sort(members.begin(), members.end(), before);
+      group_score[g] = std::accumulate(members.begin(), members.begin() + o.k / o.group_topk, 0.0f);
+    }
+    const std::vector<int32_t> kept =
+        top_indices(group_score, std::vector<bool>(o.num_groups, true), o.group_topk);
+    std::fill(allowed.begin(), allowed.end(), false);
+    for (int32_t g : kept) {
+      for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) allowed[e] = true;
+    }
+  }
+  const std::vector<int32_t> chosen = top_indices(key, allowed, o.k);
+
+  std::vector<float> w(o.k);
+  if (softmax_score && !o.pre_softmax) {
+    std::vector<float> xc(o.k);
+    for (int32_t i = 0; i < o.k; ++i) xc[i] = x[chosen[i]];
+    w = softmax(xc);
+  } else {
+    for (int32_t i = 0; i < o.k; ++i) w[i] = s[chosen[i]];
+    if (!softmax_score && o.k > 1) {
+      const float sum = std::accumulate(w.begin(), w.end(), 0.0f) + kNormEps;
+      for (float& v : w) v /= sum;
+    }
+  }
+  for (float& v : w) v *= o.scaling_factor;
+
+  // Descending weight (NaN last), ties to the lower index.
+  std::vector<int32_t> order(o.k);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return before(w[a], w[b]) || before(w[b], w[a]) ? before(w[a], w[b]) : chosen[a] < chosen[b];
+  });
+  for (int32_t i = 0; i < o.k; ++i) {
+    experts[i] = chosen[order[i]];
+    weights[i] = w[order[i]];
+  }
+}
+
 Status route_ref(const RouteProblem& p) {
   const RouteOptions& o = p.options;
   const int64_t T = p.logits.shape[0], E = p.logits.shape[1];
-  const bool softmax_score = o.score == RouterScore::kSoftmax;
+  std::vector<int32_t> chosen(o.k);
+  std::vector<float> w(o.k);
   for (int64_t t = 0; t < T; ++t) {
     const std::vector<float> x = load_row(p.logits, t);
-    // s: the scores the weights are taken from; key: the scores the experts are chosen by.
-    std::vector<float> s(E);
-    if (softmax_score) {
-      s = o.pre_softmax ? softmax(x) : x;
-    } else {
-      for (int64_t e = 0; e < E; ++e) s[e] = activation(o.score, x[e]);
-    }
-    std::vector<float> key = s;
-    if (!o.expert_bias.empty()) {
-      for (int64_t e = 0; e < E; ++e) key[e] += o.expert_bias[e];
-    }
-    std::vector<bool> allowed(E, true);
-    if (o.num_groups > 0) {
-      const int64_t per_group = E / o.num_groups;
-      std::vector<float> group_score(o.num_groups);
-      for (int32_t g = 0; g < o.num_groups; ++g) {
-        std::vector<float> members(key.begin() + g * per_group, key.begin() + (g + 1) * per_group);
-        std::sort(members.begin(), members.end(), before);
-        group_score[g] =
-            std::accumulate(members.begin(), members.begin() + o.k / o.group_topk, 0.0f);
-      }
-      const std::vector<int32_t> kept =
-          top_indices(group_score, std::vector<bool>(o.num_groups, true), o.group_topk);
-      std::fill(allowed.begin(), allowed.end(), false);
-      for (int32_t g : kept) {
-        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) allowed[e] = true;
-      }
-    }
-    const std::vector<int32_t> chosen = top_indices(key, allowed, o.k);
-
-    std::vector<float> w(o.k);
-    if (softmax_score && !o.pre_softmax) {
-      std::vector<float> xc(o.k);
-      for (int32_t i = 0; i < o.k; ++i) xc[i] = x[chosen[i]];
-      w = softmax(xc);
-    } else {
-      for (int32_t i = 0; i < o.k; ++i) w[i] = s[chosen[i]];
-      if (!softmax_score && o.k > 1) {
-        const float sum = std::accumulate(w.begin(), w.end(), 0.0f) + kNormEps;
-        for (float& v : w) v /= sum;
-      }
-    }
-    for (float& v : w) v *= o.scaling_factor;
-
-    // Descending weight, ties to the lower index.
-    std::vector<int32_t> order(o.k);
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-      return order_key(w[a]) != order_key(w[b]) ? before(w[a], w[b]) : chosen[a] < chosen[b];
-    });
+    route_row_ref(o, x.data(), E, chosen.data(), w.data());
     for (int64_t e = 0; e < E; ++e) {
       if (p.out.probs.data) store(p.out.probs, t, e, 0.0f);
       if (p.out.routing_map.data) {
@@ -133,8 +144,8 @@ Status route_ref(const RouteProblem& p) {
       }
     }
     for (int32_t i = 0; i < o.k; ++i) {
-      const int32_t e = chosen[order[i]];
-      const float v = w[order[i]];
+      const int32_t e = chosen[i];
+      const float v = w[i];
       if (p.out.probs.data) store(p.out.probs, t, e, v);
       if (p.out.routing_map.data) {
         static_cast<uint8_t*>(p.out.routing_map.data)[t * p.out.routing_map.stride[0] + e] = 1;

@@ -230,6 +230,14 @@ void choose_and_weigh_row(const RouteProblem& p, int64_t t, Scratch& s) {
   const int32_t k = o.k;
   prefetch_row(p.logits, t + 2);
   const float* x = row_as_float(p.logits, t, s.x.data());
+  // A row holding a NaN follows router.h's NaN rule (the reference's), which the fast kernels
+  // (max, exp, ranking) do not keep.
+  bool has_nan = false;
+  for (int64_t e = 0; e < E; ++e) has_nan |= std::isnan(x[e]);
+  if (has_nan) {
+    route_row_ref(o, x, E, s.chosen.data(), s.w.data());
+    return;
+  }
 
   // s.s: the scores weights are taken from; s.key: the scores experts are chosen by.
   const bool post_softmax = o.score == RouterScore::kSoftmax && !o.pre_softmax;

@@ -35,7 +35,14 @@ double act(RouterScore s, double x) {
   return std::sqrt(std::log1p(std::exp(x)));
 }
 
+// The order of every ranking: larger first, NaN after every number (-inf too), NaNs equal.
+bool ranks_before(double a, double b) { return !std::isnan(a) && (std::isnan(b) || a > b); }
+
+// NaN anywhere gives NaN everywhere (the denominator holds it).
 Vec softmax(const Vec& x) {
+  if (std::any_of(x.begin(), x.end(), [](double v) { return std::isnan(v); })) {
+    return Vec(x.size(), NAN);
+  }
   const double m = *std::max_element(x.begin(), x.end());
   Vec p(x.size());
   double sum = 0;
@@ -44,14 +51,14 @@ Vec softmax(const Vec& x) {
   return p;
 }
 
-// Indices of key sorted by (key descending, index ascending), restricted to `allowed`.
+// Indices of key sorted by (key descending, NaN last, index ascending), restricted to `allowed`.
 std::vector<int32_t> ranked(const Vec& key, const std::vector<bool>& allowed) {
   std::vector<int32_t> idx;
   for (int32_t i = 0; i < static_cast<int32_t>(key.size()); ++i) {
     if (allowed[i]) idx.push_back(i);
   }
-  std::sort(idx.begin(), idx.end(),
-            [&](int32_t a, int32_t b) { return key[a] != key[b] ? key[a] > key[b] : a < b; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int32_t a, int32_t b) { return ranks_before(key[a], key[b]); });
   return idx;
 }
 
@@ -86,7 +93,7 @@ std::vector<int32_t> choose(const Vec& x, const Options& o, double* margin = nul
     Vec group_score(o.num_groups, 0.0);
     for (int32_t g = 0; g < o.num_groups; ++g) {
       Vec member(s.begin() + g * per, s.begin() + (g + 1) * per);
-      std::sort(member.rbegin(), member.rend());
+      std::stable_sort(member.begin(), member.end(), ranks_before);
       for (int32_t i = 0; i < o.k / o.group_topk; ++i) group_score[g] += member[i];
     }
     const auto best = ranked(group_score, std::vector<bool>(o.num_groups, true));
@@ -132,7 +139,8 @@ RowResult route_row(const Vec& x, const Options& o) {
   std::vector<int32_t> order(o.k);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return w[a] != w[b] ? w[a] > w[b] : chosen[a] < chosen[b];
+    if (ranks_before(w[a], w[b]) || ranks_before(w[b], w[a])) return ranks_before(w[a], w[b]);
+    return chosen[a] < chosen[b];
   });
   for (int32_t i : order) {
     r.idx.push_back(chosen[i]);
@@ -819,6 +827,75 @@ TEST(Route, NaNLogitsStillGiveKDistinctValidExperts) {
         }
         HostTensor d(DType::kF32, {T, E});
         ASSERT_TRUE(route_backward(logits.in(), idx.in(), {}, w.in(), ro, d.mut()).ok());
+      }
+    }
+  }
+}
+
+// Rows with NaN (and infinities) in every pattern a blow-up gives: one NaN, a few, half, all,
+// NaN beside -inf and +inf. 40 rows, E = 64, for the NaN rule's tests.
+HostTensor nan_rows(DType dtype) {
+  const int64_t T = 40, E = 64;
+  std::mt19937 rng(5);
+  HostTensor logits(dtype, {T, E});
+  logits.fill_random(rng);
+  std::uniform_int_distribution<int64_t> col(0, E - 1);
+  for (int64_t t = 0; t < T; ++t) {
+    const int pattern = static_cast<int>(t % 8);
+    const int64_t nans = pattern == 0   ? 0
+                         : pattern == 1 ? 1
+                         : pattern == 2 ? 3
+                         : pattern == 3 ? E / 2
+                         : pattern == 4 ? E
+                                        : 2;
+    for (int64_t i = 0; i < nans; ++i) logits.set({t, pattern == 4 ? i : col(rng)}, NAN);
+    if (pattern == 5) logits.set({t, col(rng)}, -INFINITY);
+    if (pattern == 6) logits.set({t, col(rng)}, INFINITY);
+    if (pattern == 7) {
+      for (int64_t e = 0; e < E; ++e) logits.set({t, e}, e % 3 ? -INFINITY : NAN);
+    }
+  }
+  return logits;
+}
+
+TEST(Route, NaNLogitsFollowOneRuleInEveryImplementation) {
+  // router.h's rule for NaN logits: a NaN selection score ranks below every number, -inf
+  // included, NaNs among themselves by index (a group whose score sums a NaN likewise); the
+  // weights follow the formulas, NaN wherever they take a NaN (softmax pre: the whole row), and
+  // the output order by weight puts NaN weights last. Both implementations give the oracle's
+  // experts, and weights NaN in the same places.
+  const int64_t E = 64;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    HostTensor logits = nan_rows(dtype);
+    const int64_t T = logits.shape[0];
+    for (int32_t k : {1, 2, 8}) {
+      std::vector<Options> variants(5);
+      variants[1].pre_softmax = true;
+      variants[2].score = RouterScore::kSigmoid;
+      variants[3].score = RouterScore::kSqrtSoftplus;
+      variants[3].bias.assign(E, 0.01f);
+      variants[4].score = RouterScore::kSigmoid;
+      variants[4].num_groups = 8;
+      variants[4].group_topk = k == 1 ? 1 : 2;
+      for (size_t v = 0; v < variants.size(); ++v) {
+        Options& o = variants[v];
+        o.k = k;
+        for (RouterImpl impl : kImpls) {
+          HostTensor idx(DType::kI32, {T, k}), w(DType::kF32, {T, k});
+          ASSERT_TRUE(
+              route(logits.in(), to_route_options(o, impl), {{}, {}, idx.mut(), w.mut()}).ok());
+          for (int64_t t = 0; t < T; ++t) {
+            const RowResult want = route_row(row_of(logits, t), o);
+            for (int32_t i = 0; i < k; ++i) {
+              SCOPED_TRACE(fmt::format("{} {} k={} variant {} row {} slot {}", dtype_name(dtype),
+                                       impl_name(impl), k, v, t, i));
+              EXPECT_EQ(idx.get({t, i}), want.idx[i]);
+              const double got = w.get({t, i});
+              EXPECT_EQ(std::isnan(got), std::isnan(want.w[i])) << got << " " << want.w[i];
+              if (!std::isnan(want.w[i]) && got != want.w[i]) EXPECT_NEAR(got, want.w[i], 2e-6);
+            }
+          }
+        }
       }
     }
   }

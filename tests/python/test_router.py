@@ -139,6 +139,59 @@ def test_route_ties_go_to_the_lower_index():
     np.testing.assert_array_equal(r.topk_indices, [[0, 1, 2], [4, 0, 1]])
 
 
+def _nan_rule_row(x, k, score, pre_softmax):
+    """The C++ router's NaN rule (moekit/router.h) for one row, in NumPy: a NaN score ranks below every number
+    (-inf too), NaNs by index; the weights follow the formulas (NaN wherever they take a NaN);
+    the output order by weight puts NaN weights last."""
+    with np.errstate(invalid="ignore", over="ignore"):  # -inf - -inf: NaN, as the rule says
+        return _nan_rule_row_values(x.astype(np.float64), k, score, pre_softmax)
+
+
+def _nan_rule_row_values(x, k, score, pre_softmax):
+    if score == "softmax" and pre_softmax:
+        s = np.full_like(x, np.nan) if np.isnan(x).any() else np.exp(x - x.max()) / np.exp(
+            x - x.max()).sum()
+    elif score == "softmax":
+        s = x
+    else:
+        s = 1.0 / (1.0 + np.exp(-x))
+
+    def rank(v, i):
+        return (bool(np.isnan(v)), 0.0 if np.isnan(v) else -v, i)
+
+    chosen = sorted(range(len(x)), key=lambda e: rank(s[e], e))[:k]
+    if score == "softmax" and not pre_softmax:
+        xc = x[chosen]
+        w = np.full(k, np.nan) if np.isnan(xc).any() else np.exp(xc - xc.max()) / np.exp(
+            xc - xc.max()).sum()
+    else:
+        w = s[chosen]
+        if score != "softmax" and k > 1:
+            w = w / (w.sum() + 1e-20)
+    order = sorted(range(k), key=lambda i: rank(w[i], chosen[i]))
+    return [chosen[i] for i in order], w[order]
+
+
+@pytest.mark.parametrize("score,pre_softmax", [("softmax", False), ("softmax", True),
+                                               ("sigmoid", False)])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_route_follows_the_nan_rule(score, pre_softmax, k):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 16)).astype(np.float32)
+    x[1, 3] = np.nan                       # one NaN
+    x[2, ::2] = np.nan                     # half
+    x[3, :] = np.nan                       # all
+    x[4, :] = -np.inf                      # NaN beside -inf
+    x[4, 5::3] = np.nan
+    x[5, 7], x[5, 9] = np.nan, np.inf      # beside +inf
+    r = mj.route(jnp.asarray(x), k, score=score, pre_softmax=pre_softmax)
+    for t in range(x.shape[0]):
+        idx, w = _nan_rule_row(x[t], k, score, pre_softmax)
+        np.testing.assert_array_equal(r.topk_indices[t], idx, err_msg=f"row {t}")
+        np.testing.assert_allclose(r.topk_weights[t], w, rtol=1e-5, equal_nan=True,
+                                   err_msg=f"row {t}")
+
+
 def test_route_under_vmap_is_a_loop_of_calls():
     logits, _ = _route_inputs(12, 8, {}, seed=3)
     batch = jnp.stack([logits, -logits])

@@ -72,7 +72,10 @@ def route(logits, k, *, score="softmax", pre_softmax=False, num_groups=None, gro
     Group-limited routing (num_groups, group_topk): the E experts form num_groups equal groups,
     a group scores the sum of its top k / group_topk selection scores, and only the experts of
     the best group_topk groups can be chosen. Weights are finally multiplied by scaling_factor.
-    Ties go to the lower expert index, as in `jax.lax.top_k`.
+    Ties go to the lower expert index, as in `jax.lax.top_k`. NaN logits: a NaN selection score
+    ranks below every number, -inf included (NaNs by index), and the weights are NaN wherever
+    their formula takes a NaN (softmax pre: the whole row); NaN weights are ordered last (the
+    C++ router's rule, `moekit/router.h`).
 
     Args:
       logits: ``[T, E]`` float32 or bfloat16.
