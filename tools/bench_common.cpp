@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -20,13 +21,39 @@
 
 namespace moekit::tools {
 
+namespace {
+std::atomic<size_t> g_held{0};                     // bytes the live Buffers hold
+std::atomic<double> g_limit{16.0 * (1ull << 30)};  // bytes they may hold
+}  // namespace
+
+void set_memory_limit_gib(double gib) { g_limit = gib * (1ull << 30); }
+
+namespace {
+std::string in_units(double bytes) {
+  return bytes < (1ull << 30) ? fmt::format("{:.1f} MiB", bytes / (1ull << 20))
+                              : fmt::format("{:.2f} GiB", bytes / (1ull << 30));
+}
+}  // namespace
+
 Buffer::Buffer(size_t bytes) : bytes_(bytes) {
   const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-  p_.reset(std::aligned_alloc(64, rounded));
+  if (rounded < bytes ||
+      static_cast<double>(g_held.load()) + static_cast<double>(rounded) > g_limit.load()) {
+    throw std::runtime_error(
+        fmt::format("a buffer of {} beside the {} held would pass --mem-limit-gib {:.4g} (raise "
+                    "it, or lower --tokens)",
+                    in_units(static_cast<double>(bytes)), in_units(static_cast<double>(g_held)),
+                    g_limit.load() / (1ull << 30)));
+  }
+  p_ = std::unique_ptr<void, Free>(std::aligned_alloc(64, rounded), Free(rounded));
   if (!p_) throw std::bad_alloc();
+  g_held += rounded;
 }
 
-void Buffer::Free::operator()(void* p) const { std::free(p); }
+void Buffer::Free::operator()(void* p) const {
+  std::free(p);
+  g_held -= bytes;
+}
 
 namespace {
 uint64_t splitmix64(uint64_t x) {
@@ -199,19 +226,51 @@ std::string today_iso() {
   return buf;
 }
 
-void add_bench_options(CLI::App& cmd, BenchOptions& o, const std::string& dtype_help) {
+CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& what) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        int64_t v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || v < lo || v > hi) {
+          return fmt::format("must be {}, got '{}'", what, s);
+        }
+        return {};
+      },
+      what);
+}
+
+CLI::Validator positive_number(const std::string& what) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(s, v) || !(v > 0) || !std::isfinite(v)) {
+          return fmt::format("must be {}, got '{}'", what, s);
+        }
+        return {};
+      },
+      what);
+}
+
+void add_bench_options(CLI::App& cmd, BenchOptions& o, const std::string& dtype_help,
+                       const std::string& mem_help) {
   cmd.add_option("--preset", o.preset, "Model preset: " + preset_names())->capture_default_str();
+  // Tokens index i32 rows in the library.
   cmd.add_option("--tokens", o.tokens, "Token count(s), comma-separated (e.g. 1024,4096)")
       ->delimiter(',')
-      ->check(CLI::PositiveNumber)
+      ->check(integer_in(1, INT32_MAX, "a whole number of tokens in [1, 2^31 - 1]"))
       ->capture_default_str();
   cmd.add_option("--dtype", o.dtype, dtype_help)->capture_default_str();
   cmd.add_flag("--json", o.json, "Print a JSON array of the timed cases on stdout");
-  cmd.add_option("--warmup", o.warmup, "Untimed runs per case")->capture_default_str();
+  cmd.add_option("--warmup", o.warmup, "Untimed runs per case")
+      ->check(integer_in(0, 1000000, "a count of runs in [0, 10^6]"))
+      ->capture_default_str();
   cmd.add_option("--reps", o.reps, "Timed runs per case (median reported)")
-      ->check(CLI::PositiveNumber)
+      ->check(integer_in(1, 1000000, "a count of runs in [1, 10^6]"))
       ->capture_default_str();
   cmd.add_option("--seed", o.seed, "Seed for the generated data")->capture_default_str();
+  cmd.add_option("--mem-limit-gib", o.mem_limit_gib, mem_help)
+      ->check(positive_number("a positive number of GiB"))
+      ->capture_default_str();
+  cmd.parse_complete_callback([&o] { set_memory_limit_gib(o.mem_limit_gib); });
 }
 
 }  // namespace moekit::tools

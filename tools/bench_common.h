@@ -14,7 +14,8 @@
 
 namespace CLI {
 class App;
-}
+class Validator;
+}  // namespace CLI
 
 namespace moekit::tools {
 
@@ -26,13 +27,23 @@ struct BenchOptions {
   bool json = false;
   int warmup = 3, reps = 15;
   uint64_t seed = 42;
+  double mem_limit_gib = 16;  // the most the bench's Buffers may hold at once
 };
 
-// Adds --preset, --tokens, --dtype, --json, --warmup, --reps and --seed to cmd, bound to o, whose
-// values on entry are the defaults shown. dtype_help says what --dtype applies to.
-void add_bench_options(CLI::App& cmd, BenchOptions& o, const std::string& dtype_help);
+// Adds --preset, --tokens, --dtype, --json, --warmup, --reps, --seed and --mem-limit-gib to cmd,
+// bound to o, whose values on entry are the defaults shown, each validated with a message that
+// names it. dtype_help says what --dtype applies to; mem_help what the bench does with a case
+// over the memory limit (any Buffer past it is refused in any case, see Buffer).
+void add_bench_options(CLI::App& cmd, BenchOptions& o, const std::string& dtype_help,
+                       const std::string& mem_help = "Refuse a case whose buffers exceed this");
 
-// A 64-byte aligned heap buffer.
+// Validators whose messages name the accepted values in words: a whole number in [lo, hi], and
+// a finite number > 0.
+CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& what);
+CLI::Validator positive_number(const std::string& what);
+
+// A 64-byte aligned heap buffer. Buffers together hold at most --mem-limit-gib: one that would
+// take them past it is refused before it allocates (a std::runtime_error naming the limit).
 class Buffer {
  public:
   Buffer() = default;
@@ -43,11 +54,17 @@ class Buffer {
 
  private:
   struct Free {
+    Free() : bytes(0) {}  // (not a default member initializer: Buffer() needs Free() early)
+    explicit Free(size_t b) : bytes(b) {}
+    size_t bytes;  // counted against the limit, returned when freed
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Free> p_;
   size_t bytes_ = 0;
 };
+
+// The limit Buffers share, in GiB (set from --mem-limit-gib when a bench's options are parsed).
+void set_memory_limit_gib(double gib);
 
 // n values uniform in [-1, 1), rounded to bf16 so that f32 and bf16 runs see the same numbers.
 // Deterministic for a seed whatever the thread count.

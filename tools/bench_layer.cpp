@@ -313,15 +313,13 @@ void register_bench_layer(CLI::App& bench) {
   opts->dtype = "bf16";
   opts->warmup = 1;
   opts->reps = 3;
-  add_bench_options(*cmd, *opts, "Activation and weight dtype: bf16 | f32");
+  add_bench_options(*cmd, *opts, "Activation and weight dtype: bf16 | f32",
+                    "Skip a preset whose buffers would exceed this");
   cmd->add_option("--capacity-factor", opts->capacity_factor,
                   "Drop tokens past this capacity factor (0: dropless)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--aux-loss-coeff", opts->aux_loss_coeff, "Load-balancing loss coefficient")
-      ->capture_default_str();
-  cmd->add_option("--mem-limit-gib", opts->mem_limit_gib,
-                  "Skip a preset whose buffers would exceed this")
       ->capture_default_str();
   cmd->add_option("--ep", opts->ep,
                   "Run the layer over this many ranks, --tokens each (mpiexec -n P, or the "

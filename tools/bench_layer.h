@@ -15,7 +15,6 @@ namespace moekit::tools {
 struct LayerOptions : BenchOptions {
   double capacity_factor = 0;
   float aux_loss_coeff = 0.01f;
-  double mem_limit_gib = 16;
   int ep = 0;  // > 0: the layer over this many ranks
   EpGroupOptions group;
 };

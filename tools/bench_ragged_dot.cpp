@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "bench_common.h"
 #include "benches.h"
@@ -201,6 +202,12 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
   if (bytes(E, m) > limit) {
     int64_t e = E;
     while (e > o.shards && bytes(e, m * e / E) > limit) e -= o.shards;
+    if (bytes(e, m * e / E) > limit || m * e / E < 1) {
+      throw std::runtime_error(fmt::format(
+          "{} of {} experts ({} rows) need {:.2f} GiB, over --mem-limit-gib {}: raise it, or lower "
+          "--tokens",
+          e, E, m * e / E, bytes(e, m * e / E) / (1ull << 30), o.mem_limit_gib));
+    }
     fmt::print(text,
                "note: {} experts need {:.1f} GiB (> --mem-limit-gib {}); running {} of them "
                "with the same rows per expert ({} rows instead of {})\n",
@@ -253,7 +260,9 @@ void register_bench_ragged_dot(CLI::App& bench) {
   opts->dtype = "bf16";
   opts->warmup = 2;
   opts->reps = 5;
-  add_bench_options(*cmd, *opts, "Input dtype: bf16 | f32 (| f16 with --device cuda)");
+  opts->mem_limit_gib = 12;
+  add_bench_options(*cmd, *opts, "Input dtype: bf16 | f32 (| f16 with --device cuda)",
+                    "Run a subset of experts when buffers would exceed this");
   cmd->add_option("--device", opts->device,
                   "cpu: beside a dense oneDNN matmul; cuda: on the GPU, beside a dense cuBLAS "
                   "matmul, timed with CUDA events")
@@ -262,13 +271,12 @@ void register_bench_ragged_dot(CLI::App& bench) {
   cmd->add_option("--out-dtype", opts->out_dtype,
                   "Output dtype: f32 or the input dtype (default: --dtype)");
   cmd->add_option("--ep-shards", opts->shards, "Also time one of S expert-parallel shards")
+      ->check(integer_in(1, 1 << 20, "a count of shards in [1, 2^20] that divides E"))
       ->capture_default_str();
-  cmd->add_option("--shard", opts->shard, "Which shard to time (default: S/2)");
+  cmd->add_option("--shard", opts->shard, "Which shard to time (default: S/2)")
+      ->check(integer_in(0, 1 << 20, "a shard index in [0, --ep-shards)"));
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
-      ->capture_default_str();
-  cmd->add_option("--mem-limit-gib", opts->mem_limit_gib,
-                  "Run a subset of experts when buffers would exceed this")
       ->capture_default_str();
   cmd->callback([opts] { run(*opts); });
 }

@@ -20,7 +20,6 @@ struct RaggedDotBenchOptions : BenchOptions {
   int shards = 1;
   int shard = -1;  // which shard's call to time; -1: the middle one
   double imbalance = 0.25;
-  double mem_limit_gib = 12;
 };
 
 // One timed case: a pass (fwd, dlhs, drhs) of the full call or of one shard, beside the dense
