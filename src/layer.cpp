@@ -189,17 +189,18 @@ PermuteOptions permute_options(const MoeLayerConfig& c) {
 
 // The config on its own; fills d (dt unset).
 Status check_config(const char* op, const MoeLayerConfig& c, int64_t T, Dims& d) {
-  auto positive = [&](const char* name, int64_t v) -> Status {
-    if (v > 0) return {};
-    return Status::invalid_argument(op, name, std::to_string(v), "must be > 0");
+  // Sizes in int32's range: products of a few of them then fit int64 (2F, T * E, ...).
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  auto in_range = [&](const char* name, int64_t v, int64_t lo, const char* what) -> Status {
+    if (v >= lo && v <= kMax) return {};
+    return Status::invalid_argument(op, name, std::to_string(v), what);
   };
-  MOEKIT_RETURN_IF_ERROR(positive("config.hidden", c.hidden));
-  MOEKIT_RETURN_IF_ERROR(positive("config.ffn", c.ffn));
-  MOEKIT_RETURN_IF_ERROR(positive("config.num_experts", c.num_experts));
-  if (c.shared_ffn < 0) {
-    return Status::invalid_argument(op, "config.shared_ffn", std::to_string(c.shared_ffn),
-                                    "must be >= 0 (0: no shared expert)");
-  }
+  MOEKIT_RETURN_IF_ERROR(in_range("config.hidden", c.hidden, 1, "must be in [1, 2^31 - 1]"));
+  MOEKIT_RETURN_IF_ERROR(in_range("config.ffn", c.ffn, 1, "must be in [1, 2^31 - 1]"));
+  MOEKIT_RETURN_IF_ERROR(
+      in_range("config.num_experts", c.num_experts, 1, "must be in [1, 2^31 - 1]"));
+  MOEKIT_RETURN_IF_ERROR(in_range("config.shared_ffn", c.shared_ffn, 0,
+                                  "must be in [0, 2^31 - 1] (0: no shared expert)"));
   const Activation act = c.activation;
   if (act != Activation::kSwiGLU && act != Activation::kGeGLU && act != Activation::kGelu &&
       act != Activation::kRelu) {

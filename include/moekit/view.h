@@ -30,10 +30,12 @@ struct BasicView {
     rank = static_cast<int>(dims.size());
     int i = 0;
     for (int64_t d : dims) shape[i++] = d;
+    // A stride past int64 (a shape whose elements cannot be addressed) saturates; every op
+    // refuses such a view (check_view) before using it.
     int64_t s = 1;
     for (int d = rank - 1; d >= 0; --d) {
       stride[d] = s;
-      s *= shape[d];
+      if (d > 0 && __builtin_mul_overflow(s, shape[d], &s)) s = INT64_MAX;
     }
   }
   // A mutable view converts to a const one.
@@ -41,10 +43,15 @@ struct BasicView {
   BasicView(const BasicView<kOther>& o)  // NOLINT(google-explicit-constructor)
       : data(o.data), dtype(o.dtype), rank(o.rank), shape(o.shape), stride(o.stride) {}
 
+  // The element count; INT64_MAX when it does not fit (ops refuse such a view).
   int64_t numel() const {
     int64_t n = 1;
-    for (int d = 0; d < rank; ++d) n *= shape[d];
-    return n;
+    bool wrapped = false;
+    for (int d = 0; d < rank; ++d) {
+      if (shape[d] == 0) return 0;
+      wrapped |= __builtin_mul_overflow(n, shape[d], &n);
+    }
+    return wrapped ? INT64_MAX : n;
   }
   // Same view with a different stride for dimension `dim` (e.g. a row stride wider than a row).
   BasicView with_stride(int dim, int64_t s) const {

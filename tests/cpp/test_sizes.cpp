@@ -190,10 +190,11 @@ TEST(Sizes, LayerWorkspacePastSizeTIsAnInvalidConfig) {
   EXPECT_GT(fits.saved_bytes, size_t{100 * 64 * 2});
   EXPECT_GT(fits.forward_bytes, 0u);
   EXPECT_GT(fits.backward_bytes, 0u);
-  // [N, H] with N = 2^31 - 2 rows and H = 2^40: 2^71 bytes (it once came back wrapped).
+  // [N, H] with N = 2^31 - 2 rows and H = 2^31 - 1: 2^64 bytes, past size_t (it once came back
+  // wrapped); and sizes past int32, refused as such.
   for (auto [H, F] :
-       {std::pair{int64_t{1} << 40, int64_t{32}}, std::pair{int64_t{64}, int64_t{1} << 40},
-        std::pair{int64_t{1} << 62, int64_t{1} << 62}}) {
+       {std::pair{int64_t{INT32_MAX}, int64_t{32}}, std::pair{int64_t{64}, int64_t{INT32_MAX}},
+        std::pair{int64_t{1} << 40, int64_t{32}}, std::pair{int64_t{1} << 62, int64_t{1} << 62}}) {
     SCOPED_TRACE(H);
     c.hidden = H, c.ffn = F;
     const MoeLayerWorkspace w = moe_layer_workspace(c, (int64_t{1} << 30) - 1, DType::kF32);
