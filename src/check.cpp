@@ -148,8 +148,8 @@ bool overlap(const Region& a, const Region& b) {
   return oa < ob + b.row_bytes && ob < oa + a.row_bytes;
 }
 
-Status check_disjoint(const char* op, std::initializer_list<Region> outputs,
-                      std::initializer_list<Region> inputs) {
+Status check_disjoint(const char* op, std::span<const Region> outputs,
+                      std::span<const Region> inputs) {
   for (auto out = outputs.begin(); out != outputs.end(); ++out) {
     for (auto other = outputs.begin(); other != out; ++other) {
       if (overlap(*out, *other)) {

@@ -66,7 +66,12 @@ bool overlap(const Region& a, const Region& b);
 
 // Every output disjoint from every input and from every other output (empty ones aside): a
 // named error otherwise, before anything is written. No op here computes in place.
-Status check_disjoint(const char* op, std::initializer_list<Region> outputs,
-                      std::initializer_list<Region> inputs);
+Status check_disjoint(const char* op, std::span<const Region> outputs,
+                      std::span<const Region> inputs);
+inline Status check_disjoint(const char* op, std::initializer_list<Region> outputs,
+                             std::initializer_list<Region> inputs) {
+  return check_disjoint(op, std::span(outputs.begin(), outputs.size()),
+                        std::span(inputs.begin(), inputs.size()));
+}
 
 }  // namespace moekit::detail

@@ -653,48 +653,44 @@ Status check_backward_args(const char* op, const Dims& d, const MoeLayerWeights&
 }
 
 // No output of a layer call (the workspace the call writes included) shares memory with an
-// input or another output.
+// input or another output. The inputs both passes read, then each pass's own.
+std::vector<detail::Region> layer_inputs(ConstTensorView x, const MoeLayerWeights& w,
+                                         const MoeLayerConfig& c) {
+  return {{"x", x},
+          {"weights.router", w.router},
+          {"weights.w_in", w.w_in},
+          {"weights.w_out", w.w_out},
+          {"weights.shared_in", w.shared_in},
+          {"weights.shared_out", w.shared_out},
+          {"config.route.expert_bias", c.route.expert_bias}};
+}
 Status check_forward_disjoint(const char* op, ConstTensorView x, const MoeLayerWeights& w,
                               const MoeLayerConfig& c, const MoeLayerOutputs& out,
                               std::span<const std::byte> saved,
                               std::span<const std::byte> scratch) {
-  return detail::check_disjoint(op,
-                                {{"out.out", out.out},
-                                 {"out.tokens_per_expert", out.tokens_per_expert},
-                                 {"out.aux_loss", out.aux_loss, sizeof(float)},
-                                 {"out.z_loss", out.z_loss, sizeof(float)},
-                                 {"saved", saved},
-                                 {"scratch", scratch}},
-                                {{"x", x},
-                                 {"weights.router", w.router},
-                                 {"weights.w_in", w.w_in},
-                                 {"weights.w_out", w.w_out},
-                                 {"weights.shared_in", w.shared_in},
-                                 {"weights.shared_out", w.shared_out},
-                                 {"config.route.expert_bias", c.route.expert_bias}});
+  const detail::Region outputs[] = {{"out.out", out.out},
+                                    {"out.tokens_per_expert", out.tokens_per_expert},
+                                    {"out.aux_loss", out.aux_loss, sizeof(float)},
+                                    {"out.z_loss", out.z_loss, sizeof(float)},
+                                    {"saved", saved},
+                                    {"scratch", scratch}};
+  return detail::check_disjoint(op, outputs, layer_inputs(x, w, c));
 }
 Status check_backward_disjoint(const char* op, ConstTensorView x, const MoeLayerWeights& w,
                                const MoeLayerConfig& c, ConstTensorView d_out,
                                const TensorView& d_x, const MoeLayerWeightGrads& g,
                                std::span<const std::byte> saved,
                                std::span<const std::byte> scratch) {
-  return detail::check_disjoint(op,
-                                {{"d_x", d_x},
-                                 {"grads.router", g.router},
-                                 {"grads.w_in", g.w_in},
-                                 {"grads.w_out", g.w_out},
-                                 {"grads.shared_in", g.shared_in},
-                                 {"grads.shared_out", g.shared_out},
-                                 {"scratch", scratch}},
-                                {{"x", x},
-                                 {"weights.router", w.router},
-                                 {"weights.w_in", w.w_in},
-                                 {"weights.w_out", w.w_out},
-                                 {"weights.shared_in", w.shared_in},
-                                 {"weights.shared_out", w.shared_out},
-                                 {"config.route.expert_bias", c.route.expert_bias},
-                                 {"d_out", d_out},
-                                 {"saved", saved}});
+  const detail::Region outputs[] = {{"d_x", d_x},
+                                    {"grads.router", g.router},
+                                    {"grads.w_in", g.w_in},
+                                    {"grads.w_out", g.w_out},
+                                    {"grads.shared_in", g.shared_in},
+                                    {"grads.shared_out", g.shared_out},
+                                    {"scratch", scratch}};
+  std::vector<detail::Region> inputs = layer_inputs(x, w, c);
+  inputs.insert(inputs.end(), {{"d_out", d_out}, {"saved", saved}});
+  return detail::check_disjoint(op, outputs, inputs);
 }
 
 }  // namespace
