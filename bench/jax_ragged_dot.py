@@ -90,7 +90,7 @@ def masked(lhs, rhs_local, sizes, offset):
 def impl_fn(name, sizes, offset):
     """(lhs [m, K], rhs [E_loc, K, n]) -> [m, n] for one shard whose first group is offset."""
     if name == "moekit":
-        return lambda a, b: mj.ragged_dot(a, b, sizes, offset)
+        return lambda a, b: mj.ragged_dot(a, b, sizes, group_offset=offset)
     if name == "lax":
         return lambda a, b: jax.lax.ragged_dot(a, b, sizes)
     return lambda a, b: masked(a, b, sizes, offset)

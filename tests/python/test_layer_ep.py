@@ -1,7 +1,8 @@
 """moe_layer with ep_axis under shard_map, on 2 and 4 CPU devices of one process (XLA's all_to_all
 and, emulated, its ragged_all_to_all), on two processes (jax.distributed, gloo) and, with
-ep_exchange="mpi", on 2 and 3 processes under mpiexec, against moe_layer on one device. The cases are in ep_layer_cases.py and
-ep_processes.py: each runs in fresh processes, as XLA_FLAGS must be set before jax starts."""
+ep_exchange="mpi", on 2 and 3 processes under mpiexec, against moe_layer on one device. The
+cases are in ep_layer_cases.py and ep_processes.py: each runs in fresh processes, as XLA_FLAGS
+must be set before jax starts."""
 
 import os
 import pathlib

@@ -77,12 +77,13 @@ def test_group_offset_equals_masked_reference(m, K, n, sizes):
     for num_local in {1, max(1, num_groups // 2), num_groups}:
         for offset in range(num_groups - num_local + 1):
             lhs, rhs, gs = _inputs(m, K, n, sizes, num_groups=num_local, seed=offset)
-            got = jax.jit(mj.ragged_dot)(lhs, rhs, gs, jnp.int32(offset))
+            got = jax.jit(lambda a, b, s, o: mj.ragged_dot(a, b, s, group_offset=o))(
+                lhs, rhs, gs, jnp.int32(offset))
             want = masked_reference(lhs, rhs, gs, offset)
             np.testing.assert_allclose(got, want, **_tol(F32, K))
 
             w = jnp.asarray(np.random.default_rng(2).standard_normal((m, n)), F32)
-            got_g = jax.grad(lambda a, b: jnp.sum(mj.ragged_dot(a, b, gs, offset) * w),
+            got_g = jax.grad(lambda a, b: jnp.sum(mj.ragged_dot(a, b, gs, group_offset=offset) * w),
                              (0, 1))(lhs, rhs)
             want_g = jax.grad(lambda a, b: jnp.sum(masked_reference(a, b, gs, offset) * w),
                               (0, 1))(lhs, rhs)
@@ -93,7 +94,7 @@ def test_group_offset_equals_masked_reference(m, K, n, sizes):
 def test_offset_as_shape_one_array_and_traced_under_jit():
     lhs, rhs, gs = _inputs(111, 33, 17, [10, 0, 41, 0, 3, 57], num_groups=2)
     want = masked_reference(lhs, rhs, gs, 2)
-    f = jax.jit(lambda a, b, s, o: mj.ragged_dot(a, b, s, o))
+    f = jax.jit(lambda a, b, s, o: mj.ragged_dot(a, b, s, group_offset=o))
     np.testing.assert_allclose(f(lhs, rhs, gs, jnp.array([2], jnp.int32)), want,
                                **_tol(F32, 33))
     np.testing.assert_allclose(f(lhs, rhs, gs, jnp.int32(2)), want, **_tol(F32, 33))
@@ -104,15 +105,15 @@ def test_non_local_rows_are_never_read():
     ends = np.cumsum([10, 0, 41, 0, 3, 57])
     # Local groups 1..3 hold rows [10, 51); everything else becomes NaN.
     poisoned = lhs.at[:10].set(jnp.nan).at[51:].set(jnp.nan)
-    got = mj.ragged_dot(poisoned, rhs, gs, 1)
+    got = mj.ragged_dot(poisoned, rhs, gs, group_offset=1)
     assert np.isfinite(np.asarray(got)).all()
     assert (np.asarray(got)[:10] == 0).all() and (np.asarray(got)[ends[3]:] == 0).all()
 
 
 def test_check_grads_numerically():
     lhs, rhs, gs = _inputs(23, 5, 4, [7, 0, 9, 5], num_groups=2)
-    check_grads(lambda a, b: mj.ragged_dot(a, b, gs, 1), (lhs, rhs), order=1, modes=["rev"],
-                atol=1e-2, rtol=1e-2)
+    check_grads(lambda a, b: mj.ragged_dot(a, b, gs, group_offset=1), (lhs, rhs), order=1,
+                modes=["rev"], atol=1e-2, rtol=1e-2)
 
 
 def test_preferred_element_type_f32_from_bf16():
@@ -135,7 +136,7 @@ def test_vmap_over_a_leading_batch_dimension():
 @pytest.mark.parametrize("kwargs,kind,words", [
     (dict(lhs=np.zeros((3,), np.float32)), ValueError, "lhs must be [m, K]"),
     (dict(rhs=np.zeros((2, 4, 3), np.float32)), ValueError, "rhs.shape[1] = 4"),
-    (dict(rhs=np.zeros((2, 5, 3), jnp.bfloat16)), TypeError, "rhs dtype bfloat16"),
+    (dict(rhs=np.zeros((2, 5, 3), np.int8)), TypeError, "rhs dtype int8"),
     (dict(lhs=np.zeros((7, 5), np.int32)), TypeError, "lhs dtype int32"),
     (dict(group_sizes=np.array([[7]], np.int32)), ValueError, "group_sizes must be a rank-1"),
     (dict(group_sizes=np.array([3, 2, 2], np.int32)), ValueError, "has 3 groups but rhs holds 2"),
@@ -143,6 +144,9 @@ def test_vmap_over_a_leading_batch_dimension():
      "group_offset = 2 is outside [0, 1]"),
     (dict(group_offset=np.zeros((2,), np.int32)), ValueError, "group_offset must be"),
     (dict(preferred_element_type=jnp.int32), TypeError, "preferred_element_type int32"),
+    # moekit's old fourth place was group_offset; JAX's (and now moekit's) is precision.
+    (dict(precision=1), TypeError, "pass group_offset= by keyword"),
+    (dict(precision=jnp.int32(1)), TypeError, "pass group_offset= by keyword"),
 ])
 def test_invalid_arguments_are_named_at_trace_time(kwargs, kind, words):
     args = dict(lhs=np.zeros((7, 5), np.float32), rhs=np.zeros((2, 5, 3), np.float32),
@@ -159,18 +163,50 @@ def test_invalid_arguments_are_named_at_trace_time(kwargs, kind, words):
 ])
 def test_invalid_data_raises_at_run_time(sizes, offset, words):
     lhs, rhs, _ = _inputs(7, 5, 3, [7], num_groups=2)
-    f = jax.jit(lambda o: mj.ragged_dot(lhs, rhs, jnp.asarray(sizes, jnp.int32), o))
+    f = jax.jit(lambda o: mj.ragged_dot(lhs, rhs, jnp.asarray(sizes, jnp.int32), group_offset=o))
     with pytest.raises(Exception, match=re.escape(words)):
         f(jnp.int32(offset)).block_until_ready()
 
 
-def test_float16_on_the_cpu_is_refused_at_run_time_naming_the_dtype():
-    # float16 passes the trace-time checks (GPUs take it); the CPU kernels do not.
-    lhs, rhs, gs = _inputs(7, 5, 3, [3, 4], dtype=jnp.float16)
-    cpu = jax.devices("cpu")[0]
-    with pytest.raises(Exception, match=re.escape("lhs.dtype = f16")):
-        mj.ragged_dot(jax.device_put(lhs, cpu), jax.device_put(rhs, cpu),
-                      jax.device_put(gs, cpu)).block_until_ready()
+# The signature and dtype rules of jax.lax.ragged_dot: positional precision, promotion of mixed
+# inputs, any float result, float16 (computed in float32 on the CPU).
+DTYPE_CASES = [
+    (BF16, F32, None), (F32, BF16, None), (BF16, BF16, jnp.float16), (F32, F32, BF16),
+    (F32, F32, jnp.float16), (jnp.float16, jnp.float16, None), (jnp.float16, F32, None),
+    (jnp.float16, jnp.float16, F32), (BF16, jnp.float16, None),
+]
+
+
+@pytest.mark.parametrize("lhs_dtype,rhs_dtype,out_dtype", DTYPE_CASES)
+def test_dtype_rules_are_jax_ragged_dots(lhs_dtype, rhs_dtype, out_dtype):
+    lhs, rhs, gs = _inputs(111, 33, 17, [10, 0, 41, 0, 3, 57])
+    lhs, rhs = lhs.astype(lhs_dtype), rhs.astype(rhs_dtype)
+    got = mj.ragged_dot(lhs, rhs, gs, preferred_element_type=out_dtype)
+    want = jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=out_dtype)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    exact = np.dtype(want.dtype) == np.dtype(F32) and lhs_dtype == rhs_dtype == F32
+    tol = _tol(F32, 33) if exact else dict(rtol=2e-2, atol=2e-2 * 33**0.5)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), **tol)
+    # The gradients arrive in each input's own dtype, as JAX's do.
+    grads = jax.grad(lambda a, b: mj.ragged_dot(a, b, gs, preferred_element_type=out_dtype)
+                     .astype(F32).sum(), (0, 1))(lhs, rhs)
+    want_grads = jax.grad(lambda a, b: jax.lax.ragged_dot(
+        a, b, gs, preferred_element_type=out_dtype).astype(F32).sum(), (0, 1))(lhs, rhs)
+    for g, w in zip(grads, want_grads):
+        assert g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   rtol=2e-2, atol=2e-2 * 111**0.5)
+
+
+def test_precision_is_the_fourth_argument_as_in_jax():
+    lhs, rhs, gs = _inputs(50, 8, 6, [20, 0, 30])
+    for precision in (jax.lax.Precision.HIGHEST, "highest", ("default", "highest"), None):
+        got = mj.ragged_dot(lhs, rhs, gs, precision)
+        want = jax.lax.ragged_dot(lhs, rhs, gs, precision)
+        np.testing.assert_allclose(got, want, **_tol(F32, 8))
+    # And group_offset by keyword after it, as JAX documents it.
+    got = mj.ragged_dot(lhs, rhs[1:], gs, None, F32, group_offset=1)
+    np.testing.assert_allclose(got, masked_reference(lhs, rhs[1:], gs, 1), **_tol(F32, 8))
 
 
 @pytest.mark.parametrize("m", [0, 6])
@@ -237,7 +273,8 @@ def test_cuda_lowering_gives_each_call_its_workspace_and_the_cpu_lowering_none(E
     m, K, n = 37, 16, 24
     lhs, rhs = jnp.ones((m, K), jnp.bfloat16), jnp.ones((E_loc, K, n), jnp.bfloat16)
     sizes = jnp.asarray([5, 0, 9, 11, 2], jnp.int32)
-    loss = lambda a, b: mj.ragged_dot(a, b, sizes, 1, preferred_element_type=jnp.float32).sum()
+    loss = lambda a, b: mj.ragged_dot(a, b, sizes, preferred_element_type=jnp.float32,
+                                               group_offset=1).sum()
     both = jax.jit(jax.value_and_grad(loss, (0, 1))).trace(lhs, rhs)
     workspace = f"tensor<{_ffi.cuda_workspace_bytes(E_loc)}xui8>"
     want = {"moekit_ragged_dot_fwd": [["tensor<37x24xf32>", workspace]],

@@ -94,7 +94,8 @@ def test_equals_jax_ragged_dot_on_the_gpu(m, K, n, sizes, dtype):
 @pytest.mark.parametrize("m,K,n,sizes", CASES[1:])
 def test_group_offset_equals_masked_reference_on_the_gpu(m, K, n, sizes):
     num_groups = len(sizes)
-    f = jax.jit(lambda a, b, s, o: mj.ragged_dot(a, b, s, o, preferred_element_type=F32))
+    f = jax.jit(lambda a, b, s, o: mj.ragged_dot(a, b, s, preferred_element_type=F32,
+                                                 group_offset=o))
     for num_local in sorted({1, max(1, num_groups // 2), num_groups}):
         for offset in range(num_groups - num_local + 1):
             lhs, rhs, gs = _inputs(m, K, n, sizes, num_groups=num_local, seed=offset)
@@ -103,7 +104,8 @@ def test_group_offset_equals_masked_reference_on_the_gpu(m, K, n, sizes):
 
             w = _exact((m, n), F32, np.random.default_rng(2))
             got_g = jax.grad(lambda a, b: jnp.sum(
-                mj.ragged_dot(a, b, gs, o, preferred_element_type=F32) * w), (0, 1))(lhs, rhs)
+                mj.ragged_dot(a, b, gs, preferred_element_type=F32, group_offset=o) * w),
+                (0, 1))(lhs, rhs)
             want_g = jax.grad(lambda a, b: jnp.sum(
                 masked_reference(a, b, gs, offset) * w), (0, 1))(lhs, rhs)
             for g, r in zip(got_g, want_g):
@@ -114,7 +116,7 @@ def test_non_local_rows_are_never_read_on_the_gpu():
     sizes = [10, 0, 41, 0, 3, 57]
     lhs, rhs, gs = _inputs(111, 64, 40, sizes, num_groups=3)
     poisoned = lhs.at[:10].set(jnp.nan).at[51:].set(jnp.nan)
-    got = np.float32(mj.ragged_dot(poisoned, rhs, gs, 1))
+    got = np.float32(mj.ragged_dot(poisoned, rhs, gs, group_offset=1))
     assert np.isfinite(got).all()
     assert (got[:10] == 0).all() and (got[51:] == 0).all()
     want = masked_reference(lhs, rhs, gs, 1).astype(BF16)
@@ -153,7 +155,8 @@ def test_expert_parallel_shard_map_over_the_gpus():
 
     def per_device(a, b):
         first = jax.lax.axis_index("ep") * (E // shards)
-        return jax.lax.psum(mj.ragged_dot(a, b, gs, first, preferred_element_type=F32), "ep")
+        return jax.lax.psum(
+            mj.ragged_dot(a, b, gs, preferred_element_type=F32, group_offset=first), "ep")
 
     f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("ep")), out_specs=P()))
     got = f(jax.device_put(lhs, NamedSharding(mesh, P())),
@@ -180,7 +183,7 @@ _IN_A_CUDA_GRAPH = textwrap.dedent("""
         return (f(a, b, s, o),) + jax.grad(loss, (0, 1))(a, b)
 
     def ours(a, b, s, o):
-        return mj.ragged_dot(a, b, s, o, preferred_element_type=jnp.float32)
+        return mj.ragged_dot(a, b, s, preferred_element_type=jnp.float32, group_offset=o)
 
     def masked(a, b, s, o):  # the local groups' weights among zeros: jax.lax.ragged_dot over G
         full = jax.lax.dynamic_update_slice(jnp.zeros((G, K, n), b.dtype), b, (o, 0, 0))

@@ -140,9 +140,9 @@ def test_route_ties_go_to_the_lower_index():
 
 
 def _nan_rule_row(x, k, score, pre_softmax):
-    """The C++ router's NaN rule (moekit/router.h) for one row, in NumPy: a NaN score ranks below every number
-    (-inf too), NaNs by index; the weights follow the formulas (NaN wherever they take a NaN);
-    the output order by weight puts NaN weights last."""
+    """The C++ router's NaN rule (moekit/router.h) for one row, in NumPy: a NaN score ranks
+    below every number (-inf too), NaNs by index; the weights follow the formulas (NaN wherever
+    they take a NaN); the output order by weight puts NaN weights last."""
     with np.errstate(invalid="ignore", over="ignore"):  # -inf - -inf: NaN, as the rule says
         return _nan_rule_row_values(x.astype(np.float64), k, score, pre_softmax)
 

@@ -24,6 +24,11 @@ def _call(name, shape, dtype, num_local, *args):
     it in a CUDA graph. `platform_dependent` lowers only the branch of the platform compiled for.
     """
     def on_cpu(*a):
+        # The CPU kernels take f32 and bf16: float16 is computed in float32 and rounded once.
+        if any(x.dtype == jnp.float16 for x in a):
+            a = [x.astype(jnp.float32) if x.dtype == jnp.float16 else x for x in a]
+            wide = jnp.float32 if np.dtype(dtype) == jnp.float16 else dtype
+            return _ffi.call(name, (shape, wide), *a).astype(dtype)
         return _ffi.call(name, (shape, dtype), *a)
 
     def on_cuda(*a):
@@ -60,8 +65,8 @@ def _ragged_dot_bwd(out_dtype, residuals, d_out):
 _ragged_dot.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
 
 
-def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
-               preferred_element_type=None):
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
+               group_offset=None):
     """Grouped matrix multiply, `jax.lax.ragged_dot` with a working `group_offset`.
 
     Rows of `lhs` are grouped by `group_sizes`: group j holds rows
@@ -74,33 +79,44 @@ def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
     Runs on the CPU, and on NVIDIA GPUs where moekit was built with CUDA (`cuda_built()`): there
     `group_sizes` and `group_offset` stay on the device, and a call never waits for the host.
 
+    The signature and dtype rules are `jax.lax.ragged_dot`'s (`group_offset` last, by keyword):
+    inputs of different float dtypes are promoted to a common one, and the result may be any
+    float dtype. The kernels take float32 and bfloat16 (and float16 on a GPU) and accumulate in
+    float32; other results are computed so and rounded once.
+
     Args:
-      lhs: ``[m, K]`` float32 or bfloat16; on a GPU also float16.
-      rhs: ``[E_loc, K, n]``, the dtype of `lhs`: the local groups' matrices.
-      group_sizes: ``[G]`` int32, ``G >= E_loc``, each >= 0, summing to at most m.
-      group_offset: the first local group, an int32 scalar or shape-(1,) array in
+      lhs: ``[m, K]`` float32, bfloat16 or float16 (on the CPU float16 is computed in float32).
+      rhs: ``[E_loc, K, n]``: the local groups' matrices; promoted with `lhs`.
+      group_sizes: ``[G]`` integers, ``G >= E_loc``, each >= 0, summing to at most m.
+      precision: accepted as `jax.lax.ragged_dot` does; products always accumulate in float32.
+      preferred_element_type: the result dtype, any float dtype (default: the promoted inputs').
+      group_offset: the first local group, an integer scalar or shape-(1,) array in
         ``[0, G - E_loc]``; may be traced (e.g. ``axis_index * E_loc`` in `shard_map`). None:
         0, and then G must equal E_loc, as in `jax.lax.ragged_dot`.
-      precision: accepted for signature compatibility; products always accumulate in float32.
-      preferred_element_type: the result dtype, float32 or the inputs' dtype (default).
 
     Returns:
       ``[m, n]`` in `preferred_element_type`.
 
     Gradients flow to `lhs` and `rhs` (computed by the C++ backward kernels; the cotangent is
-    rounded to the inputs' dtype first). Under `vmap`, each batch element is one call.
+    rounded to the inputs' dtype first) in their own dtypes. Under `vmap`, each batch element is
+    one call.
     """
-    del precision  # always f32 accumulation
+    _check_precision(precision)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     group_sizes = jnp.asarray(group_sizes)
     if lhs.ndim != 2:
         raise ValueError(f"ragged_dot: lhs must be [m, K], got shape {lhs.shape}")
     if rhs.ndim != 3:
         raise ValueError(f"ragged_dot: rhs must be [E_loc, K, n], got shape {rhs.shape}")
-    if lhs.dtype not in _DTYPES:
-        raise TypeError(f"ragged_dot: lhs dtype {lhs.dtype} is not float32, bfloat16 or float16")
-    if rhs.dtype != lhs.dtype:
-        raise TypeError(f"ragged_dot: rhs dtype {rhs.dtype} differs from lhs dtype {lhs.dtype}")
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if x.dtype not in _DTYPES:
+            raise TypeError(f"ragged_dot: {name} dtype {x.dtype} is not float32, bfloat16 or "
+                            f"float16")
+    # Mixed inputs are computed in f32 (both convert exactly); the result is, as in JAX's
+    # dot_general, the input dtype of the wider exponent, then of the longer mantissa: f32, then
+    # bf16, then f16.
+    common = lhs.dtype if lhs.dtype == rhs.dtype else np.dtype(jnp.float32)
+    wider = max(lhs.dtype, rhs.dtype, key=lambda d: (jnp.finfo(d).maxexp, jnp.finfo(d).nmant))
     if rhs.shape[1] != lhs.shape[1]:
         raise ValueError(f"ragged_dot: rhs.shape[1] = {rhs.shape[1]} differs from "
                          f"lhs.shape[1] = {lhs.shape[1]} (the contraction size K)")
@@ -128,9 +144,21 @@ def ragged_dot(lhs, rhs, group_sizes, group_offset=None, *, precision=None,
                              f"[0, {num_groups - num_local}] (G = {num_groups}, "
                              f"E_loc = {num_local})")
         group_offset = _ffi.as_int32("ragged_dot", "group_offset", group_offset).reshape((1,))
-    out_dtype = lhs.dtype if preferred_element_type is None else np.dtype(preferred_element_type)
-    if out_dtype not in (np.dtype(jnp.float32), lhs.dtype):
-        raise TypeError(f"ragged_dot: preferred_element_type {out_dtype} is not float32 or "
-                        f"the inputs' dtype {lhs.dtype}")
+    out_dtype = wider if preferred_element_type is None else np.dtype(preferred_element_type)
+    if not jnp.issubdtype(out_dtype, jnp.floating):
+        raise TypeError(f"ragged_dot: preferred_element_type {out_dtype} is not a float dtype")
     group_sizes = _ffi.as_int32("ragged_dot", "group_sizes", group_sizes)
-    return _ragged_dot(lhs, rhs, group_sizes, group_offset, out_dtype)
+    # The kernels write f32 or the inputs' dtype; any other result is f32 rounded once.
+    kernel_out = out_dtype if out_dtype in (np.dtype(jnp.float32), common) else jnp.float32
+    out = _ragged_dot(lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
+                      np.dtype(kernel_out))
+    return out.astype(out_dtype)
+
+
+def _check_precision(precision):
+    """Anything jax.lax.ragged_dot takes as precision passes (and is not needed: products always
+    accumulate in f32); a number or an array is a group_offset in moekit's old fourth place."""
+    if isinstance(precision, (int, np.integer)) or hasattr(precision, "shape"):
+        raise TypeError(f"ragged_dot: precision = {precision!r} is a number, not a precision (the "
+                        f"fourth argument is precision, as in jax.lax.ragged_dot; pass "
+                        f"group_offset= by keyword)")
