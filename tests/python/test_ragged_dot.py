@@ -287,3 +287,65 @@ def test_cuda_lowering_gives_each_call_its_workspace_and_the_cpu_lowering_none(E
     assert _ffi.cuda_workspace_bytes(E_loc) > 255
     assert _ffi.cuda_workspace_bytes(64) > _ffi.cuda_workspace_bytes(E_loc)
     assert _ffi.cuda_workspace_bytes(-1) == 0
+
+
+def _dn(contract, ragged, groups):
+    return jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(contract, ([], [])),
+                                             lhs_ragged_dimensions=ragged,
+                                             rhs_group_dimensions=groups)
+
+
+# (lhs layout, rhs layout, dimension numbers): the forward in every layout of its operands, and
+# the weight gradient (ragged contraction) likewise.
+GENERAL_CASES = [
+    ("mk", "gkn", _dn(([1], [1]), [0], [0])),
+    ("mk", "gnk", _dn(([1], [2]), [0], [0])),
+    ("km", "kgn", _dn(([0], [0]), [1], [1])),
+    ("mk", "mn", _dn(([0], [0]), [0], [])),
+    ("km", "nm", _dn(([1], [1]), [1], [])),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("lhs_layout,rhs_layout,dn", GENERAL_CASES)
+def test_ragged_dot_general_equals_jax(lhs_layout, rhs_layout, dn, dtype):
+    m, K, n, sizes = 111, 33, 17, [10, 0, 41, 0, 3, 57]
+    rng = np.random.default_rng(5)
+    dims = dict(m=m, k=K, n=n, g=len(sizes))
+    lhs = jnp.asarray(rng.standard_normal([dims[c] for c in lhs_layout]), dtype)
+    rhs = jnp.asarray(rng.standard_normal([dims[c] for c in rhs_layout]), dtype)
+    gs = jnp.asarray(sizes, jnp.int32)
+    got = mj.ragged_dot_general(lhs, rhs, gs, dn)
+    want = jax.lax.ragged_dot_general(lhs, rhs, gs, dn)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    rows = m if "g" in rhs_layout else n
+    np.testing.assert_allclose(np.float32(got), np.float32(want), **_tol(dtype, max(K, rows)))
+    w = jnp.asarray(rng.standard_normal(want.shape), F32)
+    loss = lambda f: lambda a, b: jnp.sum(f(a, b, gs, dn).astype(F32) * w)  # noqa: E731
+    got_g = jax.grad(loss(mj.ragged_dot_general), (0, 1))(lhs, rhs)
+    reference = jax.lax.ragged_dot_general
+    if "g" not in rhs_layout:  # JAX cannot differentiate its ragged contraction: a masked einsum
+        def reference(a, b, gs, dn):
+            a, b = (x if x.shape[0] == m else x.T for x in (a, b))  # [m, K], [m, n]
+            ends = jnp.cumsum(gs)
+            rows = jnp.arange(m)
+            mask = ((rows >= (ends - gs)[:, None]) & (rows < ends[:, None])).astype(a.dtype)
+            return jnp.einsum("gm,mk,mn->gkn", mask, a, b, preferred_element_type=F32).astype(
+                a.dtype)
+        np.testing.assert_allclose(np.float32(reference(lhs, rhs, gs, dn)), np.float32(want),
+                                   **_tol(dtype, m))
+    want_g = jax.grad(loss(reference), (0, 1))(lhs, rhs)
+    for g, r in zip(got_g, want_g):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        np.testing.assert_allclose(np.float32(g), np.float32(r), **_tol(dtype, m))
+
+
+def test_ragged_dot_general_names_what_it_does_not_take():
+    lhs, rhs, gs = _inputs(50, 8, 6, [20, 0, 30])
+    batch = jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(([2], [2]), ([0], [0])), lhs_ragged_dimensions=[1],
+        rhs_group_dimensions=[1])
+    with pytest.raises(NotImplementedError, match="no batch dimensions"):
+        mj.ragged_dot_general(lhs[None], rhs[None], gs, batch)
+    with pytest.raises(NotImplementedError, match="group_offset with a ragged contraction"):
+        mj.ragged_dot_general(lhs, lhs, gs, _dn(([0], [0]), [0], []), group_offset=1)

@@ -20,11 +20,11 @@ the others, and the expert FFN activation).
 from moekit.jax._ffi import cuda_built
 from moekit.jax.layer import MoeAux, MoeParams, activation, moe_layer
 from moekit.jax.permute import Permuted, permute, sort_chunks_by_index, unpermute
-from moekit.jax.ragged_dot import ragged_dot
+from moekit.jax.ragged_dot import ragged_dot, ragged_dot_general
 from moekit.jax.router import Route, aux_loss_scores, load_balancing_loss, route, z_loss
 
 __all__ = [
     "MoeAux", "MoeParams", "Permuted", "Route", "activation", "aux_loss_scores", "cuda_built",
-    "load_balancing_loss", "moe_layer", "permute", "ragged_dot", "route", "sort_chunks_by_index",
-    "unpermute", "z_loss",
+    "load_balancing_loss", "moe_layer", "permute", "ragged_dot", "ragged_dot_general", "route",
+    "sort_chunks_by_index", "unpermute", "z_loss",
 ]

@@ -10,7 +10,7 @@ import numpy as np
 
 from moekit.jax import _ffi
 
-__all__ = ["ragged_dot"]
+__all__ = ["ragged_dot", "ragged_dot_general"]
 
 # float16 runs on GPUs only: the CPU handler refuses it at run time, naming the dtype.
 _DTYPES = _ffi.FLOAT_DTYPES + (np.dtype(jnp.float16),)
@@ -108,15 +108,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         raise ValueError(f"ragged_dot: lhs must be [m, K], got shape {lhs.shape}")
     if rhs.ndim != 3:
         raise ValueError(f"ragged_dot: rhs must be [E_loc, K, n], got shape {rhs.shape}")
-    for name, x in (("lhs", lhs), ("rhs", rhs)):
-        if x.dtype not in _DTYPES:
-            raise TypeError(f"ragged_dot: {name} dtype {x.dtype} is not float32, bfloat16 or "
-                            f"float16")
-    # Mixed inputs are computed in f32 (both convert exactly); the result is, as in JAX's
-    # dot_general, the input dtype of the wider exponent, then of the longer mantissa: f32, then
-    # bf16, then f16.
-    common = lhs.dtype if lhs.dtype == rhs.dtype else np.dtype(jnp.float32)
-    wider = max(lhs.dtype, rhs.dtype, key=lambda d: (jnp.finfo(d).maxexp, jnp.finfo(d).nmant))
+    common, kernel_out, out_dtype = _dtypes("ragged_dot", lhs, rhs, preferred_element_type)
     if rhs.shape[1] != lhs.shape[1]:
         raise ValueError(f"ragged_dot: rhs.shape[1] = {rhs.shape[1]} differs from "
                          f"lhs.shape[1] = {lhs.shape[1]} (the contraction size K)")
@@ -144,14 +136,105 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
                              f"[0, {num_groups - num_local}] (G = {num_groups}, "
                              f"E_loc = {num_local})")
         group_offset = _ffi.as_int32("ragged_dot", "group_offset", group_offset).reshape((1,))
+    group_sizes = _ffi.as_int32("ragged_dot", "group_sizes", group_sizes)
+    out = _ragged_dot(lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
+                      kernel_out)
+    return out.astype(out_dtype)
+
+
+def _dtypes(fn, lhs, rhs, preferred_element_type):
+    """(the dtype the kernels take, the dtype they write, the result's) under JAX's rules:
+    mixed inputs computed in f32 (both convert exactly); the result, as dot_general's, the input
+    dtype of the wider exponent, then of the longer mantissa (f32, then bf16, then f16), or any
+    float preferred_element_type; the kernels write f32 or their input dtype, and any other
+    result is f32 rounded once."""
+    for name, x in (("lhs", lhs), ("rhs", rhs)):
+        if x.dtype not in _DTYPES:
+            raise TypeError(f"{fn}: {name} dtype {x.dtype} is not float32, bfloat16 or float16")
+    common = lhs.dtype if lhs.dtype == rhs.dtype else np.dtype(jnp.float32)
+    wider = max(lhs.dtype, rhs.dtype, key=lambda d: (jnp.finfo(d).maxexp, jnp.finfo(d).nmant))
     out_dtype = wider if preferred_element_type is None else np.dtype(preferred_element_type)
     if not jnp.issubdtype(out_dtype, jnp.floating):
-        raise TypeError(f"ragged_dot: preferred_element_type {out_dtype} is not a float dtype")
-    group_sizes = _ffi.as_int32("ragged_dot", "group_sizes", group_sizes)
-    # The kernels write f32 or the inputs' dtype; any other result is f32 rounded once.
+        raise TypeError(f"{fn}: preferred_element_type {out_dtype} is not a float dtype")
     kernel_out = out_dtype if out_dtype in (np.dtype(jnp.float32), common) else jnp.float32
-    out = _ragged_dot(lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
-                      np.dtype(kernel_out))
+    return common, np.dtype(kernel_out), out_dtype
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _ragged_contracting(lhs, rhs, group_sizes, out_dtype):
+    """out[j] = lhs[rows of j]^T @ rhs[rows of j]: ragged_dot's weight gradient kernel."""
+    G = group_sizes.shape[0]
+    return _call("moekit_ragged_dot_drhs", (G, lhs.shape[1], rhs.shape[1]), out_dtype, G, lhs,
+                 rhs, group_sizes, jnp.zeros((1,), jnp.int32))
+
+
+def _ragged_contracting_fwd(lhs, rhs, group_sizes, out_dtype):
+    return _ragged_contracting(lhs, rhs, group_sizes, out_dtype), (lhs, rhs, group_sizes)
+
+
+def _ragged_contracting_bwd(out_dtype, residuals, ct):
+    lhs, rhs, group_sizes = residuals
+    ct = ct.astype(lhs.dtype)
+    G, zero = group_sizes.shape[0], jnp.zeros((1,), jnp.int32)
+    # d_lhs[rows of j] = rhs[rows of j] @ ct[j]^T; d_rhs[rows of j] = lhs[rows of j] @ ct[j].
+    d_lhs = _call("moekit_ragged_dot_dlhs", lhs.shape, lhs.dtype, G, rhs, ct, group_sizes, zero)
+    d_rhs = _call("moekit_ragged_dot_fwd", rhs.shape, rhs.dtype, G, lhs, ct, group_sizes, zero)
+    return _ffi.match_vma((d_lhs, d_rhs), (lhs, rhs)) + (None,)
+
+
+_ragged_contracting.defvjp(_ragged_contracting_fwd, _ragged_contracting_bwd)
+
+
+def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None,
+                       preferred_element_type=None, group_offset=None):
+    """`jax.lax.ragged_dot_general` for the two forms MoE layers use, on moekit's kernels.
+
+    - Ragged rows (the forward): lhs ``[m, K]`` (or ``[K, m]``) with its non-contracting
+      dimension ragged, rhs of rank 3 with one group, one contracting and one output dimension
+      in any order; the result ``[m, n]``, as `ragged_dot` gives it (`group_offset` too).
+    - Ragged contraction (the weight gradient): lhs ``[m, K]`` and rhs ``[m, n]`` (or
+      transposed) contracting their ragged dimension m; the result ``[G, K, n]``, group j's
+      ``lhs[rows of j]^T @ rhs[rows of j]`` (0 for an empty group). No group_offset here.
+
+    Batch dimensions and other forms raise NotImplementedError naming what is supported. Dtypes,
+    precision and gradients as in `ragged_dot`.
+    """
+    fn = "ragged_dot_general"
+    _check_precision(precision)
+    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    dn = ragged_dot_dimension_numbers
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dn.dot_dimension_numbers
+    ragged, groups = list(dn.lhs_ragged_dimensions), list(dn.rhs_group_dimensions)
+    if (lhs_batch or rhs_batch or lhs.ndim != 2 or len(lhs_contract) != 1
+            or len(rhs_contract) != 1 or len(ragged) != 1):
+        raise NotImplementedError(
+            f"{fn}: supported are a rank-2 lhs with one contracting and one ragged dimension and "
+            f"no batch dimensions; got lhs {tuple(lhs.shape)}, rhs {tuple(rhs.shape)}, {dn}")
+    if ragged[0] != lhs_contract[0]:  # ragged rows
+        if rhs.ndim != 3 or len(groups) != 1:
+            raise NotImplementedError(f"{fn}: ragged rows need a rank-3 rhs with one group "
+                                      f"dimension; got rhs {tuple(rhs.shape)}, {dn}")
+        out_dim = ({0, 1, 2} - {groups[0], rhs_contract[0]}).pop()
+        rows = lhs if lhs_contract[0] == 1 else lhs.T  # [m, K]
+        weights = jnp.transpose(rhs, (groups[0], rhs_contract[0], out_dim))  # [G, K, n]
+        return ragged_dot(rows, weights, group_sizes, precision, preferred_element_type,
+                          group_offset=group_offset)
+    if rhs.ndim != 2 or groups:
+        raise NotImplementedError(f"{fn}: a ragged contraction needs a rank-2 rhs and no group "
+                                  f"dimension; got rhs {tuple(rhs.shape)}, {dn}")
+    if group_offset is not None:
+        raise NotImplementedError(f"{fn}: group_offset with a ragged contraction")
+    a = lhs if lhs_contract[0] == 0 else lhs.T  # [m, K]
+    b = rhs if rhs_contract[0] == 0 else rhs.T  # [m, n]
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"{fn}: the contracted sizes differ: {a.shape[0]} (lhs) and "
+                         f"{b.shape[0]} (rhs)")
+    if group_sizes.ndim != 1 or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise ValueError(f"{fn}: group_sizes must be a rank-1 integer array, got "
+                         f"{group_sizes.dtype}{list(group_sizes.shape)}")
+    common, kernel_out, out_dtype = _dtypes(fn, a, b, preferred_element_type)
+    group_sizes = _ffi.as_int32(fn, "group_sizes", group_sizes)
+    out = _ragged_contracting(a.astype(common), b.astype(common), group_sizes, kernel_out)
     return out.astype(out_dtype)
 
 
