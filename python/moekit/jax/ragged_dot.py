@@ -112,9 +112,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     if rhs.shape[1] != lhs.shape[1]:
         raise ValueError(f"ragged_dot: rhs.shape[1] = {rhs.shape[1]} differs from "
                          f"lhs.shape[1] = {lhs.shape[1]} (the contraction size K)")
-    if group_sizes.ndim != 1 or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-        raise ValueError(f"ragged_dot: group_sizes must be a rank-1 integer array, got "
-                         f"{group_sizes.dtype}{list(group_sizes.shape)}")
+    _check_group_sizes("ragged_dot", group_sizes)
     num_groups, num_local = group_sizes.shape[0], rhs.shape[0]
     if group_offset is None:
         if num_groups != num_local:
@@ -140,6 +138,12 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     out = _ragged_dot(lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
                       kernel_out)
     return out.astype(out_dtype)
+
+
+def _check_group_sizes(fn, group_sizes):
+    if group_sizes.ndim != 1 or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise ValueError(f"{fn}: group_sizes must be a rank-1 integer array, got "
+                         f"{group_sizes.dtype}{list(group_sizes.shape)}")
 
 
 def _dtypes(fn, lhs, rhs, preferred_element_type):
@@ -229,9 +233,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"{fn}: the contracted sizes differ: {a.shape[0]} (lhs) and "
                          f"{b.shape[0]} (rhs)")
-    if group_sizes.ndim != 1 or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-        raise ValueError(f"{fn}: group_sizes must be a rank-1 integer array, got "
-                         f"{group_sizes.dtype}{list(group_sizes.shape)}")
+    _check_group_sizes(fn, group_sizes)
     common, kernel_out, out_dtype = _dtypes(fn, a, b, preferred_element_type)
     group_sizes = _ffi.as_int32(fn, "group_sizes", group_sizes)
     out = _ragged_contracting(a.astype(common), b.astype(common), group_sizes, kernel_out)
