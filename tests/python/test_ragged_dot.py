@@ -349,3 +349,76 @@ def test_ragged_dot_general_names_what_it_does_not_take():
         mj.ragged_dot_general(lhs[None], rhs[None], gs, batch)
     with pytest.raises(NotImplementedError, match="group_offset with a ragged contraction"):
         mj.ragged_dot_general(lhs, lhs, gs, _dn(([0], [0]), [0], []), group_offset=1)
+
+
+# Every transformation jax.lax.ragged_dot has (and those its own implementation fails): the
+# kernels are primitives whose JVPs are themselves and whose transposes are each other.
+def _dense(lhs, rhs, sizes, offset=0):
+    """The local groups' rows times their matrices, other rows 0, by slicing: JAX differentiates
+    it any way."""
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    out = jnp.zeros((lhs.shape[0], rhs.shape[2]), jnp.float32)
+    for j in range(offset, offset + rhs.shape[0]):
+        rows = slice(int(starts[j]), int(starts[j + 1]))
+        out = out.at[rows].set(lhs[rows] @ rhs[j - offset])
+    return out
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_every_transformation_equals_the_dense_reference(offset):
+    sizes = [3, 0, 6, 2]
+    lhs, rhs, gs = _inputs(13, 5, 3, sizes, num_groups=4 - offset)
+    mine = lambda a, b: mj.ragged_dot(a, b, gs, group_offset=offset if offset else None)  # noqa
+    ref = lambda a, b: _dense(a, b, sizes, offset)  # noqa: E731
+    tol = dict(rtol=1e-5, atol=1e-5)
+    scalar = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b)))  # noqa: E731
+    t = (jnp.cos(lhs), jnp.sin(rhs))
+    checks = {
+        "jvp": lambda f: jax.jvp(f, (lhs, rhs), t)[1],
+        "grad of grad": lambda f: jax.grad(
+            lambda b: jnp.sum(jax.grad(scalar(f), 0)(lhs, b) ** 2))(rhs),
+        "hessian": lambda f: jax.hessian(lambda a: scalar(f)(a, rhs))(lhs),
+        "jit(hessian) in rhs": lambda f: jax.jit(jax.hessian(lambda b: scalar(f)(lhs, b)))(rhs),
+        "jacfwd": lambda f: jax.jacfwd(lambda b: f(lhs, b))(rhs),
+        "linear_transpose": lambda f: jax.linear_transpose(
+            lambda a: f(a, rhs), lhs)(jnp.ones((13, 3)))[0],
+        "checkpoint": lambda f: jax.grad(
+            lambda a: jnp.sum(jax.checkpoint(lambda a: jnp.sin(f(a, rhs)))(a)))(lhs),
+        "vmap of grad": lambda f: jax.vmap(jax.grad(scalar(f), 1), in_axes=(0, None))(
+            jnp.stack([lhs, -2 * lhs]), rhs),
+        "grad of vmap": lambda f: jax.grad(lambda b: jnp.sum(jax.vmap(
+            lambda a: f(a, b))(jnp.stack([lhs, lhs + 1]))))(rhs),
+    }
+    for name, check in checks.items():
+        np.testing.assert_allclose(check(mine), check(ref), err_msg=name, **tol)
+
+
+def test_replicated_rows_and_sharded_experts_under_shard_map():
+    """Gradients reach a replicated lhs (summed over the axis) and an expert-sharded rhs with a
+    traced offset, in a fresh process with 2 CPU devices."""
+    code = '''
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+import moekit.jax as mj
+mesh = Mesh(np.array(jax.devices()), ("ep",))
+rng = np.random.default_rng(0)
+sizes = np.array([3, 0, 6, 2], np.int32)
+lhs = jnp.asarray(rng.standard_normal((12, 5)), jnp.float32)
+rhs = jnp.asarray(rng.standard_normal((4, 5, 3)), jnp.float32)
+def f(a, b, s):
+    out = mj.ragged_dot(a, b, s, group_offset=jax.lax.axis_index("ep") * 2)
+    return jax.lax.psum(out, "ep")
+sharded = jax.shard_map(f, mesh=mesh, in_specs=(P(), P("ep"), P()), out_specs=P())
+loss = lambda g: lambda a, b: jnp.sum(jnp.sin(g(a, b, jnp.asarray(sizes))))
+one = lambda a, b, s: mj.ragged_dot(a, b, s)
+for i in (0, 1):
+    got = jax.jit(jax.grad(loss(sharded), i))(lhs, rhs)
+    want = jax.grad(loss(one), i)(lhs, rhs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+print("ok")
+'''
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr

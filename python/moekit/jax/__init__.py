@@ -1,11 +1,12 @@
 """The moekit kernels as JAX functions.
 
 Each function is an XLA FFI call into the C++ kernels, differentiable through `jax.custom_vjp`
-whose backward calls the C++ backward kernels, and usable under `jax.jit`, `jax.grad`,
-`jax.vmap` (a batch runs as a loop of calls) and inside `jax.shard_map`. The handlers are
-registered when this package is imported: every function for the CPU platform, and `ragged_dot`
-also for the CUDA platform where moekit was built with CUDA (`cuda_built()`), so that the same
-code runs on whichever device holds the arrays.
+whose backward calls the C++ backward kernels (`ragged_dot`: through primitives whose JVPs and
+transposes are its three kernels, so also `jvp` and derivatives of any order), and usable under
+`jax.jit`, `jax.grad`, `jax.vmap` (a batch runs as a loop of calls) and inside `jax.shard_map`.
+The handlers are registered when this package is imported: every function for the CPU platform,
+and `ragged_dot` also for the CUDA platform where moekit was built with CUDA (`cuda_built()`), so
+that the same code runs on whichever device holds the arrays.
 
 Invalid shapes, dtypes and options raise `ValueError` or `TypeError` at trace time, naming the
 argument. Invalid data that only the values show (a negative group size, sizes that sum past the

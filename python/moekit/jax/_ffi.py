@@ -115,7 +115,11 @@ def _varying_type(args):
     cannot know it of a custom call, and a result typed invariant would let JAX scale its
     cotangent by the axis size where a psum follows. Returns the ShapeDtypeStruct arguments that
     say so (a type varying over manual axes needs the operands' mesh), or none."""
-    avals = [jax.typeof(a) for a in args]
+    return varying_type([jax.typeof(a) for a in args])
+
+
+def varying_type(avals):
+    """`_varying_type` from the operands' abstract values (a primitive's abstract evaluation)."""
     typed = [a for a in avals if getattr(a, "mat", None) is not None and a.mat.varying]
     if not typed:
         return {}
@@ -187,6 +191,15 @@ def _varying_axes(x):
     if mat is not None:
         return frozenset(mat.varying)
     return frozenset(getattr(aval, "vma", ()))
+
+
+def vary_alike(args):
+    """Inside shard_map: every operand cast to vary over the manual axes any of them varies over
+    (JAX's transpose of the cast is a psum). Outside, the operands themselves."""
+    have = [_varying_axes(x) for x in args]
+    axes = frozenset().union(*have)
+    return tuple(jax.lax.pcast(x, tuple(sorted(axes - h)), to="varying") if axes - h else x
+                 for x, h in zip(args, have))
 
 
 def match_vma(cotangents, primals):

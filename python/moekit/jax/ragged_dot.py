@@ -7,6 +7,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from moekit.jax import _ffi
 
@@ -40,29 +42,95 @@ def _call(name, shape, dtype, num_local, *args):
     return jax.lax.platform_dependent(*args, cuda=on_cuda, default=on_cpu)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _ragged_dot(lhs, rhs, group_sizes, group_offset, out_dtype):
-    return _call("moekit_ragged_dot_fwd", (lhs.shape[0], rhs.shape[2]), out_dtype, rhs.shape[0],
-                 lhs, rhs, group_sizes, group_offset)
+# The three kernels as JAX primitives, each bilinear in its two float operands (the integer
+# group sizes and offset ride along), closed under differentiation: their JVPs are themselves and
+# their transposes are each other, so jvp, grad of any order, hessian and linear_transpose all
+# reduce to the three C++ kernels.
+#   fwd(L, R)   [m, K] x [E, K, n] -> [m, n]: out[rows of j] = L[rows] @ R[j]
+#   dlhs(C, R)  [m, n] x [E, K, n] -> [m, K]: out[rows of j] = C[rows] @ R[j]^T
+#   drhs(L, C)  [m, K] x [m, n]    -> [E, K, n]: out[j] = L[rows of j]^T @ C[rows of j]
+_TARGETS = {"fwd": "moekit_ragged_dot_fwd", "dlhs": "moekit_ragged_dot_dlhs",
+            "drhs": "moekit_ragged_dot_drhs"}
+# The transposes: for each kernel, (kernel, operand order) giving its first operand's gradient,
+# then its second's, from the cotangent `ct` and the known operand `x`.
+_TRANSPOSES = {
+    "fwd": (("dlhs", lambda ct, x: (ct, x)), ("drhs", lambda ct, x: (x, ct))),
+    "dlhs": (("fwd", lambda ct, x: (ct, x)), ("drhs", lambda ct, x: (ct, x))),
+    "drhs": (("dlhs", lambda ct, x: (x, ct)), ("fwd", lambda ct, x: (x, ct))),
+}
 
 
-def _ragged_dot_fwd(lhs, rhs, group_sizes, group_offset, out_dtype):
-    out = _ragged_dot(lhs, rhs, group_sizes, group_offset, out_dtype)
-    return out, (lhs, rhs, group_sizes, group_offset)
+def _result_shape(kind, a, b, num_local):
+    if kind == "fwd":
+        return (a.shape[0], b.shape[2])
+    if kind == "dlhs":
+        return (a.shape[0], b.shape[1])
+    return (num_local, a.shape[1], b.shape[1])
 
 
-def _ragged_dot_bwd(out_dtype, residuals, d_out):
-    lhs, rhs, group_sizes, group_offset = residuals
-    d_out = d_out.astype(lhs.dtype)  # the kernels take the cotangent in the inputs' dtype
-    num_local = rhs.shape[0]
-    d_lhs = _call("moekit_ragged_dot_dlhs", lhs.shape, lhs.dtype, num_local, d_out, rhs,
-                  group_sizes, group_offset)
-    d_rhs = _call("moekit_ragged_dot_drhs", rhs.shape, rhs.dtype, num_local, lhs, d_out,
-                  group_sizes, group_offset)
-    return _ffi.match_vma((d_lhs, d_rhs), (lhs, rhs)) + (None, None)
+def _impl(kind, a, b, group_sizes, group_offset, *, out_dtype, num_local):
+    return _call(_TARGETS[kind], _result_shape(kind, a, b, num_local), out_dtype, num_local, a,
+                 b, group_sizes, group_offset)
 
 
-_ragged_dot.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
+def _abstract_eval(kind, a, b, group_sizes, group_offset, *, out_dtype, num_local):
+    return jax.core.ShapedArray(_result_shape(kind, a, b, num_local), out_dtype,
+                                **_ffi.varying_type((a, b, group_sizes, group_offset)))
+
+
+def _bind(kind, a, b, group_sizes, group_offset, out_dtype, num_local):
+    """One kernel. Inside shard_map its operands are first made to vary over every axis any of
+    them varies over: the kernel's operands then agree, and the transposes of those casts (psums)
+    sum a replicated operand's cotangent over the axes."""
+    args = _ffi.vary_alike((a, b, group_sizes, group_offset))
+    return _PRIMITIVES[kind].bind(*args, out_dtype=np.dtype(out_dtype), num_local=num_local)
+
+
+def _jvp(kind, primals, tangents, *, out_dtype, num_local):
+    a, b, group_sizes, group_offset = primals
+    da, db = tangents[:2]
+    out = _bind(kind, a, b, group_sizes, group_offset, out_dtype, num_local)
+    terms = [_bind(kind, x, y, group_sizes, group_offset, out_dtype, num_local)
+             for x, y, t in ((da, b, da), (a, db, db)) if type(t) is not ad.Zero]
+    if not terms:
+        return out, ad.Zero.from_primal_value(out)
+    return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+
+def _transpose(kind, ct, a, b, group_sizes, group_offset, *, out_dtype, num_local):
+    first = ad.is_undefined_primal(a)
+    known, unknown = (b, a) if first else (a, b)
+    if type(ct) is ad.Zero:
+        grad = ad.Zero(unknown.aval)
+    else:
+        other, order = _TRANSPOSES[kind][0 if first else 1]
+        # The kernels take the cotangent in the operands' dtype.
+        x, y = order(ct.astype(known.dtype), known)
+        grad = _bind(other, x, y, group_sizes, group_offset, unknown.aval.dtype, num_local)
+    return (grad, None, None, None) if first else (None, grad, None, None)
+
+
+def _batch(kind, args, dims, *, out_dtype, num_local):
+    """Under vmap: one call per batch element (a lax.map over the batch)."""
+    size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+    moved = tuple(jnp.moveaxis(x, d, 0) if d is not None else
+                  jnp.broadcast_to(x, (size,) + x.shape) for x, d in zip(args, dims))
+    return jax.lax.map(lambda xs: _bind(kind, *xs, out_dtype, num_local), moved), 0
+
+
+def _primitive(kind):
+    p = Primitive(f"moekit_ragged_dot_{kind}")
+    impl = functools.partial(_impl, kind)
+    p.def_impl(impl)
+    p.def_abstract_eval(functools.partial(_abstract_eval, kind))
+    mlir.register_lowering(p, mlir.lower_fun(impl, multiple_results=False))
+    ad.primitive_jvps[p] = functools.partial(_jvp, kind)
+    ad.primitive_transposes[p] = functools.partial(_transpose, kind)
+    batching.primitive_batchers[p] = functools.partial(_batch, kind)
+    return p
+
+
+_PRIMITIVES = {kind: _primitive(kind) for kind in _TARGETS}
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
@@ -97,9 +165,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     Returns:
       ``[m, n]`` in `preferred_element_type`.
 
-    Gradients flow to `lhs` and `rhs` (computed by the C++ backward kernels; the cotangent is
-    rounded to the inputs' dtype first) in their own dtypes. Under `vmap`, each batch element is
-    one call.
+    Derivatives of any order and mode (`grad`, `jvp`, `hessian`, `linear_transpose`) flow to
+    `lhs` and `rhs` in their own dtypes, each computed by the C++ kernels (the cotangent rounded
+    to the inputs' dtype first). Under `vmap`, each batch element is one call.
     """
     _check_precision(precision)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
@@ -135,8 +203,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
                              f"E_loc = {num_local})")
         group_offset = _ffi.as_int32("ragged_dot", "group_offset", group_offset).reshape((1,))
     group_sizes = _ffi.as_int32("ragged_dot", "group_sizes", group_sizes)
-    out = _ragged_dot(lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
-                      kernel_out)
+    out = _bind("fwd", lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
+                kernel_out, rhs.shape[0])
     return out.astype(out_dtype)
 
 
@@ -162,31 +230,6 @@ def _dtypes(fn, lhs, rhs, preferred_element_type):
         raise TypeError(f"{fn}: preferred_element_type {out_dtype} is not a float dtype")
     kernel_out = out_dtype if out_dtype in (np.dtype(jnp.float32), common) else jnp.float32
     return common, np.dtype(kernel_out), out_dtype
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _ragged_contracting(lhs, rhs, group_sizes, out_dtype):
-    """out[j] = lhs[rows of j]^T @ rhs[rows of j]: ragged_dot's weight gradient kernel."""
-    G = group_sizes.shape[0]
-    return _call("moekit_ragged_dot_drhs", (G, lhs.shape[1], rhs.shape[1]), out_dtype, G, lhs,
-                 rhs, group_sizes, jnp.zeros((1,), jnp.int32))
-
-
-def _ragged_contracting_fwd(lhs, rhs, group_sizes, out_dtype):
-    return _ragged_contracting(lhs, rhs, group_sizes, out_dtype), (lhs, rhs, group_sizes)
-
-
-def _ragged_contracting_bwd(out_dtype, residuals, ct):
-    lhs, rhs, group_sizes = residuals
-    ct = ct.astype(lhs.dtype)
-    G, zero = group_sizes.shape[0], jnp.zeros((1,), jnp.int32)
-    # d_lhs[rows of j] = rhs[rows of j] @ ct[j]^T; d_rhs[rows of j] = lhs[rows of j] @ ct[j].
-    d_lhs = _call("moekit_ragged_dot_dlhs", lhs.shape, lhs.dtype, G, rhs, ct, group_sizes, zero)
-    d_rhs = _call("moekit_ragged_dot_fwd", rhs.shape, rhs.dtype, G, lhs, ct, group_sizes, zero)
-    return _ffi.match_vma((d_lhs, d_rhs), (lhs, rhs)) + (None,)
-
-
-_ragged_contracting.defvjp(_ragged_contracting_fwd, _ragged_contracting_bwd)
 
 
 def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None,
@@ -236,7 +279,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     _check_group_sizes(fn, group_sizes)
     common, kernel_out, out_dtype = _dtypes(fn, a, b, preferred_element_type)
     group_sizes = _ffi.as_int32(fn, "group_sizes", group_sizes)
-    out = _ragged_contracting(a.astype(common), b.astype(common), group_sizes, kernel_out)
+    out = _bind("drhs", a.astype(common), b.astype(common), group_sizes,
+                jnp.zeros((1,), jnp.int32), kernel_out, group_sizes.shape[0])
     return out.astype(out_dtype)
 
 
