@@ -2,6 +2,7 @@
 reference (with group_offset): values, both gradients, jit, vmap and the errors."""
 
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -422,3 +423,16 @@ print("ok")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
+def test_large_blocks_stay_in_the_heap_unless_told_otherwise():
+    """moekit.jax raises glibc's mmap threshold at import (fresh XLA buffers then reuse the
+    heap), not where the program set it or opted out."""
+    code = "import moekit.jax._ffi as f; print(f.KEPT_LARGE_BLOCKS)"
+    for env, want in (({}, "True"), ({"MOEKIT_KEEP_MALLOC": "0"}, "False"),
+                      ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "False")):
+        clean = {k: v for k, v in os.environ.items()
+                 if k not in ("MOEKIT_KEEP_MALLOC", "MALLOC_MMAP_THRESHOLD_")}
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**clean, **env}, timeout=120)
+        assert run.stdout.strip() == want, (env, run.stdout, run.stderr)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +43,26 @@ def _version(v):
     return tuple(int(x) for x in v.split(".")[:3] if x.isdigit())
 
 
+def keep_large_blocks_in_the_heap():
+    """XLA:CPU allocates every result anew, and glibc serves blocks past its mmap threshold with
+    fresh mmaps whose pages fault in on first touch: at qwen3 shapes a third of a ragged_dot
+    forward + backward (bench/results/jax_ragged_dot-cpu-2026-11-24). Raising the threshold keeps
+    them in the heap for reuse, as MALLOC_MMAP_THRESHOLD_ would. Done once, at import, with glibc
+    only, and not where the program set the threshold itself (MALLOC_MMAP_THRESHOLD_, or
+    MOEKIT_KEEP_MALLOC=0 to leave the allocator alone). The cost: freed large blocks stay in the
+    process's heap instead of going back to the system at once. Returns whether it was set."""
+    if (not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ
+            or os.environ.get("MOEKIT_KEEP_MALLOC") == "0"):
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    m_mmap_threshold = -3
+    return bool(mallopt(m_mmap_threshold, ctypes.c_int(2**31 - 1)))
+
+
+KEPT_LARGE_BLOCKS = keep_large_blocks_in_the_heap()
 _lib = _load(LIBRARY)
 BUILT_WITH_JAXLIB = _lib.moekit_ffi_built_with_jaxlib().decode()
 if _version(jax.lib.__version__) < _version(BUILT_WITH_JAXLIB):
