@@ -574,6 +574,10 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, const float
   float* weights_t = reinterpret_cast<float*>(chosen_t + k * static_cast<int64_t>(N));
   const float* bias = o.expert_bias.empty() ? zero_bias : o.expert_bias.data();
 
+  // Under post-softmax without groups every key is a logit the network sees, and a NaN key
+  // already leaves its row undecided. The scores of the other routings (exp, sigmoid, softplus)
+  // lose a NaN, and groups hide an unkept group's keys, so those rows are scanned.
+  const bool scan_for_nan = o.score != RouterScore::kSoftmax || o.pre_softmax || o.num_groups > 0;
   uint32_t undecided = 0;
   for (int32_t r0 = 0; r0 < rows; r0 += static_cast<int32_t>(N)) {
     const int32_t used = std::min<int32_t>(static_cast<int32_t>(N), rows - r0);
@@ -591,7 +595,7 @@ uint32_t RouteLanes(const RouteProblem& p, int64_t t0, int32_t rows, const float
     hn::StoreMaskBits(d, bad, bad_bits);
     uint32_t bad_rows = 0;
     for (int32_t l = 0; l < used; ++l) {
-      const bool nan = RowHasNaN(row[l], p.logits.dtype, E);
+      const bool nan = scan_for_nan && RowHasNaN(row[l], p.logits.dtype, E);
       bad_rows |= static_cast<uint32_t>(((bad_bits[l / 8] >> (l % 8)) & 1) | nan) << l;
     }
     SlotsToRows(chosen_t, k, used, chosen + r0 * k);
