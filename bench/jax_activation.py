@@ -12,24 +12,19 @@ Each case is jitted and compiled first; the median of --reps runs.
 import argparse
 import os
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 import moekit.jax as mj
+from jax_layer_ep import time_ms  # bench/ is this script's path
 
 FNS = {"swiglu": jax.nn.silu, "geglu": lambda g: jax.nn.gelu(g, approximate=True)}
 
 
 def median_ms(fn, *args, reps):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
+    """The median of `reps` timed runs after one untimed (compilation)."""
+    return statistics.median(time_ms(fn, args, 1, reps))
 
 
 def main():
