@@ -394,12 +394,19 @@ def test_every_transformation_equals_the_dense_reference(offset):
         np.testing.assert_allclose(check(mine), check(ref), err_msg=name, **tol)
 
 
+def _in_fresh_process(devices, code):
+    """Runs `code` in a new Python with `devices` CPU devices; it prints "ok" when it passes."""
+    head = (f"import os\nos.environ['XLA_FLAGS'] = "
+            f"'--xla_force_host_platform_device_count={devices}'\n")
+    run = subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
+
+
 def test_replicated_rows_and_sharded_experts_under_shard_map():
     """Gradients reach a replicated lhs (summed over the axis) and an expert-sharded rhs with a
     traced offset, in a fresh process with 2 CPU devices."""
-    code = '''
-import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    _in_fresh_process(2, '''
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 import moekit.jax as mj
@@ -419,10 +426,68 @@ for i in (0, 1):
     want = jax.grad(loss(one), i)(lhs, rhs)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 print("ok")
-'''
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+''')
+
+
+def test_sharded_jit_keeps_the_weights_and_rows_sharded():
+    """Under jit with shardings on a 2 x 2 mesh (dp, tp), the forward and both gradients equal
+    jax.lax.ragged_dot's, and the compiled program gathers neither the weights nor the rows
+    where they are sharded over n (tensor parallel), over rows (data parallel), both, or over
+    the contraction K; where rows and n share an axis, n keeps it. Then offsets (traced, bf16,
+    rows past the groups) and a refused group total on sharded rows."""
+    _in_fresh_process(4, '''
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import moekit.jax as mj
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))
+S = lambda *spec: NamedSharding(mesh, P(*spec))
+rng = np.random.default_rng(0)
+sizes = jnp.asarray([3, 0, 6, 2], jnp.int32)
+lhs = jnp.asarray(rng.standard_normal((12, 6)), jnp.float32)
+rhs = jnp.asarray(rng.standard_normal((4, 6, 8)), jnp.float32)
+ct = jnp.asarray(rng.standard_normal((12, 8)), jnp.float32)
+def compiled(f, shardings, *args):
+    g = jax.jit(f, in_shardings=shardings)
+    return g(*args), g.lower(*args).compile().as_text()
+cases = {"n over tp": (S(), S(None, None, "tp"), True),
+         "rows over dp": (S("dp"), S(), True),
+         "rows over dp, n over tp": (S("dp"), S(None, None, "tp"), True),
+         "K over tp": (S(None, "tp"), S(None, "tp"), True),
+         "rows and n over tp": (S("tp"), S(None, None, "tp"), False)}
+for name, (lhs_s, rhs_s, no_gather) in cases.items():
+    for impl in (jax.lax.ragged_dot, mj.ragged_dot):
+        fwd, fwd_hlo = compiled(impl, (lhs_s, rhs_s, S()), lhs, rhs, sizes)
+        loss = lambda a, b: jnp.sum(impl(a, b, sizes) * ct)
+        grads, grad_hlo = compiled(jax.grad(loss, (0, 1)), (lhs_s, rhs_s), lhs, rhs)
+        if impl is jax.lax.ragged_dot:
+            want = (fwd, *grads)
+    for got, ref in zip((fwd, *grads), want):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=name)
+    for hlo in (fwd_hlo, grad_hlo):
+        gathers = [line for line in hlo.splitlines() if " all-gather(" in line]
+        assert not any("f32[4,6,8]" in line for line in gathers), (name, gathers)  # the weights
+        assert not (no_gather and gathers), (name, gathers)
+
+dp_tp = (S("dp"), S(None, None, "tp"), S(), S())
+f = lambda a, b, s, o: mj.ragged_dot(a, b, s, group_offset=o)
+sizes = jnp.asarray([3, 0, 6, 2, 1], jnp.int32)  # 12 of 14 rows
+lhs = jnp.asarray(rng.standard_normal((14, 6)), jnp.bfloat16)
+rhs = jnp.asarray(rng.standard_normal((2, 6, 8)), jnp.bfloat16)
+for offset in (0, 2, 3):
+    args = (lhs, rhs, sizes, jnp.int32(offset))
+    np.testing.assert_array_equal(jax.jit(f, in_shardings=dp_tp)(*args), f(*args))
+    loss = lambda a, b: jnp.sum(f(a, b, sizes, offset).astype(jnp.float32) ** 2)
+    grad = jax.grad(loss, (0, 1))
+    for got, want in zip(jax.jit(grad, in_shardings=dp_tp[:2])(lhs, rhs), grad(lhs, rhs)):
+        np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=2e-2, atol=2e-2)
+try:
+    jax.jit(f, in_shardings=dp_tp)(lhs, rhs, jnp.asarray([3, 0, 6, 2, 9], jnp.int32),
+                                   0).block_until_ready()
+    raise AssertionError("a total of 20 groups' rows over 14 was accepted")
+except jax.errors.JaxRuntimeError as e:
+    assert "sum(group_sizes) = 20" in str(e), e
+print("ok")
+''')
 
 
 def test_large_blocks_stay_in_the_heap_unless_told_otherwise():

@@ -7,10 +7,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from moekit.jax import _ffi
+from moekit.jax import _ffi, _ragged_dot_sharding
 
 __all__ = ["ragged_dot", "ragged_dot_general"]
 
@@ -118,12 +119,21 @@ def _batch(kind, args, dims, *, out_dtype, num_local):
     return jax.lax.map(lambda xs: _bind(kind, *xs, out_dtype, num_local), moved), 0
 
 
+def _lower(kind, ctx, *args, out_dtype, num_local):
+    """The kernel's call, split over the mesh by its partitioning rule under a sharded `jit`."""
+    fn = _ragged_dot_sharding.partitioned(_impl, kind, np.dtype(out_dtype), num_local)
+    return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
+
+
 def _primitive(kind):
     p = Primitive(f"moekit_ragged_dot_{kind}")
     impl = functools.partial(_impl, kind)
     p.def_impl(impl)
     p.def_abstract_eval(functools.partial(_abstract_eval, kind))
-    mlir.register_lowering(p, mlir.lower_fun(impl, multiple_results=False))
+    mlir.register_lowering(p, functools.partial(_lower, kind))
+    # custom_partitioning needs the devices when the call is lowered; JAX's own partitioned
+    # primitives (cuDNN attention) declare it in this set, which has no public name.
+    dispatch.prim_requires_devices_during_lowering.add(p)
     ad.primitive_jvps[p] = functools.partial(_jvp, kind)
     ad.primitive_transposes[p] = functools.partial(_transpose, kind)
     batching.primitive_batchers[p] = functools.partial(_batch, kind)
@@ -167,7 +177,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
 
     Derivatives of any order and mode (`grad`, `jvp`, `hessian`, `linear_transpose`) flow to
     `lhs` and `rhs` in their own dtypes, each computed by the C++ kernels (the cotangent rounded
-    to the inputs' dtype first). Under `vmap`, each batch element is one call.
+    to the inputs' dtype first). Under `vmap`, each batch element is one call. Under `jit`
+    with shardings, rhs sharded over n and lhs sharded over rows (or both over K) stay sharded:
+    each device runs its part (see `_ragged_dot_sharding`).
     """
     _check_precision(precision)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
