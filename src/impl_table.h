@@ -1,6 +1,8 @@
 // Internal: the implementation table of an op. Each public entry point lists its
-// implementations fastest first and the reference last; kAuto takes the first.
+// implementations in order of preference; kAuto takes the first that takes the call.
 #pragma once
+
+#include <fmt/format.h>
 
 #include <cstddef>
 #include <string>
@@ -13,15 +15,28 @@ template <typename Impl, typename Problem>
 struct Implementation {
   Impl id;
   Status (*run)(const Problem&);
+  // Whether it takes this call (null: every call), and what it needs, for the error when it was
+  // asked for by name and does not.
+  bool (*takes)(const Problem&) = nullptr;
+  const char* needs = "";
 };
 
-// Runs the first implementation in `table` that `want` allows (Impl::kAuto: the first).
+// Runs the first implementation in `table` that takes the problem (want == Impl::kAuto), or the
+// one named by `want`.
 template <typename Impl, typename Problem, size_t N>
 Status run_implementation(const char* op, const Implementation<Impl, Problem> (&table)[N],
                           Impl want, const Problem& problem) {
   for (const auto& impl : table) {
-    if (want == Impl::kAuto || want == impl.id) return impl.run(problem);
+    const bool takes = impl.takes == nullptr || impl.takes(problem);
+    if (want == Impl::kAuto && takes) return impl.run(problem);
+    if (want != impl.id) continue;
+    if (!takes) {
+      return Status::unimplemented(op, fmt::format("impl {} does not take this call: it needs {}",
+                                                   static_cast<int>(want), impl.needs));
+    }
+    return impl.run(problem);
   }
+  if (want == Impl::kAuto) return Status::unimplemented(op, "no implementation takes this call");
   return Status::invalid_argument(op, "impl", std::to_string(static_cast<int>(want)),
                                   "not an implementation of this op");
 }

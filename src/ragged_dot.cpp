@@ -1,125 +1,162 @@
-// Public ragged_dot entry points: validate every argument (nothing is written before this is
-// done), reduce the call to one of the two grouped-GEMM problems of ragged_dot_problem.h, and
-// run the first implementation that the options allow (the reference last).
+// The ragged_dot entry points, for every backend: validate what the host can see (nothing is
+// written before this is done), reduce the call to one of the two grouped-GEMM problems of
+// ragged_dot_problem.h, and run the first implementation of its table that takes it. The CUDA
+// implementations are in the tables where moekit is built with CUDA.
 #include "moekit/ragged_dot.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <string>
-#include <vector>
 
 #include "check.h"
 #include "cpu/grouped_gemm.h"
+#include "impl_table.h"
 #include "ragged_dot_problem.h"
+#if MOEKIT_HAS_CUDA
+#include "cuda/grouped_gemm_cuda.h"
+#endif
 
 namespace moekit {
 namespace {
 
-using detail::check_dim;
-using detail::check_input_dtype;
-using detail::check_output_dtype;
-using detail::check_same_dtype;
-using detail::check_view;
 using detail::ContractionGroupedGemm;
-using detail::GroupRows;
+using detail::Implementation;
 using detail::RowGroupedGemm;
 
-// group_sizes, group_offset and E_loc against m; fills the local row range.
-Status check_groups(const char* op, std::span<const int32_t> sizes, int32_t offset,
-                    int64_t num_local, int64_t m, GroupRows* out) {
-  const int64_t G = static_cast<int64_t>(sizes.size());
-  MOEKIT_RETURN_IF_ERROR(detail::check_group_count(op, "group_sizes.size()", G, num_local));
-  if (G > 0 && sizes.data() == nullptr) {
-    return Status::invalid_argument(op, "group_sizes.data", "null", "non-empty span needs data");
-  }
-  MOEKIT_RETURN_IF_ERROR(detail::check_group_offset(op, offset, G, num_local));
-  int64_t total = 0, begin = 0, end = 0;
-  for (int64_t j = 0; j < G; ++j) {
-    if (sizes[j] < 0) {
-      return Status::invalid_argument(op, fmt::format("group_sizes[{}]", j),
-                                      std::to_string(sizes[j]), "group sizes must be >= 0");
-    }
-    if (j == offset) begin = total;
-    total += sizes[j];
-    if (j == offset + num_local - 1) end = total;
-  }
-  if (num_local == 0 || G == 0) begin = end = 0;
-  if (total > m) {
-    return Status::invalid_argument(op, "sum(group_sizes)", std::to_string(total),
-                                    fmt::format("exceeds the {} rows of the input", m));
-  }
-  *out = GroupRows{sizes, offset, num_local, begin, end};
-  return {};
+template <class Problem>
+bool on_cpu(const Problem& g) {
+  return g.exec.device == Device::kCpu;
 }
 
-template <typename Problem>
-struct Implementation {
-  RaggedDotImpl id;
-  const char* name;
-  Status (*run)(const Problem&);
-};
+#if MOEKIT_HAS_CUDA
+namespace cu = detail::cuda;
 
-// Ordered fastest first, the reference last.
-constexpr Implementation<RowGroupedGemm> kRowImpls[] = {
-    {RaggedDotImpl::kOneDnn, "onednn", detail::row_grouped_gemm_onednn},
-    {RaggedDotImpl::kReference, "reference", detail::row_grouped_gemm_ref},
-};
-constexpr Implementation<ContractionGroupedGemm> kContractionImpls[] = {
-    {RaggedDotImpl::kOneDnn, "onednn", detail::contraction_grouped_gemm_onednn},
-    {RaggedDotImpl::kReference, "reference", detail::contraction_grouped_gemm_ref},
-};
-
-template <typename Problem, size_t N>
-Status run_implementation(const char* op, const Implementation<Problem> (&table)[N],
-                          RaggedDotImpl want, const Problem& problem) {
-  for (const auto& impl : table) {
-    if (want == RaggedDotImpl::kAuto || want == impl.id) return impl.run(problem);
-  }
-  return Status::unimplemented(
-      op, fmt::format("no implementation {} for this call", static_cast<int>(want)));
+int cuda_arch() {
+  cu::DeviceInfo info;
+  return cu::device_info(&info).ok() ? info.arch : 0;
 }
 
-// The forward and the input gradient, once row_problem() has checked the shapes.
+template <class Problem>
+bool on_cuda(const Problem& g) {
+  return g.exec.device == Device::kCuda;
+}
+
+template <class Problem>
+bool on_sm90(const Problem& g) {
+  return MOEKIT_CUDA_SM90 && on_cuda(g) && cu::tensor_core_eligible(g) && cuda_arch() == 90;
+}
+
+template <class Problem>
+bool on_sm80(const Problem& g) {
+  return MOEKIT_CUDA_SM80 && on_cuda(g) && cu::tensor_core_eligible(g) && cuda_arch() >= 80;
+}
+
+constexpr const char* kSm90Needs =
+    "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability 9.0 "
+    "and a build with sm_90a";
+constexpr const char* kSm80Needs =
+    "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability "
+    ">= 8.0 and a build with sm_80";
+#endif
+
+// In order of preference; the CPU's reference last.
+constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
+#if MOEKIT_HAS_CUDA
+    {RaggedDotImpl::kCudaSm90, cu::row_grouped_sm90, on_sm90, kSm90Needs},
+    {RaggedDotImpl::kCudaSm80, cu::row_grouped_sm80, on_sm80, kSm80Needs},
+    {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, "CUDA buffers"},
+#endif
+    {RaggedDotImpl::kOneDnn, detail::row_grouped_gemm_onednn, on_cpu, "host buffers"},
+    {RaggedDotImpl::kReference, detail::row_grouped_gemm_ref, on_cpu, "host buffers"},
+};
+constexpr Implementation<RaggedDotImpl, ContractionGroupedGemm> kContractionImpls[] = {
+#if MOEKIT_HAS_CUDA
+    {RaggedDotImpl::kCudaSm90, cu::contraction_grouped_sm90, on_sm90, kSm90Needs},
+    {RaggedDotImpl::kCudaSm80, cu::contraction_grouped_sm80, on_sm80, kSm80Needs},
+    {RaggedDotImpl::kCudaPortable, cu::contraction_grouped_portable, on_cuda, "CUDA buffers"},
+#endif
+    {RaggedDotImpl::kOneDnn, detail::contraction_grouped_gemm_onednn, on_cpu, "host buffers"},
+    {RaggedDotImpl::kReference, detail::contraction_grouped_gemm_ref, on_cpu, "host buffers"},
+};
+
+// The backend exists, and the output is apart from the inputs, the groups and the workspace
+// (which a CUDA call also writes).
+Status check_call(const char* op, const detail::Region& out, const detail::Region& a,
+                  const detail::Region& b, const RaggedDotGroups& groups,
+                  const RaggedDotExec& exec) {
+  if (exec.device != Device::kCpu && exec.device != Device::kCuda) {
+    return Status::invalid_argument(op, "exec.device",
+                                    std::to_string(static_cast<int>(exec.device)), "not a Device");
+  }
+  if (exec.device == Device::kCuda && !cuda_built()) {
+    return Status::unimplemented(op, "moekit was built without its CUDA backend");
+  }
+  return detail::check_disjoint(
+      op, {out, {"exec.workspace", exec.workspace, exec.workspace_bytes}},
+      {a,
+       b,
+       {"group_sizes", groups.sizes},
+       {"groups.device_offset", groups.device_offset, groups.device_offset ? sizeof(int32_t) : 0}});
+}
+
+// The forward and the input gradient.
 Status row_grouped(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
-                   std::span<const int32_t> sizes, const char* c_name, TensorView c,
-                   const RaggedDotOptions& opt, bool contract_over_rhs_n) {
+                   const RaggedDotGroups& groups, const char* c_name, TensorView c,
+                   const RaggedDotOptions& options, const RaggedDotExec& exec,
+                   bool contract_over_rhs_n) {
   RowGroupedGemm g;
-  MOEKIT_RETURN_IF_ERROR(detail::row_problem(op, a_name, a, rhs, c_name, c, opt,
-                                             contract_over_rhs_n, /*allow_f16=*/false, &g));
-  MOEKIT_RETURN_IF_ERROR(check_groups(op, sizes, opt.group_offset, rhs.shape[0], g.m, &g.groups));
-  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
-      op, {{c_name, c}}, {{a_name, a}, {"rhs", rhs}, {"group_sizes", sizes}}));
-  return run_implementation(op, kRowImpls, opt.impl, g);
+  MOEKIT_RETURN_IF_ERROR(
+      detail::row_problem(op, a_name, a, rhs, c_name, c, options, exec, contract_over_rhs_n, &g));
+  MOEKIT_RETURN_IF_ERROR(detail::check_groups(op, groups, exec, rhs.shape[0], g.m, &g.groups));
+  MOEKIT_RETURN_IF_ERROR(check_call(op, {c_name, c}, {a_name, a}, {"rhs", rhs}, groups, exec));
+  return detail::run_implementation(op, kRowImpls, options.impl, g);
 }
 
 }  // namespace
 
-Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, std::span<const int32_t> group_sizes,
-                  TensorView out, const RaggedDotOptions& options) {
-  return row_grouped("ragged_dot", "lhs", lhs, rhs, group_sizes, "out", out, options,
+Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroups& groups,
+                  TensorView out, const RaggedDotOptions& options, const RaggedDotExec& exec) {
+  return row_grouped("ragged_dot", "lhs", lhs, rhs, groups, "out", out, options, exec,
                      /*contract_over_rhs_n=*/false);
 }
 
-Status ragged_dot_dlhs(ConstTensorView d_out, ConstTensorView rhs,
-                       std::span<const int32_t> group_sizes, TensorView d_lhs,
-                       const RaggedDotOptions& options) {
-  return row_grouped("ragged_dot_dlhs", "d_out", d_out, rhs, group_sizes, "d_lhs", d_lhs, options,
+Status ragged_dot_dlhs(ConstTensorView d_out, ConstTensorView rhs, const RaggedDotGroups& groups,
+                       TensorView d_lhs, const RaggedDotOptions& options,
+                       const RaggedDotExec& exec) {
+  return row_grouped("ragged_dot_dlhs", "d_out", d_out, rhs, groups, "d_lhs", d_lhs, options, exec,
                      /*contract_over_rhs_n=*/true);
 }
 
-Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out,
-                       std::span<const int32_t> group_sizes, TensorView d_rhs,
-                       const RaggedDotOptions& options) {
+Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out, const RaggedDotGroups& groups,
+                       TensorView d_rhs, const RaggedDotOptions& options,
+                       const RaggedDotExec& exec) {
   const char* op = "ragged_dot_drhs";
   ContractionGroupedGemm g;
+  MOEKIT_RETURN_IF_ERROR(detail::contraction_problem(op, lhs, d_out, d_rhs, options, exec, &g));
+  MOEKIT_RETURN_IF_ERROR(detail::check_groups(op, groups, exec, d_rhs.shape[0], g.m, &g.groups));
   MOEKIT_RETURN_IF_ERROR(
-      detail::contraction_problem(op, lhs, d_out, d_rhs, options, /*allow_f16=*/false, &g));
-  MOEKIT_RETURN_IF_ERROR(
-      check_groups(op, group_sizes, options.group_offset, d_rhs.shape[0], g.m, &g.groups));
-  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
-      op, {{"d_rhs", d_rhs}}, {{"lhs", lhs}, {"d_out", d_out}, {"group_sizes", group_sizes}}));
-  return run_implementation(op, kContractionImpls, options.impl, g);
+      check_call(op, {"d_rhs", d_rhs}, {"lhs", lhs}, {"d_out", d_out}, groups, exec));
+  return detail::run_implementation(op, kContractionImpls, options.impl, g);
+}
+
+size_t ragged_dot_workspace_size(Device device, int64_t num_local_groups) {
+  if (device != Device::kCuda) return 0;
+#if MOEKIT_HAS_CUDA
+  size_t bytes = cu::portable_workspace_size(num_local_groups);
+  cu::DeviceInfo info;
+  if (!cu::device_info(&info).ok()) return bytes;
+  if (MOEKIT_CUDA_SM80 && info.arch >= 80) {
+    bytes = std::max(bytes, cu::sm80_workspace_size(num_local_groups, info));
+  }
+  if (MOEKIT_CUDA_SM90 && info.arch == 90) {
+    bytes = std::max(bytes, cu::sm90_workspace_size(num_local_groups, info));
+  }
+  return bytes;
+#else
+  (void)num_local_groups;
+  return 0;
+#endif
 }
 
 int64_t ragged_dot_flops(std::span<const int32_t> group_sizes, int32_t group_offset,
@@ -136,5 +173,11 @@ int64_t ragged_dot_flops(std::span<const int32_t> group_sizes, int32_t group_off
   }
   return flops;
 }
+
+bool cuda_built() { return MOEKIT_HAS_CUDA != 0; }
+
+#if !MOEKIT_HAS_CUDA
+int cuda_device_count() { return 0; }
+#endif  // else in cuda/common.cu
 
 }  // namespace moekit

@@ -7,8 +7,9 @@
 namespace moekit::detail {
 namespace {
 
-Status check_float_input(const char* op, const char* name, DType t, bool allow_f16) {
-  if (allow_f16 && t == DType::kF16) return {};
+// f32 and bf16 everywhere; f16 on CUDA only.
+Status check_float_input(const char* op, const char* name, DType t, const RaggedDotExec& exec) {
+  if (exec.device == Device::kCuda && t == DType::kF16) return {};
   return check_input_dtype(op, name, t);
 }
 
@@ -16,11 +17,11 @@ Status check_float_input(const char* op, const char* name, DType t, bool allow_f
 
 Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
                    const char* c_name, TensorView c, const RaggedDotOptions& opt,
-                   bool contract_over_rhs_n, bool allow_f16, RowGroupedGemm* out) {
+                   const RaggedDotExec& exec, bool contract_over_rhs_n, RowGroupedGemm* out) {
   MOEKIT_RETURN_IF_ERROR(check_view(op, a_name, a, 2));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "rhs", rhs, 3));
   MOEKIT_RETURN_IF_ERROR(check_view(op, c_name, c, 2));
-  MOEKIT_RETURN_IF_ERROR(check_float_input(op, a_name, a.dtype, allow_f16));
+  MOEKIT_RETURN_IF_ERROR(check_float_input(op, a_name, a.dtype, exec));
   MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "rhs", rhs.dtype, a_name, a.dtype));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, c_name, c.dtype, a.dtype));
 
@@ -35,45 +36,32 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
       check_dim(op, c_name, c, 0, m, fmt::format("{}.shape[0]", a_name).c_str()));
   MOEKIT_RETURN_IF_ERROR(check_dim(op, c_name, c, 1, rhs.shape[out_dim],
                                    fmt::format("rhs.shape[{}]", out_dim).c_str()));
-  *out = RowGroupedGemm{a.dtype,
-                        c.dtype,
-                        m,
-                        a.shape[1],
-                        c.shape[1],
-                        a.data,
-                        a.stride[0],
-                        rhs.data,
-                        rhs.stride[0],
-                        rhs.stride[in_dim],
-                        rhs.stride[out_dim],
-                        c.data,
-                        c.stride[0],
-                        GroupRows{},
-                        opt.accumulate};
+  *out = RowGroupedGemm{.in_type = a.dtype,
+                        .out_type = c.dtype,
+                        .m = m,
+                        .kc = a.shape[1],
+                        .n = c.shape[1],
+                        .a = a.data,
+                        .lda = a.stride[0],
+                        .b = rhs.data,
+                        .b_batch = rhs.stride[0],
+                        .b_s0 = rhs.stride[in_dim],
+                        .b_s1 = rhs.stride[out_dim],
+                        .c = c.data,
+                        .ldc = c.stride[0],
+                        .groups = {},
+                        .accumulate = opt.accumulate,
+                        .exec = exec};
   return {};
 }
 
-Status check_group_count(const char* op, const char* count_name, int64_t count, int64_t num_local) {
-  if (count >= num_local) return {};
-  return Status::invalid_argument(
-      op, count_name, std::to_string(count),
-      fmt::format("must be >= E_loc = {} (groups held locally)", num_local));
-}
-
-Status check_group_offset(const char* op, int64_t offset, int64_t count, int64_t num_local) {
-  if (offset >= 0 && offset <= count - num_local) return {};
-  return Status::invalid_argument(
-      op, "group_offset", std::to_string(offset),
-      fmt::format("must be in [0, G - E_loc] = [0, {}]", count - num_local));
-}
-
 Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView d_out,
-                           TensorView d_rhs, const RaggedDotOptions& options, bool allow_f16,
-                           ContractionGroupedGemm* out) {
+                           TensorView d_rhs, const RaggedDotOptions& options,
+                           const RaggedDotExec& exec, ContractionGroupedGemm* out) {
   MOEKIT_RETURN_IF_ERROR(check_view(op, "lhs", lhs, 2));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_out", d_out, 2));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_rhs", d_rhs, 3));
-  MOEKIT_RETURN_IF_ERROR(check_float_input(op, "lhs", lhs.dtype, allow_f16));
+  MOEKIT_RETURN_IF_ERROR(check_float_input(op, "lhs", lhs.dtype, exec));
   MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "d_out", d_out.dtype, "lhs", lhs.dtype));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_rhs", d_rhs.dtype, lhs.dtype));
   const int64_t m = lhs.shape[0];
@@ -85,10 +73,65 @@ Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView 
   // d_rhs[j] is X^T Y over the group's rows, with X the operand that indexes d_rhs's rows.
   const ConstTensorView& x = options.rhs_transposed ? d_out : lhs;
   const ConstTensorView& y = options.rhs_transposed ? lhs : d_out;
-  *out = ContractionGroupedGemm{
-      lhs.dtype,       d_rhs.dtype,     m,           x.shape[1],        y.shape[1],
-      x.data,          x.stride[0],     y.data,      y.stride[0],       d_rhs.data,
-      d_rhs.stride[0], d_rhs.stride[1], GroupRows{}, options.accumulate};
+  *out = ContractionGroupedGemm{.in_type = lhs.dtype,
+                                .out_type = d_rhs.dtype,
+                                .m = m,
+                                .p = x.shape[1],
+                                .q = y.shape[1],
+                                .x = x.data,
+                                .ldx = x.stride[0],
+                                .y = y.data,
+                                .ldy = y.stride[0],
+                                .c = d_rhs.data,
+                                .c_batch = d_rhs.stride[0],
+                                .ldc = d_rhs.stride[1],
+                                .groups = {},
+                                .accumulate = options.accumulate,
+                                .exec = exec};
+  return {};
+}
+
+Status check_groups(const char* op, const RaggedDotGroups& groups, const RaggedDotExec& exec,
+                    int64_t num_local, int64_t m, Groups* out) {
+  const int64_t G = static_cast<int64_t>(groups.sizes.size());
+  if (G < num_local) {
+    return Status::invalid_argument(
+        op, "group_sizes.size()", std::to_string(G),
+        fmt::format("must be >= E_loc = {} (groups held locally)", num_local));
+  }
+  if (G > 0 && groups.sizes.data() == nullptr) {
+    return Status::invalid_argument(op, "group_sizes.data", "null",
+                                    fmt::format("{} groups need a size array", G));
+  }
+  if (groups.device_offset != nullptr && exec.device != Device::kCuda) {
+    return Status::invalid_argument(op, "groups.device_offset", "set",
+                                    "a device offset needs exec.device = kCuda");
+  }
+  const int32_t offset = groups.offset;
+  if (groups.device_offset == nullptr && (offset < 0 || offset > G - num_local)) {
+    return Status::invalid_argument(
+        op, "group_offset", std::to_string(offset),
+        fmt::format("must be in [0, G - E_loc] = [0, {}]", G - num_local));
+  }
+  *out = Groups{.sizes = groups.sizes.data(),
+                .count = G,
+                .offset = offset,
+                .device_offset = groups.device_offset,
+                .num_local = num_local};
+  if (exec.device == Device::kCuda) return {};  // the sizes are on the device: clamped there
+
+  int64_t total = 0;
+  for (int64_t j = 0; j < G; ++j) {
+    if (groups.sizes[j] < 0) {
+      return Status::invalid_argument(op, fmt::format("group_sizes[{}]", j),
+                                      std::to_string(groups.sizes[j]), "group sizes must be >= 0");
+    }
+    total += groups.sizes[j];
+  }
+  if (total > m) {
+    return Status::invalid_argument(op, "sum(group_sizes)", std::to_string(total),
+                                    fmt::format("exceeds the {} rows of the input", m));
+  }
   return {};
 }
 

@@ -1,8 +1,7 @@
 // Internal: the two shapes of grouped GEMM that ragged_dot and its gradients reduce to, and the
 // checks every ragged_dot call makes on its shapes, dtypes and strides before it builds one.
-// Shared by the CPU entry points (ragged_dot.cpp, backends in cpu/grouped_gemm.h) and the CUDA
-// ones (ragged_dot_cuda.cpp, backends in cuda/grouped_gemm_cuda.h). The builders fill everything
-// but the groups, which the caller checks (host sizes) or hands to the device (device sizes).
+// ragged_dot.cpp builds them and runs the first implementation of its table that takes them:
+// the CPU's in cpu/grouped_gemm.h, the CUDA ones in cuda/grouped_gemm_cuda.h.
 #pragma once
 
 #include <cstdint>
@@ -15,14 +14,14 @@
 
 namespace moekit::detail {
 
-// The rows of each group span [begin, end) of the row dimension. Row ranges for all groups, local
-// or not, follow from group_sizes; only the local ones are ever touched.
-struct GroupRows {
-  std::span<const int32_t> sizes;  // [G]
-  int32_t offset = 0;              // first local group
-  int64_t num_local = 0;           // E_loc
-  // Row range of the local groups taken together.
-  int64_t local_begin = 0, local_end = 0;
+// The groups, as the memory of the call holds them (RaggedDotExec::device). Row ranges for all
+// groups, local or not, follow from the sizes; only the local ones are ever touched.
+struct Groups {
+  const int32_t* sizes = nullptr;          // [count]: host memory (CPU) or device memory (CUDA)
+  int64_t count = 0;                       // G
+  int32_t offset = 0;                      // first local group, unless device_offset is set
+  const int32_t* device_offset = nullptr;  // CUDA: [1] in device memory, read there
+  int64_t num_local = 0;                   // E_loc
 };
 
 // Row-grouped: for each local group j, C[rows of j] (+)= A[rows of j] @ B_{j - offset}.
@@ -39,8 +38,9 @@ struct RowGroupedGemm {
   int64_t b_batch, b_s0, b_s1;
   void* c;
   int64_t ldc;
-  GroupRows groups;
+  Groups groups;
   bool accumulate;
+  RaggedDotExec exec;
 };
 
 // Contraction-grouped: for each local group j, C_{j - offset} (+)= X[rows of j]^T @ Y[rows of j].
@@ -58,25 +58,26 @@ struct ContractionGroupedGemm {
   int64_t ldy;
   void* c;
   int64_t c_batch, ldc;
-  GroupRows groups;
+  Groups groups;
   bool accumulate;
+  RaggedDotExec exec;
 };
 
 // The forward (contract_over_rhs_n = false: a = lhs [m, K], c = out [m, n]) and the input
 // gradient (true: a = d_out [m, n], c = d_lhs [m, K]), against rhs [E_loc, K, n] ([E_loc, n, K]
-// when options.rhs_transposed). allow_f16: f16 inputs are accepted besides f32 and bf16.
+// when options.rhs_transposed). Everything but the groups, which check_groups fills.
 Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
                    const char* c_name, TensorView c, const RaggedDotOptions& options,
-                   bool contract_over_rhs_n, bool allow_f16, RowGroupedGemm* out);
-
-// G = `count` groups (named by count_name) hold the E_loc local ones: G >= E_loc.
-Status check_group_count(const char* op, const char* count_name, int64_t count, int64_t num_local);
-// A group_offset known on the host is in [0, G - E_loc].
-Status check_group_offset(const char* op, int64_t offset, int64_t count, int64_t num_local);
+                   const RaggedDotExec& exec, bool contract_over_rhs_n, RowGroupedGemm* out);
 
 // The weight gradient: lhs [m, K], d_out [m, n] into d_rhs [E_loc, K, n] ([E_loc, n, K]).
 Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView d_out,
-                           TensorView d_rhs, const RaggedDotOptions& options, bool allow_f16,
-                           ContractionGroupedGemm* out);
+                           TensorView d_rhs, const RaggedDotOptions& options,
+                           const RaggedDotExec& exec, ContractionGroupedGemm* out);
+
+// The groups against E_loc local ones and m rows: G >= E_loc, a host offset in [0, G - E_loc],
+// and on the CPU each size >= 0 and their sum <= m (on CUDA the device clamps them).
+Status check_groups(const char* op, const RaggedDotGroups& groups, const RaggedDotExec& exec,
+                    int64_t num_local, int64_t m, Groups* out);
 
 }  // namespace moekit::detail

@@ -44,13 +44,12 @@ void time_cpu(const Options& o, const Preset& p, DType in, DType out, int shard,
     for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
       // One call of this pass with e_loc local groups starting at `offset`.
       auto call = [&](int64_t e_loc, int32_t offset) {
-        RaggedDotOptions opt;
-        opt.group_offset = offset;
+        const RaggedDotGroups groups{sizes, offset};
         const ConstTensorView w(rhs.data(), in, {e_loc, K, n});
-        if (pass == "fwd") return ragged_dot(lhs_v, w, sizes, y_v, opt);
-        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, sizes, d_lhs_v, opt);
-        return ragged_dot_drhs(lhs_v, d_out_v, sizes, TensorView(d_rhs.data(), out, {e_loc, K, n}),
-                               opt);
+        if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v);
+        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v);
+        return ragged_dot_drhs(lhs_v, d_out_v, groups,
+                               TensorView(d_rhs.data(), out, {e_loc, K, n}));
       };
       // The dense matmul with the same operand layouts over all m rows.
       std::unique_ptr<DenseMatmul> dense;

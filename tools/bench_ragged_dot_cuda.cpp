@@ -8,13 +8,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "bench_ragged_dot.h"
 #include "moekit/ragged_dot.h"
-#include "moekit/ragged_dot_cuda.h"
 
 namespace moekit::tools {
 namespace {
@@ -127,7 +127,8 @@ std::string time_ragged_dot_cuda(const RaggedDotBenchOptions& o, const Preset& p
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   cuda_check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
-  // The sm90 family bf16 calls run (a tuning knob of src/cuda/sm90_grouped_gemm.cu).
+  // The sm90 family bf16 calls run (a tuning knob of src/cuda/sm90_grouped_gemm.cu, in builds
+  // with MOEKIT_CUDA_SM90_CANDIDATES).
   const char* sm90_kernel = std::getenv("MOEKIT_CUDA_SM90_KERNEL");
   const std::string machine = fmt::format(
       "{} ({} SMs, {:.0f} GiB, compute capability {}.{}, CUDA driver {}.{}; sm90 bf16 kernel {})",
@@ -154,23 +155,22 @@ std::string time_ragged_dot_cuda(const RaggedDotBenchOptions& o, const Preset& p
     cuda_check(cudaMemcpy(sizes.data(), pr.sizes.data(), pr.sizes.size() * sizeof(int32_t),
                           cudaMemcpyHostToDevice),
                "upload sizes");
-    const size_t ws_bytes = ragged_dot_cuda_workspace_size(E);
+    const size_t ws_bytes = ragged_dot_workspace_size(Device::kCuda, E);
     DeviceBuffer workspace(ws_bytes);
-    const CudaExec exec{stream, workspace.data(), ws_bytes};
-    const CudaGroups groups{static_cast<const int32_t*>(sizes.data()),
-                            static_cast<int64_t>(pr.sizes.size()), nullptr};
+    const RaggedDotExec exec{Device::kCuda, stream, workspace.data(), ws_bytes};
+    const std::span<const int32_t> device_sizes(static_cast<const int32_t*>(sizes.data()),
+                                                pr.sizes.size());
     const ConstTensorView lhs_v(lhs.data(), in, {m, K}), d_out_v(d_out.data(), in, {m, n});
     const TensorView y_v(y.data(), out, {m, n}), d_lhs_v(d_lhs.data(), out, {m, K});
 
     for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
       auto call = [&](int64_t e_loc, int32_t offset) {
-        RaggedDotOptions opt;
-        opt.group_offset = offset;
+        const RaggedDotGroups groups{device_sizes, offset};
         const ConstTensorView w(rhs.data(), in, {e_loc, K, n});
-        if (pass == "fwd") return ragged_dot_cuda(lhs_v, w, groups, y_v, opt, exec);
-        if (pass == "dlhs") return ragged_dot_dlhs_cuda(d_out_v, w, groups, d_lhs_v, opt, exec);
-        return ragged_dot_drhs_cuda(lhs_v, d_out_v, groups,
-                                    TensorView(d_rhs.data(), out, {e_loc, K, n}), opt, exec);
+        if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, {}, exec);
+        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, {}, exec);
+        return ragged_dot_drhs(lhs_v, d_out_v, groups, TensorView(d_rhs.data(), out, {e_loc, K, n}),
+                               {}, exec);
       };
       // The dense matmul of all m rows with the pass's operand layouts (one weight matrix).
       DenseGemm dense{handle, in, out, m, n, K, false, false};

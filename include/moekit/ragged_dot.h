@@ -1,5 +1,6 @@
 // ragged_dot: a grouped matrix multiply whose rows are grouped by expert, with group_offset so
-// that a shard computes only the groups of the experts it holds (SPEC.md section 1).
+// that a shard computes only the groups of the experts it holds (SPEC.md section 1). One API for
+// every backend: the CPU, and NVIDIA GPUs where moekit was built with CUDA.
 //
 // Notation: m rows, K contraction size, n output columns, G groups in group_sizes, E_loc groups
 // held locally (rhs.shape[0]). start[j] = sum(group_sizes[:j]). Row r belongs to group j when
@@ -7,29 +8,75 @@
 // j multiplies by rhs[j - group_offset]. Every other row (non-local groups, and rows at or past
 // sum(group_sizes)) is written as exactly 0 and never read, so NaN there cannot leak out.
 //
-// Dtypes: lhs and rhs both f32 or both bf16; out f32 or the input dtype. Products accumulate in
-// f32 whatever the storage type. group_sizes live on the host for the CPU backend.
+// Where a call runs is where its buffers live, which RaggedDotExec::device says: the CPU (every
+// buffer in host memory), or the current CUDA device (every tensor and the group sizes in device
+// memory, and a workspace; the group offset a host value or a device pointer). A CUDA call never
+// synchronises with the host and launches the same kernels every time (it can be captured in a
+// CUDA graph).
 //
-// Every call validates all of its arguments before it writes anything. Errors name the argument
-// and its value: a negative group size, sizes summing past m, group_offset outside
-// [0, G - E_loc], shapes or dtypes that do not match, a null pointer for a non-empty tensor, an
-// innermost stride other than 1.
+// Dtypes: lhs and rhs both f32 or both bf16 (on CUDA also both f16); out f32 or the input dtype.
+// Products accumulate in f32 whatever the storage type.
+//
+// Every call validates what the host can see before it writes anything. Errors name the argument
+// and its value: shapes or dtypes that do not match, a null pointer for a non-empty tensor, an
+// innermost stride other than 1, G < E_loc, a host group_offset outside [0, G - E_loc], outputs
+// overlapping inputs; and on the CPU, where the host reads them, a negative group size or sizes
+// summing past m. On CUDA the device values are clamped instead, so that no kernel reads or
+// writes out of bounds whatever they hold: a negative size counts as 0, a device offset is
+// clamped into [0, G - E_loc], and rows past m drop out of their group.
 #pragma once
 
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
 #include "moekit/status.h"
 #include "moekit/view.h"
 
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
 namespace moekit {
 
-// Which implementation runs. kAuto takes the fastest one that supports the call; kReference is
-// the scalar reference the tests compare against (slow; for checking only).
-enum class RaggedDotImpl { kAuto, kOneDnn, kReference };
+// Where a call's buffers live, and so which backend runs it.
+enum class Device { kCpu, kCuda };
+
+// The groups: G sizes and the first local group. Built from anything that views as a span of
+// int32 (a span, a vector, an array) and an offset, so that a call reads
+// ragged_dot(lhs, rhs, {sizes, offset}, out), or ragged_dot(lhs, rhs, sizes, out) for offset 0.
+struct RaggedDotGroups {
+  RaggedDotGroups() = default;
+  template <typename Sizes>
+  requires std::convertible_to<const Sizes&, std::span<const int32_t>> RaggedDotGroups(
+      const Sizes& sizes, int32_t offset = 0)  // NOLINT: implicit on purpose
+      : sizes(sizes), offset(offset) {}
+
+  std::span<const int32_t> sizes;  // [G] int32, each >= 0, sum <= m; in the call's memory
+  int32_t offset = 0;              // the first local group, in [0, G - E_loc]
+  // CUDA only: [1] int32 in device memory holding the offset, read (and clamped) on the device
+  // in place of `offset`; null: `offset`.
+  const int32_t* device_offset = nullptr;
+};
+
+// Where and with what scratch a call runs. On CUDA the workspace is device memory of at least
+// ragged_dot_workspace_size(Device::kCuda, E_loc) bytes, 256-byte aligned, owned by the caller;
+// calls on one stream may share it. The CPU takes neither stream nor workspace.
+struct RaggedDotExec {
+  Device device = Device::kCpu;
+  CUstream_st* stream = nullptr;  // CUDA; null: the legacy default stream
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Which implementation runs. kAuto takes the first one in order of preference that takes the
+// call: on CUDA the CUTLASS grouped GEMMs on tensor cores (sm90a kernels on compute capability
+// 9.0, sm80 kernels on 8.x and later; bf16/f16 inputs with 16-byte aligned pointers and row
+// strides, K and n multiples of 8), then a portable kernel; on the CPU oneDNN. kReference is the
+// CPU's scalar reference the tests compare against (slow; for checking only). Naming an
+// implementation that cannot take the call is an error that says what it needs.
+enum class RaggedDotImpl { kAuto, kOneDnn, kReference, kCudaSm90, kCudaSm80, kCudaPortable };
 
 struct RaggedDotOptions {
-  int32_t group_offset = 0;     // first local group; in [0, G - E_loc]
   bool rhs_transposed = false;  // rhs is [E_loc, n, K] instead of [E_loc, K, n]
   // Add into the existing output instead of overwriting it. Forward and input gradient: rows
   // outside the local groups are left untouched (so shards can sum into one buffer). Weight
@@ -41,34 +88,45 @@ struct RaggedDotOptions {
 // Forward.
 //   lhs          [m, K]                                  f32 | bf16
 //   rhs          [E_loc, K, n]  ([E_loc, n, K] if rhs_transposed), same dtype as lhs
-//   group_sizes  [G] int32, G >= E_loc, each >= 0, sum <= m (host memory)
+//   groups       [G] sizes, G >= E_loc, and the offset
 //   out          [m, n]                                  f32 | lhs dtype
-// With group_offset = 0 and E_loc = G this is jax.lax.ragged_dot(lhs, rhs, group_sizes).
-Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, std::span<const int32_t> group_sizes,
-                  TensorView out, const RaggedDotOptions& options = {});
+// With offset 0 and E_loc = G this is jax.lax.ragged_dot(lhs, rhs, group_sizes).
+Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroups& groups,
+                  TensorView out, const RaggedDotOptions& options = {},
+                  const RaggedDotExec& exec = {});
 
 // Input gradient: d_lhs = ragged_dot(d_out, rhs^T) with the same groups and offset; 0 on
 // non-local rows (untouched with accumulate).
 //   d_out        [m, n]                                  f32 | bf16
 //   rhs          as in the forward (options.rhs_transposed says its layout), dtype of d_out
 //   d_lhs        [m, K]                                  f32 | d_out dtype
-Status ragged_dot_dlhs(ConstTensorView d_out, ConstTensorView rhs,
-                       std::span<const int32_t> group_sizes, TensorView d_lhs,
-                       const RaggedDotOptions& options = {});
+Status ragged_dot_dlhs(ConstTensorView d_out, ConstTensorView rhs, const RaggedDotGroups& groups,
+                       TensorView d_lhs, const RaggedDotOptions& options = {},
+                       const RaggedDotExec& exec = {});
 
 // Weight gradient ("ragged contracting"): for each local group j,
-// d_rhs[j - group_offset] = lhs[rows of j]^T @ d_out[rows of j]; exactly 0 for an empty group.
+// d_rhs[j - offset] = lhs[rows of j]^T @ d_out[rows of j]; exactly 0 for an empty group.
 //   lhs          [m, K]                                  f32 | bf16
 //   d_out        [m, n]                                  same dtype as lhs
 //   d_rhs        [E_loc, K, n]  ([E_loc, n, K] if rhs_transposed)   f32 | lhs dtype
-Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out,
-                       std::span<const int32_t> group_sizes, TensorView d_rhs,
-                       const RaggedDotOptions& options = {});
+Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out, const RaggedDotGroups& groups,
+                       TensorView d_rhs, const RaggedDotOptions& options = {},
+                       const RaggedDotExec& exec = {});
+
+// Bytes of workspace any call on `device` with E_loc = num_local_groups needs (on CUDA, for the
+// current device; 0 on the CPU, or on CUDA in a build without it).
+size_t ragged_dot_workspace_size(Device device, int64_t num_local_groups);
 
 // 2 * (rows of the local groups) * K * n: the useful FLOPs of any of the three calls. Local
 // groups past the end of group_sizes count 0 rows. -1 for a negative argument or group size, or
 // a count past int64.
 int64_t ragged_dot_flops(std::span<const int32_t> group_sizes, int32_t group_offset,
                          int64_t num_local_groups, int64_t K, int64_t n);
+
+// Whether this build has the CUDA backend (MOEKIT_CUDA=ON, or AUTO where nvcc and CUTLASS were
+// found; without it a CUDA call returns kUnimplemented), and how many devices it sees (0 when
+// none, or when built without CUDA). Never fail.
+bool cuda_built();
+int cuda_device_count();
 
 }  // namespace moekit

@@ -20,7 +20,6 @@
 #include "moekit/layer.h"
 #include "moekit/permute.h"
 #include "moekit/ragged_dot.h"
-#include "moekit/ragged_dot_cuda.h"
 #include "moekit/router.h"
 
 namespace moekit::python {
@@ -28,33 +27,6 @@ namespace {
 
 // The one float of a scalar f32 buffer (a loss, or its cotangent).
 float scalar_of(ffi::Buffer<ffi::F32> b) { return b.typed_data()[0]; }
-
-// group_sizes [G] and group_offset (a scalar or [1]) of ragged_dot, both int32 in host memory.
-ffi::Error group_args(ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
-                      std::span<const int32_t>* groups, RaggedDotOptions* o) {
-  MOEKIT_FFI_TRY(check_group_buffers(sizes, offset));
-  *groups = std::span<const int32_t>(sizes.typed_data(), sizes.element_count());
-  o->group_offset = offset.typed_data()[0];
-  return ffi::Error::Success();
-}
-
-// The three ragged_dot calls take two float tensors, the groups and one result; `names` are
-// the tensors' names in the errors.
-using RaggedDotCall = Status (*)(ConstTensorView, ConstTensorView, std::span<const int32_t>,
-                                 TensorView, const RaggedDotOptions&);
-ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], ffi::AnyBuffer a,
-                       ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
-                       ffi::AnyBuffer result) {
-  ConstTensorView va, vb;
-  TensorView out;
-  std::span<const int32_t> groups;
-  RaggedDotOptions opt;
-  MOEKIT_FFI_TRY(view_of(a, names[0], &va));
-  MOEKIT_FFI_TRY(view_of(b, names[1], &vb));
-  MOEKIT_FFI_TRY(view_of(result, names[2], &out));
-  MOEKIT_FFI_TRY(group_args(sizes, offset, &groups, &opt));
-  return to_error(fn(va, vb, groups, out, opt));
-}
 
 // out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups.
 ffi::Error ragged_dot_fwd(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
@@ -609,7 +581,7 @@ MOEKIT_FFI_EXPORT bool moekit_ffi_cuda_built() { return moekit::cuda_built(); }
 // groups on the current device (alignment slack included); 0 without CUDA or for num_local < 0.
 MOEKIT_FFI_EXPORT int64_t moekit_ffi_cuda_workspace_bytes(int64_t num_local) {
   if (num_local < 0 || !moekit::cuda_built()) return 0;
-  return static_cast<int64_t>(moekit::ragged_dot_cuda_workspace_size(num_local) +
+  return static_cast<int64_t>(moekit::ragged_dot_workspace_size(moekit::Device::kCuda, num_local) +
                               moekit::python::kCudaWorkspaceAlign - 1);
 }
 

@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "moekit/ragged_dot.h"
 #include "moekit/status.h"
 #include "moekit/view.h"
 #include "xla/ffi/api/ffi.h"
@@ -30,7 +31,7 @@ std::span<const Target> cuda_targets();
 
 // The CUDA handlers take their workspace as a result buffer. XLA aligns buffers less than the
 // kernels need, so that result holds kCudaWorkspaceAlign - 1 bytes more than
-// ragged_dot_cuda_workspace_size(E_loc), and a handler starts at its first aligned byte.
+// ragged_dot_workspace_size(Device::kCuda, E_loc), and a handler starts at its first aligned byte.
 inline constexpr size_t kCudaWorkspaceAlign = 256;
 
 inline ffi::Error to_error(const Status& s) {
@@ -133,5 +134,31 @@ inline void zero_rows_from(ffi::AnyBuffer b, int64_t from) {
     ffi::Error moekit_error_ = (expr);                 \
     if (moekit_error_.failure()) return moekit_error_; \
   } while (0)
+
+// The three calls of ragged_dot.h, as the handlers take them.
+using RaggedDotCall = Status (*)(ConstTensorView, ConstTensorView, const RaggedDotGroups&,
+                                 TensorView, const RaggedDotOptions&, const RaggedDotExec&);
+
+// One ragged_dot call from its XLA buffers: the float tensors a, b and the result (`names` name
+// them in the errors), group_sizes and group_offset. The CPU reads the offset on the host; on
+// CUDA it stays on the device, with the sizes.
+inline ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], ffi::AnyBuffer a,
+                              ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes,
+                              ffi::Buffer<ffi::S32> offset, ffi::AnyBuffer result,
+                              const RaggedDotExec& exec = {}) {
+  ConstTensorView va, vb;
+  TensorView out;
+  MOEKIT_FFI_TRY(view_of(a, names[0], &va));
+  MOEKIT_FFI_TRY(view_of(b, names[1], &vb));
+  MOEKIT_FFI_TRY(view_of(result, names[2], &out));
+  MOEKIT_FFI_TRY(check_group_buffers(sizes, offset));
+  RaggedDotGroups groups(std::span<const int32_t>(sizes.typed_data(), sizes.element_count()));
+  if (exec.device == Device::kCuda) {
+    groups.device_offset = offset.typed_data();
+  } else {
+    groups.offset = offset.typed_data()[0];
+  }
+  return to_error(fn(va, vb, groups, out, RaggedDotOptions(), exec));
+}
 
 }  // namespace moekit::python

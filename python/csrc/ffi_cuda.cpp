@@ -14,54 +14,33 @@
 #include <span>
 
 #include "ffi_common.h"
-#include "moekit/ragged_dot_cuda.h"
+#include "moekit/ragged_dot.h"
 
 namespace moekit::python {
 namespace {
 
 using Stream = CUstream_st*;  // cudaStream_t
-using RaggedDotCudaCall = Status (*)(ConstTensorView, ConstTensorView, const CudaGroups&,
-                                     TensorView, const RaggedDotOptions&, const CudaExec&,
-                                     RaggedDotCudaImpl);
 
-// The stream, and the workspace result from its first kCudaWorkspaceAlign-aligned byte on. The
-// call checks that what is left is enough.
-CudaExec exec_on(Stream stream, ffi::AnyBuffer workspace) {
+// On the device, on XLA's stream, with the workspace result from its first
+// kCudaWorkspaceAlign-aligned byte on. The call checks that what is left is enough.
+RaggedDotExec exec_on(Stream stream, ffi::AnyBuffer workspace) {
   const auto base = reinterpret_cast<uintptr_t>(workspace.untyped_data());
   const uintptr_t aligned =
       (base + kCudaWorkspaceAlign - 1) / kCudaWorkspaceAlign * kCudaWorkspaceAlign;
   const size_t skipped = aligned - base;
-  CudaExec exec;
-  exec.stream = stream;
-  exec.workspace = reinterpret_cast<void*>(aligned);
-  exec.workspace_bytes = workspace.size_bytes() > skipped ? workspace.size_bytes() - skipped : 0;
-  return exec;
-}
-
-// The two float tensors a, b, the groups and the result of one call; `names` name them in the
-// errors.
-ffi::Error call_ragged(RaggedDotCudaCall fn, const char* const (&names)[3], Stream stream,
-                       ffi::AnyBuffer a, ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes,
-                       ffi::Buffer<ffi::S32> offset, ffi::AnyBuffer result,
-                       ffi::AnyBuffer workspace) {
-  ConstTensorView va, vb;
-  TensorView out;
-  MOEKIT_FFI_TRY(view_of(a, names[0], &va));
-  MOEKIT_FFI_TRY(view_of(b, names[1], &vb));
-  MOEKIT_FFI_TRY(view_of(result, names[2], &out));
-  MOEKIT_FFI_TRY(check_group_buffers(sizes, offset));
-  const CudaGroups groups{sizes.typed_data(), static_cast<int64_t>(sizes.element_count()),
-                          offset.typed_data()};
-  return to_error(fn(va, vb, groups, out, RaggedDotOptions(), exec_on(stream, workspace),
-                     RaggedDotCudaImpl::kAuto));
+  return RaggedDotExec{
+      .device = Device::kCuda,
+      .stream = stream,
+      .workspace = reinterpret_cast<void*>(aligned),
+      .workspace_bytes = workspace.size_bytes() > skipped ? workspace.size_bytes() - skipped : 0};
 }
 
 // out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups.
 ffi::Error ragged_dot_fwd(Stream stream, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                           ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace) {
-  return call_ragged(ragged_dot_cuda, {"lhs", "rhs", "out"}, stream, lhs, rhs, sizes, offset, *out,
-                     *workspace);
+  return call_ragged(ragged_dot, {"lhs", "rhs", "out"}, lhs, rhs, sizes, offset, *out,
+                     exec_on(stream, *workspace));
 }
 
 // d_lhs [m, K] = ragged_dot(d_out [m, n], rhs^T).
@@ -69,8 +48,8 @@ ffi::Error ragged_dot_dlhs(Stream stream, ffi::AnyBuffer d_out, ffi::AnyBuffer r
                            ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
                            ffi::Result<ffi::AnyBuffer> d_lhs,
                            ffi::Result<ffi::AnyBuffer> workspace) {
-  return call_ragged(ragged_dot_dlhs_cuda, {"d_out", "rhs", "d_lhs"}, stream, d_out, rhs, sizes,
-                     offset, *d_lhs, *workspace);
+  return call_ragged(moekit::ragged_dot_dlhs, {"d_out", "rhs", "d_lhs"}, d_out, rhs, sizes, offset,
+                     *d_lhs, exec_on(stream, *workspace));
 }
 
 // d_rhs [E_loc, K, n]: lhs[rows of j]^T @ d_out[rows of j] per local group, 0 for empty ones.
@@ -78,8 +57,8 @@ ffi::Error ragged_dot_drhs(Stream stream, ffi::AnyBuffer lhs, ffi::AnyBuffer d_o
                            ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
                            ffi::Result<ffi::AnyBuffer> d_rhs,
                            ffi::Result<ffi::AnyBuffer> workspace) {
-  return call_ragged(ragged_dot_drhs_cuda, {"lhs", "d_out", "d_rhs"}, stream, lhs, d_out, sizes,
-                     offset, *d_rhs, *workspace);
+  return call_ragged(moekit::ragged_dot_drhs, {"lhs", "d_out", "d_rhs"}, lhs, d_out, sizes, offset,
+                     *d_rhs, exec_on(stream, *workspace));
 }
 
 // The stream, the CPU handlers' arguments and result, then the workspace.

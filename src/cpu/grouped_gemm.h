@@ -1,7 +1,9 @@
-// Internal: the CPU implementations of the two grouped-GEMM problems of ragged_dot_problem.h.
+// Internal: the CPU implementations of the two grouped-GEMM problems of ragged_dot_problem.h,
+// and the helpers they share. The group sizes are in host memory, checked by check_groups.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "cpu/convert.h"
 #include "moekit/dtype.h"
@@ -19,6 +21,23 @@ Status row_grouped_gemm_onednn(const RowGroupedGemm& g);
 Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g);
 
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.
-void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end);
+inline void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end) {
+  const size_t es = dtype_size(t);
+  auto* p = static_cast<char*>(base);
+#pragma omp parallel for schedule(static) if ((end - begin) * n > (1 << 16))
+  for (int64_t r = begin; r < end; ++r) std::memset(p + r * ld * es, 0, n * es);
+}
+
+// The rows [begin, end) that the local groups take together.
+struct RowRange {
+  int64_t begin, end;
+};
+inline RowRange local_rows(const Groups& g) {
+  int64_t begin = 0;
+  for (int64_t j = 0; j < g.offset; ++j) begin += g.sizes[j];
+  int64_t end = begin;
+  for (int64_t j = 0; j < g.num_local; ++j) end += g.sizes[g.offset + j];
+  return {begin, end};
+}
 
 }  // namespace moekit::detail

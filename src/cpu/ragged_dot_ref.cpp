@@ -1,25 +1,17 @@
 // Scalar reference for ragged_dot: the obvious loops, straight from SPEC.md section 1. Slow on
 // purpose; the tests hold every other implementation to it.
-#include <cstring>
-
 #include "cpu/grouped_gemm.h"
 
 namespace moekit::detail {
 
-void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end) {
-  const size_t es = dtype_size(t);
-  auto* p = static_cast<char*>(base);
-#pragma omp parallel for schedule(static) if ((end - begin) * n > (1 << 16))
-  for (int64_t r = begin; r < end; ++r) std::memset(p + r * ld * es, 0, n * es);
-}
-
 Status row_grouped_gemm_ref(const RowGroupedGemm& g) {
-  const GroupRows& gr = g.groups;
+  const Groups& gr = g.groups;
+  const RowRange local = local_rows(gr);
   if (!g.accumulate) {
-    zero_rows(g.c, g.out_type, g.ldc, g.n, 0, gr.local_begin);
-    zero_rows(g.c, g.out_type, g.ldc, g.n, gr.local_end, g.m);
+    zero_rows(g.c, g.out_type, g.ldc, g.n, 0, local.begin);
+    zero_rows(g.c, g.out_type, g.ldc, g.n, local.end, g.m);
   }
-  int64_t row = gr.local_begin;
+  int64_t row = local.begin;
   for (int64_t j = 0; j < gr.num_local; ++j) {
     const int64_t rows = gr.sizes[gr.offset + j];
     for (int64_t r = row; r < row + rows; ++r) {
@@ -40,8 +32,8 @@ Status row_grouped_gemm_ref(const RowGroupedGemm& g) {
 }
 
 Status contraction_grouped_gemm_ref(const ContractionGroupedGemm& g) {
-  const GroupRows& gr = g.groups;
-  int64_t row = gr.local_begin;
+  const Groups& gr = g.groups;
+  int64_t row = local_rows(gr).begin;
   for (int64_t j = 0; j < gr.num_local; ++j) {
     const int64_t rows = gr.sizes[gr.offset + j];
     for (int64_t i = 0; i < g.p; ++i) {

@@ -1,6 +1,7 @@
 // Internal: the CUDA implementations of the two grouped-GEMM problems of ragged_dot_problem.h,
-// with the groups in device memory. Included by ragged_dot_cuda.cpp (host compiler) and the
-// .cu files (nvcc); no CUDA header here.
+// with the groups in device memory and the stream and workspace in the problem's exec. Included
+// by ragged_dot.cpp (host compiler; its table lists them) and the .cu files (nvcc); no CUDA
+// header here.
 //
 // Every implementation runs the same three steps on the caller's stream:
 //   1. plan (cuda/plan.cuh): one block reads the device group sizes and offset, clamps them,
@@ -15,20 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "moekit/ragged_dot_cuda.h"
+#include "moekit/ragged_dot.h"
 #include "moekit/status.h"
 #include "ragged_dot_problem.h"
 
 namespace moekit::detail::cuda {
-
-// The groups as the device holds them (the GroupRows of the problem are unused).
-struct DeviceGroups {
-  const int32_t* sizes;   // [G] device
-  int64_t count;          // G
-  const int32_t* offset;  // [1] device, or null: host_offset
-  int32_t host_offset;
-  int64_t num_local;  // E_loc
-};
 
 // The device's compute capability (major * 10 + minor) and multiprocessor count, read once per
 // device and cached; the current device's when device < 0.
@@ -46,30 +38,24 @@ size_t portable_workspace_size(int64_t num_local);
 bool tensor_core_eligible(const RowGroupedGemm& g);
 bool tensor_core_eligible(const ContractionGroupedGemm& g);
 
-Status row_grouped_portable(const RowGroupedGemm& g, const DeviceGroups& groups,
-                            const CudaExec& exec);
-Status contraction_grouped_portable(const ContractionGroupedGemm& g, const DeviceGroups& groups,
-                                    const CudaExec& exec);
+Status row_grouped_portable(const RowGroupedGemm& g);
+Status contraction_grouped_portable(const ContractionGroupedGemm& g);
 
 // CUTLASS 2.x grouped GEMM (sm80 kernels; run on any device of compute capability >= 8.0).
 // CUTLASS 3.x grouped GEMM with TMA and wgmma (sm90a kernels; compute capability 9.0 only).
 // Each is compiled when CMAKE_CUDA_ARCHITECTURES names its architecture (MOEKIT_CUDA_SM80,
 // MOEKIT_CUDA_SM90 = 1); otherwise the stubs below say so.
-#define MOEKIT_CUDA_DECLARE_TC(arch)                                                             \
-  size_t arch##_workspace_size(int64_t num_local, const DeviceInfo& info);                       \
-  Status row_grouped_##arch(const RowGroupedGemm& g, const DeviceGroups& groups,                 \
-                            const CudaExec& exec, const DeviceInfo& info);                       \
-  Status contraction_grouped_##arch(const ContractionGroupedGemm& g, const DeviceGroups& groups, \
-                                    const CudaExec& exec, const DeviceInfo& info);
-#define MOEKIT_CUDA_STUB_TC(arch)                                                               \
-  inline size_t arch##_workspace_size(int64_t, const DeviceInfo&) { return 0; }                 \
-  inline Status row_grouped_##arch(const RowGroupedGemm&, const DeviceGroups&, const CudaExec&, \
-                                   const DeviceInfo&) {                                         \
-    return Status::unimplemented("ragged_dot", "built without the " #arch " kernels");          \
-  }                                                                                             \
-  inline Status contraction_grouped_##arch(const ContractionGroupedGemm&, const DeviceGroups&,  \
-                                           const CudaExec&, const DeviceInfo&) {                \
-    return Status::unimplemented("ragged_dot", "built without the " #arch " kernels");          \
+#define MOEKIT_CUDA_DECLARE_TC(arch)                                       \
+  size_t arch##_workspace_size(int64_t num_local, const DeviceInfo& info); \
+  Status row_grouped_##arch(const RowGroupedGemm& g);                      \
+  Status contraction_grouped_##arch(const ContractionGroupedGemm& g);
+#define MOEKIT_CUDA_STUB_TC(arch)                                                      \
+  inline size_t arch##_workspace_size(int64_t, const DeviceInfo&) { return 0; }        \
+  inline Status row_grouped_##arch(const RowGroupedGemm&) {                            \
+    return Status::unimplemented("ragged_dot", "built without the " #arch " kernels"); \
+  }                                                                                    \
+  inline Status contraction_grouped_##arch(const ContractionGroupedGemm&) {            \
+    return Status::unimplemented("ragged_dot", "built without the " #arch " kernels"); \
   }
 
 #if MOEKIT_CUDA_SM80

@@ -74,11 +74,11 @@ inline Status launch_status(const char* op, const char* what) {
   return cuda_status(op, what, cudaGetLastError());
 }
 
-inline Status check_workspace(const char* op, const CudaExec& exec, size_t need) {
+inline Status check_workspace(const char* op, const RaggedDotExec& exec, size_t need) {
   if (exec.workspace_bytes < need || (need > 0 && exec.workspace == nullptr)) {
     return Status::invalid_argument(
         op, "exec.workspace_bytes", std::to_string(exec.workspace_bytes),
-        "smaller than ragged_dot_cuda_workspace_size(E_loc) = " + std::to_string(need));
+        "smaller than ragged_dot_workspace_size(Device::kCuda, E_loc) = " + std::to_string(need));
   }
   if (reinterpret_cast<uintptr_t>(exec.workspace) % kWorkspaceAlign != 0) {
     return Status::invalid_argument(op, "exec.workspace", "misaligned",
@@ -93,12 +93,13 @@ inline constexpr int kPlanThreads = 256;
 // carry; emit(j, begin, rows) writes local group j's implementation arguments.
 template <class Emit>
 __global__ void __launch_bounds__(kPlanThreads)
-    plan_kernel(DeviceGroups groups, int64_t m, Plan plan, Emit emit) {
+    plan_kernel(Groups groups, int64_t m, Plan plan, Emit emit) {
   using Scan = cub::BlockScan<int64_t, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const int64_t num_local = groups.num_local;
-  const int64_t offset = clamp_group_offset(
-      groups.offset != nullptr ? *groups.offset : groups.host_offset, groups.count, num_local);
+  const int64_t offset =
+      clamp_group_offset(groups.device_offset != nullptr ? *groups.device_offset : groups.offset,
+                         groups.count, num_local);
   const int64_t last = offset + num_local;  // one past the last local group
   if (num_local == 0 && threadIdx.x == 0) plan.bounds[0] = plan.bounds[1] = 0;
   int64_t carry = 0;  // rows of the groups before this chunk
@@ -138,7 +139,7 @@ Status zero_uncovered(const char* op, const ContractionGroupedGemm& g, int64_t n
 // Steps 1 and 2 of every implementation: the plan (with `emit`), then the zeros (none when
 // accumulating: the untouched parts keep their contents).
 template <class Problem, class Emit>
-Status plan_and_zero(const char* op, const Problem& g, const DeviceGroups& groups, void* workspace,
+Status plan_and_zero(const char* op, const Problem& g, const Groups& groups, void* workspace,
                      const Emit& emit, cudaStream_t stream) {
   const Plan plan = plan_in(workspace, groups.num_local);
   plan_kernel<<<1, kPlanThreads, 0, stream>>>(groups, g.m, plan, emit);

@@ -191,8 +191,9 @@ constexpr const char* kOp = "ragged_dot (CUDA, portable)";
 
 size_t portable_workspace_size(int64_t num_local) { return plan_bytes(num_local); }
 
-Status row_grouped_portable(const RowGroupedGemm& g, const DeviceGroups& groups,
-                            const CudaExec& exec) {
+Status row_grouped_portable(const RowGroupedGemm& g) {
+  const Groups& groups = g.groups;
+  const RaggedDotExec& exec = g.exec;
   MOEKIT_RETURN_IF_ERROR(check_workspace(kOp, exec, portable_workspace_size(groups.num_local)));
   MOEKIT_RETURN_IF_ERROR(plan_and_zero(kOp, g, groups, exec.workspace, EmitNothing{}, exec.stream));
   if (g.m == 0 || g.n == 0 || groups.num_local == 0) return {};
@@ -206,8 +207,9 @@ Status row_grouped_portable(const RowGroupedGemm& g, const DeviceGroups& groups,
   return launch_status(kOp, "the row-grouped kernel");
 }
 
-Status contraction_grouped_portable(const ContractionGroupedGemm& g, const DeviceGroups& groups,
-                                    const CudaExec& exec) {
+Status contraction_grouped_portable(const ContractionGroupedGemm& g) {
+  const Groups& groups = g.groups;
+  const RaggedDotExec& exec = g.exec;
   MOEKIT_RETURN_IF_ERROR(check_workspace(kOp, exec, portable_workspace_size(groups.num_local)));
   MOEKIT_RETURN_IF_ERROR(plan_and_zero(kOp, g, groups, exec.workspace, EmitNothing{}, exec.stream));
   if (g.p == 0 || g.q == 0 || groups.num_local == 0) return {};

@@ -13,14 +13,16 @@ size_t sm80_workspace_size(int64_t num_local, const DeviceInfo& info) {
   return tc::workspace_size_any<sm80::Kernel>(num_local, info);
 }
 
-Status row_grouped_sm80(const RowGroupedGemm& g, const DeviceGroups& groups, const CudaExec& exec,
-                        const DeviceInfo& info) {
-  return tc::row_grouped_any<sm80::Kernel>(g, groups, exec, info);
+Status row_grouped_sm80(const RowGroupedGemm& g) {
+  DeviceInfo info;
+  MOEKIT_RETURN_IF_ERROR(device_info(&info));
+  return tc::row_grouped_any<sm80::Kernel>(g, g.groups, g.exec, info);
 }
 
-Status contraction_grouped_sm80(const ContractionGroupedGemm& g, const DeviceGroups& groups,
-                                const CudaExec& exec, const DeviceInfo& info) {
-  return tc::contraction_grouped_any<sm80::Kernel>(g, groups, exec, info);
+Status contraction_grouped_sm80(const ContractionGroupedGemm& g) {
+  DeviceInfo info;
+  MOEKIT_RETURN_IF_ERROR(device_info(&info));
+  return tc::contraction_grouped_any<sm80::Kernel>(g, g.groups, g.exec, info);
 }
 
 }  // namespace moekit::detail::cuda

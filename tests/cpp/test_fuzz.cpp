@@ -107,7 +107,7 @@ DType float_dtype(Rng& rng) { return coin(rng) ? DType::kF32 : DType::kBF16; }
 std::string ragged_dot_case(Rng& rng, bool invalid) {
   const int64_t G = uniform(rng, 1, 6), E_loc = uniform(rng, 1, G), K = uniform(rng, 1, 9),
                 n = uniform(rng, 1, 9);
-  const auto offset = static_cast<int32_t>(uniform(rng, 0, G - E_loc));
+  auto offset = static_cast<int32_t>(uniform(rng, 0, G - E_loc));
   std::vector<int32_t> sizes(G);
   if (coin(rng, 0.2)) {
     sizes[uniform(rng, 0, G - 1)] = static_cast<int32_t>(uniform(rng, 0, 12));  // one group
@@ -120,7 +120,6 @@ std::string ragged_dot_case(Rng& rng, bool invalid) {
   const bool transposed = coin(rng);
   const int pass = static_cast<int>(uniform(rng, 0, 2));  // forward, dlhs, drhs
   RaggedDotOptions opt;
-  opt.group_offset = offset;
   opt.rhs_transposed = transposed;
   opt.accumulate = coin(rng, 0.25);
 
@@ -150,7 +149,7 @@ std::string ragged_dot_case(Rng& rng, bool invalid) {
         sizes[0] += static_cast<int32_t>(m + 1);
         break;  // the sizes pass m
       case 2:
-        opt.group_offset = coin(rng) ? -1 : static_cast<int32_t>(G - E_loc + 1);
+        offset = coin(rng) ? -1 : static_cast<int32_t>(G - E_loc + 1);
         break;
       case 3:
         a.stride[0] = a.shape[1] - 1;
@@ -175,17 +174,19 @@ std::string ragged_dot_case(Rng& rng, bool invalid) {
         break;
     }
     const auto before = snapshot({&out, &lhs, &rhs, &d_out});
-    const Status s = pass == 0   ? ragged_dot(a, b, sizes, o, opt)
-                     : pass == 1 ? ragged_dot_dlhs(a, b, sizes, o, opt)
-                                 : ragged_dot_drhs(a, c, sizes, o, opt);
+    const RaggedDotGroups groups{sizes, offset};
+    const Status s = pass == 0   ? ragged_dot(a, b, groups, o, opt)
+                     : pass == 1 ? ragged_dot_dlhs(a, b, groups, o, opt)
+                                 : ragged_dot_drhs(a, c, groups, o, opt);
     return refused(s, op, unchanged(before, {&out, &lhs, &rhs, &d_out}));
   }
   RaggedDotOptions ref_opt = opt;
   ref_opt.impl = RaggedDotImpl::kReference;
   const auto call = [&](const RaggedDotOptions& op_opt, TensorView dst) {
-    return pass == 0   ? ragged_dot(a, b, sizes, dst, op_opt)
-           : pass == 1 ? ragged_dot_dlhs(a, b, sizes, dst, op_opt)
-                       : ragged_dot_drhs(a, c, sizes, dst, op_opt);
+    const RaggedDotGroups groups{sizes, offset};
+    return pass == 0   ? ragged_dot(a, b, groups, dst, op_opt)
+           : pass == 1 ? ragged_dot_dlhs(a, b, groups, dst, op_opt)
+                       : ragged_dot_drhs(a, c, groups, dst, op_opt);
   };
   const Status got = call(opt, o), want = call(ref_opt, ref.mut());
   if (!got.ok() || !want.ok()) {

@@ -54,7 +54,6 @@ class RaggedDotTest : public ::testing::TestWithParam<std::tuple<Case, RaggedDot
  protected:
   void SetUp() override {
     c = std::get<0>(GetParam());
-    opt.group_offset = c.offset;
     opt.rhs_transposed = c.transposed;
     opt.accumulate = c.accumulate;
     opt.impl = std::get<1>(GetParam());
@@ -75,6 +74,8 @@ class RaggedDotTest : public ::testing::TestWithParam<std::tuple<Case, RaggedDot
       for (int64_t i = 0; i < t.shape[1]; ++i) t.set_flat(t.offset({r, i}), nan);
     }
   }
+
+  RaggedDotGroups groups() const { return {c.sizes, c.offset}; }
 
   Case c;
   RaggedDotOptions opt;
@@ -120,7 +121,7 @@ TEST_P(RaggedDotTest, Forward) {
   out.fill_random(rng);
   poison_nonlocal_rows(lhs);
   const HostTensor before = out;
-  ASSERT_TRUE(ragged_dot(lhs.in(), rhs.in(), c.sizes, out.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot(lhs.in(), rhs.in(), groups(), out.mut(), opt).ok());
   check_rows(c, rows, out, before, [&](int64_t r, int64_t col) {
     double s = 0, a = 0;
     for (int64_t k = 0; k < c.K; ++k) {
@@ -139,7 +140,7 @@ TEST_P(RaggedDotTest, InputGradient) {
   d_lhs.fill_random(rng);
   poison_nonlocal_rows(d_out);
   const HostTensor before = d_lhs;
-  ASSERT_TRUE(ragged_dot_dlhs(d_out.in(), rhs.in(), c.sizes, d_lhs.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot_dlhs(d_out.in(), rhs.in(), groups(), d_lhs.mut(), opt).ok());
   check_rows(c, rows, d_lhs, before, [&](int64_t r, int64_t k) {
     double s = 0, a = 0;
     for (int64_t col = 0; col < c.n; ++col) {
@@ -159,7 +160,7 @@ TEST_P(RaggedDotTest, WeightGradient) {
   poison_nonlocal_rows(lhs);
   poison_nonlocal_rows(d_out);
   const HostTensor before = d_rhs;
-  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), c.sizes, d_rhs.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), groups(), d_rhs.mut(), opt).ok());
   int failures = 0;
   for (int64_t j = 0; j < c.e_loc; ++j) {
     for (int64_t k = 0; k < c.K; ++k) {
@@ -195,9 +196,9 @@ TEST_P(RaggedDotTest, PassesAreAdjoint) {
   lhs.fill_random(rng);
   rhs.fill_random(rng);
   d_out.fill_random(rng);
-  ASSERT_TRUE(ragged_dot(lhs.in(), rhs.in(), c.sizes, y.mut(), opt).ok());
-  ASSERT_TRUE(ragged_dot_dlhs(d_out.in(), rhs.in(), c.sizes, d_lhs.mut(), opt).ok());
-  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), c.sizes, d_rhs.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot(lhs.in(), rhs.in(), groups(), y.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot_dlhs(d_out.in(), rhs.in(), groups(), d_lhs.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), groups(), d_rhs.mut(), opt).ok());
   double a = 0, b = 0, d = 0, scale = 1e-30;
   for (int64_t r = 0; r < c.m; ++r) {
     for (int64_t col = 0; col < c.n; ++col) a += y.get({r, col}) * d_out.get({r, col});
@@ -370,13 +371,10 @@ TEST_F(BadInput, SizesSumPastM) {
 
 TEST_F(BadInput, OffsetOutOfRange) {
   sizes = {2, 2, 2, 2};  // G = 4, E_loc = 3: offsets 0 and 1 are valid
-  RaggedDotOptions o;
-  o.group_offset = 2;
-  expect_error(ragged_dot(L(), R(), sizes, O(), o), "group_offset");
-  o.group_offset = -1;
-  expect_error(ragged_dot(L(), R(), sizes, O(), o), "group_offset");
-  expect_error(ragged_dot_drhs(L(), ConstTensorView(out.data(), DType::kF32, {10, 5}), sizes,
-                               TensorView(d_rhs.data(), DType::kF32, {3, 4, 5}), o),
+  expect_error(ragged_dot(L(), R(), {sizes, 2}, O()), "group_offset");
+  expect_error(ragged_dot(L(), R(), {sizes, -1}, O()), "group_offset");
+  expect_error(ragged_dot_drhs(L(), ConstTensorView(out.data(), DType::kF32, {10, 5}), {sizes, -1},
+                               TensorView(d_rhs.data(), DType::kF32, {3, 4, 5})),
                "group_offset");
 }
 

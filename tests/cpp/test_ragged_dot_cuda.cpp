@@ -1,4 +1,4 @@
-// The CUDA ragged_dot (ragged_dot_cuda.h) against the CPU scalar reference of ragged_dot.h.
+// ragged_dot.h on CUDA buffers against the CPU scalar reference of the same calls.
 //
 // Without a GPU (or built without CUDA) the tests that need one skip with a message; the rules
 // for device-resident sizes (cuda/plan_math.h) and the host-side argument checks run anyway.
@@ -21,7 +21,6 @@
 #include "cuda/plan_math.h"
 #include "host_tensor.h"
 #include "moekit/ragged_dot.h"
-#include "moekit/ragged_dot_cuda.h"
 
 #if MOEKIT_HAS_CUDA
 #include <cuda_runtime_api.h>
@@ -58,42 +57,78 @@ TEST(CudaPlanRules, RowsAreClippedToM) {
   EXPECT_EQ(r.end, 100);
 }
 
+// --- The calls as these tests make them -----------------------------------------------------
+
+// Groups whose sizes (and offset, where `device_offset` is set) live on the device.
+RaggedDotGroups device_groups(const int32_t* sizes, int64_t count, const int32_t* device_offset,
+                              int32_t host_offset = 0) {
+  RaggedDotGroups g(std::span<const int32_t>(sizes, static_cast<size_t>(count)), host_offset);
+  g.device_offset = device_offset;
+  return g;
+}
+
+RaggedDotExec on_device(CUstream_st* stream, void* workspace, size_t workspace_bytes) {
+  return {Device::kCuda, stream, workspace, workspace_bytes};
+}
+
+RaggedDotOptions with_impl(RaggedDotOptions options, RaggedDotImpl impl) {
+  options.impl = impl;
+  return options;
+}
+
+Status ragged_dot_on_device(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroups& g,
+                            TensorView out, const RaggedDotOptions& options,
+                            const RaggedDotExec& exec, RaggedDotImpl impl = RaggedDotImpl::kAuto) {
+  return ragged_dot(lhs, rhs, g, out, with_impl(options, impl), exec);
+}
+Status dlhs_on_device(ConstTensorView d_out, ConstTensorView rhs, const RaggedDotGroups& g,
+                      TensorView d_lhs, const RaggedDotOptions& options, const RaggedDotExec& exec,
+                      RaggedDotImpl impl = RaggedDotImpl::kAuto) {
+  return ragged_dot_dlhs(d_out, rhs, g, d_lhs, with_impl(options, impl), exec);
+}
+Status drhs_on_device(ConstTensorView lhs, ConstTensorView d_out, const RaggedDotGroups& g,
+                      TensorView d_rhs, const RaggedDotOptions& options, const RaggedDotExec& exec,
+                      RaggedDotImpl impl = RaggedDotImpl::kAuto) {
+  return ragged_dot_drhs(lhs, d_out, g, d_rhs, with_impl(options, impl), exec);
+}
+
 // --- Host-side checks: made before anything touches the device --------------------------------
 
 TEST(CudaBadInput, ShapesDtypesAndGroupsAreCheckedOnTheHost) {
   HostTensor lhs(DType::kBF16, {8, 16}), rhs(DType::kBF16, {2, 16, 24}), out(DType::kF32, {8, 24});
   int32_t fake_sizes[4] = {};
-  const CudaGroups groups{fake_sizes, 4, nullptr};
+  const RaggedDotGroups groups = device_groups(fake_sizes, 4, nullptr, 1);
   RaggedDotOptions opt;
-  opt.group_offset = 1;
-  const CudaExec exec{};
+  const RaggedDotExec exec = on_device(nullptr, nullptr, 0);
 
   HostTensor bad_out(DType::kF32, {8, 23});
-  Status s = ragged_dot_cuda(lhs.in(), rhs.in(), groups, bad_out.mut(), opt, exec);
+  Status s = ragged_dot_on_device(lhs.in(), rhs.in(), groups, bad_out.mut(), opt, exec);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
   EXPECT_EQ(s.argument(), "out.shape");
 
   HostTensor f32_rhs(DType::kF32, {2, 16, 24});
-  s = ragged_dot_cuda(lhs.in(), f32_rhs.in(), groups, out.mut(), opt, exec);
+  s = ragged_dot_on_device(lhs.in(), f32_rhs.in(), groups, out.mut(), opt, exec);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
   EXPECT_EQ(s.argument(), "rhs.dtype");
 
-  s = ragged_dot_cuda(lhs.in(), rhs.in(), CudaGroups{fake_sizes, 1, nullptr}, out.mut(), opt, exec);
+  s = ragged_dot_on_device(lhs.in(), rhs.in(), device_groups(fake_sizes, 1, nullptr), out.mut(),
+                           opt, exec);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
-  EXPECT_EQ(s.argument(), "groups.count");
+  EXPECT_EQ(s.argument(), "group_sizes.size()");
 
-  s = ragged_dot_cuda(lhs.in(), rhs.in(), CudaGroups{nullptr, 4, nullptr}, out.mut(), opt, exec);
+  s = ragged_dot_on_device(lhs.in(), rhs.in(), device_groups(nullptr, 4, nullptr), out.mut(), opt,
+                           exec);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
-  EXPECT_EQ(s.argument(), "groups.sizes");
+  EXPECT_EQ(s.argument(), "group_sizes.data");
 
-  RaggedDotOptions far = opt;
-  far.group_offset = 3;  // G - E_loc = 2
-  s = ragged_dot_cuda(lhs.in(), rhs.in(), groups, out.mut(), far, exec);
+  // G - E_loc = 2
+  s = ragged_dot_on_device(lhs.in(), rhs.in(), device_groups(fake_sizes, 4, nullptr, 3), out.mut(),
+                           opt, exec);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
   EXPECT_EQ(s.argument(), "group_offset");
 
   HostTensor d_rhs(DType::kF32, {2, 16, 25}), d_out(DType::kBF16, {8, 24});
-  s = ragged_dot_drhs_cuda(lhs.in(), d_out.in(), groups, d_rhs.mut(), opt, exec);
+  s = drhs_on_device(lhs.in(), d_out.in(), groups, d_rhs.mut(), opt, exec);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
   EXPECT_EQ(s.argument(), "d_rhs.shape");
 
@@ -109,8 +144,8 @@ TEST(CudaBadInput, BuiltWithoutCudaSaysSo) {
   if (cuda_built()) GTEST_SKIP() << "built with CUDA";
   HostTensor lhs(DType::kBF16, {8, 16}), rhs(DType::kBF16, {2, 16, 24}), out(DType::kF32, {8, 24});
   int32_t fake_sizes[2] = {};
-  const Status s =
-      ragged_dot_cuda(lhs.in(), rhs.in(), CudaGroups{fake_sizes, 2, nullptr}, out.mut(), {}, {});
+  const Status s = ragged_dot_on_device(lhs.in(), rhs.in(), device_groups(fake_sizes, 2, nullptr),
+                                        out.mut(), {}, on_device(nullptr, nullptr, 0));
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.message();
   EXPECT_EQ(cuda_device_count(), 0);
 }
@@ -224,7 +259,7 @@ void expect_equal(const HostTensor& got, const HostTensor& want, const std::stri
   }
 }
 
-class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, RaggedDotCudaImpl>> {
+class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, RaggedDotImpl>> {
  protected:
   void SetUp() override {
     c = std::get<0>(GetParam());
@@ -232,9 +267,7 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
     clean = sanitize(c);
     opt.rhs_transposed = c.transposed;
     opt.accumulate = c.accumulate;
-    opt.group_offset = c.device_offset ? 0 : c.offset;
     ref_opt = opt;
-    ref_opt.group_offset = clean.offset;
     ref_opt.impl = RaggedDotImpl::kReference;
   }
   std::vector<int64_t> rhs_dims() const {
@@ -248,13 +281,13 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
     DeviceTensor sizes(c.sizes.size() * sizeof(int32_t)), offset(sizeof(int32_t));
     sizes.upload(c.sizes.data(), c.sizes.size() * sizeof(int32_t));
     offset.upload(&c.offset, sizeof(int32_t));
-    const size_t ws_bytes = ragged_dot_cuda_workspace_size(c.e_loc);
+    const size_t ws_bytes = ragged_dot_workspace_size(Device::kCuda, c.e_loc);
     DeviceTensor ws(ws_bytes);
-    const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr),
-                            static_cast<int64_t>(c.sizes.size()),
-                            c.device_offset ? static_cast<const int32_t*>(offset.ptr) : nullptr};
-    const Status s = call(groups, CudaExec{nullptr, ws.ptr, ws_bytes});
-    if (s.code() == StatusCode::kUnimplemented && impl != RaggedDotCudaImpl::kAuto) {
+    const RaggedDotGroups groups = device_groups(
+        static_cast<const int32_t*>(sizes.ptr), static_cast<int64_t>(c.sizes.size()),
+        c.device_offset ? static_cast<const int32_t*>(offset.ptr) : nullptr, c.offset);
+    const Status s = call(groups, on_device(nullptr, ws.ptr, ws_bytes));
+    if (s.code() == StatusCode::kUnimplemented && impl != RaggedDotImpl::kAuto) {
       GTEST_SKIP() << s.message();
     }
     ASSERT_TRUE(s.ok()) << s.message();
@@ -287,7 +320,7 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
     }
     DeviceTensor dx(x.bytes.size()), dy(y.bytes.size()), dr(r.bytes.size());
     dx.upload(x), dy.upload(y), dr.upload(r);
-    run_on_device([&](const CudaGroups& g, const CudaExec& e) {
+    run_on_device([&](const RaggedDotGroups& g, const RaggedDotExec& e) {
       return gpu(dx.view_as<ConstTensorView>(x), dy.view_as<ConstTensorView>(y), g,
                  dr.view_as<TensorView>(r), e);
     });
@@ -301,16 +334,16 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
         HostTensor(c.in, {c.m, c.K}, c.row_pad), HostTensor(c.in, rhs_dims()),
         HostTensor(c.out, {c.m, c.n}, c.row_pad), "out",
         [&](auto lhs, auto rhs, auto out) {
-          return ragged_dot(lhs, rhs, clean.sizes, out, ref_opt);
+          return ragged_dot(lhs, rhs, {clean.sizes, clean.offset}, out, ref_opt);
         },
-        [&](auto lhs, auto rhs, const CudaGroups& g, auto out, const CudaExec& e) {
-          return ragged_dot_cuda(lhs, rhs, g, out, opt, e, impl);
+        [&](auto lhs, auto rhs, const RaggedDotGroups& g, auto out, const RaggedDotExec& e) {
+          return ragged_dot_on_device(lhs, rhs, g, out, opt, e, impl);
         },
         poison_nonlocal_rows);
   }
 
   GpuCase c;
-  RaggedDotCudaImpl impl;
+  RaggedDotImpl impl;
   Sanitized clean;
   RaggedDotOptions opt, ref_opt;
   std::mt19937 rng{99};
@@ -327,10 +360,10 @@ TEST_P(RaggedDotCuda, InputGradient) {
       HostTensor(c.in, {c.m, c.n}, c.row_pad), HostTensor(c.in, rhs_dims()),
       HostTensor(c.out, {c.m, c.K}, c.row_pad), "d_lhs",
       [&](auto d_out, auto rhs, auto d_lhs) {
-        return ragged_dot_dlhs(d_out, rhs, clean.sizes, d_lhs, ref_opt);
+        return ragged_dot_dlhs(d_out, rhs, {clean.sizes, clean.offset}, d_lhs, ref_opt);
       },
-      [&](auto d_out, auto rhs, const CudaGroups& g, auto d_lhs, const CudaExec& e) {
-        return ragged_dot_dlhs_cuda(d_out, rhs, g, d_lhs, opt, e, impl);
+      [&](auto d_out, auto rhs, const RaggedDotGroups& g, auto d_lhs, const RaggedDotExec& e) {
+        return dlhs_on_device(d_out, rhs, g, d_lhs, opt, e, impl);
       });
 }
 
@@ -340,10 +373,10 @@ TEST_P(RaggedDotCuda, WeightGradient) {
       HostTensor(c.in, {c.m, c.K}, c.row_pad), HostTensor(c.in, {c.m, c.n}, c.row_pad),
       HostTensor(c.out, rhs_dims()), "d_rhs",
       [&](auto lhs, auto d_out, auto d_rhs) {
-        return ragged_dot_drhs(lhs, d_out, clean.sizes, d_rhs, ref_opt);
+        return ragged_dot_drhs(lhs, d_out, {clean.sizes, clean.offset}, d_rhs, ref_opt);
       },
-      [&](auto lhs, auto d_out, const CudaGroups& g, auto d_rhs, const CudaExec& e) {
-        return ragged_dot_drhs_cuda(lhs, d_out, g, d_rhs, opt, e, impl);
+      [&](auto lhs, auto d_out, const RaggedDotGroups& g, auto d_rhs, const RaggedDotExec& e) {
+        return drhs_on_device(lhs, d_out, g, d_rhs, opt, e, impl);
       });
 }
 
@@ -427,15 +460,15 @@ std::vector<GpuCase> gpu_cases() {
   return out;
 }
 
-std::string impl_name(RaggedDotCudaImpl impl) {
+std::string impl_name(RaggedDotImpl impl) {
   switch (impl) {
-    case RaggedDotCudaImpl::kAuto:
+    case RaggedDotImpl::kAuto:
       return "auto";
-    case RaggedDotCudaImpl::kSm90:
+    case RaggedDotImpl::kCudaSm90:
       return "sm90";
-    case RaggedDotCudaImpl::kSm80:
+    case RaggedDotImpl::kCudaSm80:
       return "sm80";
-    case RaggedDotCudaImpl::kPortable:
+    case RaggedDotImpl::kCudaPortable:
       return "portable";
   }
   return "?";
@@ -444,8 +477,8 @@ std::string impl_name(RaggedDotCudaImpl impl) {
 INSTANTIATE_TEST_SUITE_P(
     Gpu, RaggedDotCuda,
     ::testing::Combine(::testing::ValuesIn(gpu_cases()),
-                       ::testing::Values(RaggedDotCudaImpl::kAuto, RaggedDotCudaImpl::kSm90,
-                                         RaggedDotCudaImpl::kSm80, RaggedDotCudaImpl::kPortable)),
+                       ::testing::Values(RaggedDotImpl::kAuto, RaggedDotImpl::kCudaSm90,
+                                         RaggedDotImpl::kCudaSm80, RaggedDotImpl::kCudaPortable)),
     [](const auto& info) {
       return std::get<0>(info.param).name + "_" + impl_name(std::get<1>(info.param));
     });
@@ -463,34 +496,35 @@ TEST(RaggedDotCudaGraph, ReplaysFollowTheDeviceSizes) {
   DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
   d_lhs.upload(lhs), d_rhs.upload(rhs);
   DeviceTensor sizes(G * sizeof(int32_t)), offset(sizeof(int32_t));
-  const size_t ws_bytes = ragged_dot_cuda_workspace_size(e_loc);
+  const size_t ws_bytes = ragged_dot_workspace_size(Device::kCuda, e_loc);
   DeviceTensor ws(ws_bytes);
-  const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr), G,
-                          static_cast<const int32_t*>(offset.ptr)};
+  const RaggedDotGroups groups = device_groups(static_cast<const int32_t*>(sizes.ptr), G,
+                                               static_cast<const int32_t*>(offset.ptr));
   HostTensor lhs32 = as_f32(lhs), rhs32 = as_f32(rhs);
 
-  for (RaggedDotCudaImpl impl : {RaggedDotCudaImpl::kAuto, RaggedDotCudaImpl::kSm90,
-                                 RaggedDotCudaImpl::kSm80, RaggedDotCudaImpl::kPortable}) {
+  for (RaggedDotImpl impl : {RaggedDotImpl::kAuto, RaggedDotImpl::kCudaSm90,
+                             RaggedDotImpl::kCudaSm80, RaggedDotImpl::kCudaPortable}) {
     SCOPED_TRACE(impl_name(impl));
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    const CudaExec exec{stream, ws.ptr, ws_bytes};
+    const RaggedDotExec exec = on_device(stream, ws.ptr, ws_bytes);
     // Warm up outside the capture (first-call attribute queries, kernel attributes).
     std::vector<int32_t> first = random_sizes(rng, G, m);
     int32_t first_offset = 0;
     sizes.upload(first.data(), G * sizeof(int32_t));
     offset.upload(&first_offset, sizeof(int32_t));
-    Status s =
-        ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
-                        groups, d_out.view_as<TensorView>(out), {}, exec, impl);
+    Status s = ragged_dot_on_device(d_lhs.view_as<ConstTensorView>(lhs),
+                                    d_rhs.view_as<ConstTensorView>(rhs), groups,
+                                    d_out.view_as<TensorView>(out), {}, exec, impl);
     if (s.code() == StatusCode::kUnimplemented) continue;  // not on this device
     ASSERT_TRUE(s.ok()) << s.message();
     CUDA_OK(cudaStreamSynchronize(stream));
 
     cudaGraph_t graph;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    s = ragged_dot_cuda(d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs),
-                        groups, d_out.view_as<TensorView>(out), {}, exec, impl);
+    s = ragged_dot_on_device(d_lhs.view_as<ConstTensorView>(lhs),
+                             d_rhs.view_as<ConstTensorView>(rhs), groups,
+                             d_out.view_as<TensorView>(out), {}, exec, impl);
     CUDA_OK(cudaStreamEndCapture(stream, &graph));
     ASSERT_TRUE(s.ok()) << s.message();
     cudaGraphExec_t graph_exec;
@@ -507,9 +541,8 @@ TEST(RaggedDotCudaGraph, ReplaysFollowTheDeviceSizes) {
       CUDA_OK(cudaStreamSynchronize(stream));
       HostTensor want = as_f32(out);
       RaggedDotOptions ref;
-      ref.group_offset = now_offset;
       ref.impl = RaggedDotImpl::kReference;
-      ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), now, want.mut(), ref).ok());
+      ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), {now, now_offset}, want.mut(), ref).ok());
       d_out.download(out);
       expect_equal(out, want, fmt::format("round {} out", round));
     }
@@ -534,16 +567,16 @@ TEST(RaggedDotCudaWorkspace, TooSmallOrMisalignedIsRefusedBeforeAnyLaunch) {
   const int32_t host_sizes[2] = {30, 34};
   DeviceTensor sizes(sizeof host_sizes);
   sizes.upload(host_sizes, sizeof host_sizes);
-  const size_t ws_bytes = ragged_dot_cuda_workspace_size(e_loc);
+  const size_t ws_bytes = ragged_dot_workspace_size(Device::kCuda, e_loc);
   DeviceTensor ws(ws_bytes + 256);
-  const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr), 2, nullptr};
-  for (RaggedDotCudaImpl impl : {RaggedDotCudaImpl::kAuto, RaggedDotCudaImpl::kSm90,
-                                 RaggedDotCudaImpl::kSm80, RaggedDotCudaImpl::kPortable}) {
+  const RaggedDotGroups groups = device_groups(static_cast<const int32_t*>(sizes.ptr), 2, nullptr);
+  for (RaggedDotImpl impl : {RaggedDotImpl::kAuto, RaggedDotImpl::kCudaSm90,
+                             RaggedDotImpl::kCudaSm80, RaggedDotImpl::kCudaPortable}) {
     SCOPED_TRACE(impl_name(impl));
     auto call = [&](void* workspace, size_t bytes) {
-      return ragged_dot_cuda(
+      return ragged_dot_on_device(
           d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs), groups,
-          d_out.view_as<TensorView>(out), {}, CudaExec{nullptr, workspace, bytes}, impl);
+          d_out.view_as<TensorView>(out), {}, on_device(nullptr, workspace, bytes), impl);
     };
     Status s = call(ws.ptr, 16);
     if (s.code() == StatusCode::kUnimplemented) continue;  // not on this device
@@ -572,15 +605,16 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
   const std::vector<int32_t> host_sizes = {40, 0, 56};
   DeviceTensor sizes(host_sizes.size() * sizeof(int32_t));
   sizes.upload(host_sizes.data(), host_sizes.size() * sizeof(int32_t));
-  const CudaGroups groups{static_cast<const int32_t*>(sizes.ptr), e_loc, nullptr};
-  const size_t ws_bytes = ragged_dot_cuda_workspace_size(e_loc);
+  const RaggedDotGroups groups =
+      device_groups(static_cast<const int32_t*>(sizes.ptr), e_loc, nullptr);
+  const size_t ws_bytes = ragged_dot_workspace_size(Device::kCuda, e_loc);
   DeviceTensor ws(ws_bytes);
   std::mt19937 rng(17);
   for (DType in : {DType::kBF16, DType::kF16}) {
     for (int64_t K : {64, 70}) {  // 70: not a multiple of 8, no tensor-core kernel takes it
-      for (RaggedDotCudaImpl impl : {RaggedDotCudaImpl::kSm90, RaggedDotCudaImpl::kSm80}) {
+      for (RaggedDotImpl impl : {RaggedDotImpl::kCudaSm90, RaggedDotImpl::kCudaSm80}) {
         SCOPED_TRACE(fmt::format("{} K={} {}", dtype_name(in), K, impl_name(impl)));
-        const bool sm90 = impl == RaggedDotCudaImpl::kSm90;
+        const bool sm90 = impl == RaggedDotImpl::kCudaSm90;
         const bool built = sm90 ? MOEKIT_CUDA_SM90 : MOEKIT_CUDA_SM80;
         const bool takes = built && K % 8 == 0 && (sm90 ? arch == 90 : arch >= 80);
         HostTensor lhs(in, {m, K}), rhs(in, {e_loc, K, 40}), out(in, {m, 40});
@@ -588,9 +622,9 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
         fill_sixty_fourths(rhs, rng);
         DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
         d_lhs.upload(lhs), d_rhs.upload(rhs);
-        const Status s = ragged_dot_cuda(
+        const Status s = ragged_dot_on_device(
             d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs), groups,
-            d_out.view_as<TensorView>(out), {}, CudaExec{nullptr, ws.ptr, ws_bytes}, impl);
+            d_out.view_as<TensorView>(out), {}, on_device(nullptr, ws.ptr, ws_bytes), impl);
         if (!takes) {
           EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.message();
           continue;

@@ -15,13 +15,10 @@ int main() {
   for (size_t i = 0; i < lhs.size(); ++i) lhs[i] = static_cast<float>(i % 7) - 3.0f;
   for (size_t i = 0; i < rhs.size(); ++i) rhs[i] = static_cast<float>(i % 5) * 0.5f - 1.0f;
 
-  moekit::RaggedDotOptions options;
-  options.group_offset = offset;
-  moekit::Status s =
-      moekit::ragged_dot(moekit::ConstTensorView(lhs.data(), moekit::DType::kF32, {m, K}),
-                         moekit::ConstTensorView(rhs.data(), moekit::DType::kF32, {E_loc, K, n}),
-                         std::span<const int32_t>(sizes),
-                         moekit::TensorView(out.data(), moekit::DType::kF32, {m, n}), options);
+  moekit::Status s = moekit::ragged_dot(
+      moekit::ConstTensorView(lhs.data(), moekit::DType::kF32, {m, K}),
+      moekit::ConstTensorView(rhs.data(), moekit::DType::kF32, {E_loc, K, n}), {sizes, offset},
+      moekit::TensorView(out.data(), moekit::DType::kF32, {m, n}));
   if (!s.ok()) {
     std::fprintf(stderr, "ragged_dot failed: %s\n", s.message().c_str());
     return 1;

@@ -125,7 +125,7 @@ def test_non_local_rows_are_never_read_on_the_gpu():
 
 def test_out_of_range_device_sizes_are_clamped_not_read_past():
     # On the GPU the sizes are never read on the host: a negative size counts as 0, and rows
-    # past m are dropped from their group (ragged_dot_cuda.h). Same result as the clamped sizes.
+    # past m are dropped from their group (moekit/ragged_dot.h). Same result as the clamped sizes.
     lhs, rhs, _ = _inputs(50, 64, 40, [1, 1, 1])
     bad = _on_gpu(jnp.asarray([20, -5, 100], jnp.int32))
     clamped = _on_gpu(jnp.asarray([20, 0, 30], jnp.int32))

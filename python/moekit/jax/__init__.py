@@ -11,7 +11,10 @@ that the same code runs on whichever device holds the arrays.
 Invalid shapes, dtypes and options raise `ValueError` or `TypeError` at trace time, naming the
 argument. Invalid data that only the values show (a negative group size, sizes that sum past the
 rows, an offset out of range when it is traced) raise at run time, when the result is computed,
-with the C++ library's message (``ragged_dot: group_sizes[3] = -2: ...``).
+with the C++ library's message (``ragged_dot: group_sizes[3] = -2: ...``). On the CPU, that is;
+on a GPU `ragged_dot` keeps the sizes and a traced offset on the device and clamps them instead
+(a negative size counts as 0, rows past m drop out, the offset is held in [0, G - E_loc]), so
+that a call never waits for the host.
 
 Modules: `ragged_dot` (the grouped matmul), `router` (route, the aux-loss scores and the
 losses), `permute` (permute, unpermute, sort_chunks_by_index), `layer` (moe_layer, built from

@@ -156,6 +156,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
 
     Runs on the CPU, and on NVIDIA GPUs where moekit was built with CUDA (`cuda_built()`): there
     `group_sizes` and `group_offset` stay on the device, and a call never waits for the host.
+    Bad values known only when the program runs differ by platform: on the CPU a negative size,
+    sizes past m or an out-of-range traced offset raise; on a GPU they are clamped (a negative
+    size counts as 0, rows past m drop out, the offset is held in [0, G - E_loc]).
 
     The signature and dtype rules are `jax.lax.ragged_dot`'s (`group_offset` last, by keyword):
     inputs of different float dtypes are promoted to a common one, and the result may be any
