@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -424,6 +425,25 @@ TEST_F(BadInput, NullPointers) {
   expect_error(
       ragged_dot(L(), R(), std::span<const int32_t>(static_cast<const int32_t*>(nullptr), 3), O()),
       "group_sizes.data");
+}
+
+TEST_F(BadInput, DeviceAndImplementationMustMatchTheBuffers) {
+  RaggedDotGroups on_device(sizes);
+  const int32_t offset = 0;
+  on_device.device_offset = &offset;  // a device offset with host buffers
+  expect_error(ragged_dot(L(), R(), on_device, O()), "groups.device_offset");
+  RaggedDotExec bogus;
+  bogus.device = static_cast<Device>(7);
+  expect_error(ragged_dot(L(), R(), sizes, O(), {}, bogus), "exec.device");
+  // A CUDA implementation named for host buffers says what it needs; nothing is written.
+  std::fill(out.begin(), out.end(), 5.0f);
+  RaggedDotOptions cuda;
+  cuda.impl = RaggedDotImpl::kCudaPortable;
+  const Status s = ragged_dot(L(), R(), sizes, O(), cuda);
+  EXPECT_EQ(s.code(), cuda_built() ? StatusCode::kUnimplemented : StatusCode::kInvalidArgument)
+      << s.message();
+  if (cuda_built()) EXPECT_NE(s.message().find("CUDA buffers"), std::string::npos) << s.message();
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) { return v == 5.0f; }));
 }
 
 TEST_F(BadInput, Strides) {

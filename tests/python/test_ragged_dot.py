@@ -434,7 +434,8 @@ def test_sharded_jit_keeps_the_weights_and_rows_sharded():
     jax.lax.ragged_dot's, and the compiled program gathers neither the weights nor the rows
     where they are sharded over n (tensor parallel), over rows (data parallel), both, or over
     the contraction K; where rows and n share an axis, n keeps it. Then offsets (traced, bf16,
-    rows past the groups) and a refused group total on sharded rows."""
+    rows past the groups), one group holding every row, and a refused group total on sharded
+    rows."""
     _in_fresh_process(4, '''
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -480,6 +481,10 @@ for offset in (0, 2, 3):
     grad = jax.grad(loss, (0, 1))
     for got, want in zip(jax.jit(grad, in_shardings=dp_tp[:2])(lhs, rhs), grad(lhs, rhs)):
         np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=2e-2, atol=2e-2)
+# Every row in one group, which spans both row shards (offset 1), or in no local group (3).
+for offset in (1, 3):
+    args = (lhs, rhs, jnp.asarray([0, 14, 0, 0, 0], jnp.int32), jnp.int32(offset))
+    np.testing.assert_array_equal(jax.jit(f, in_shardings=dp_tp)(*args), f(*args))
 try:
     jax.jit(f, in_shardings=dp_tp)(lhs, rhs, jnp.asarray([3, 0, 6, 2, 9], jnp.int32),
                                    0).block_until_ready()
