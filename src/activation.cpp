@@ -1,11 +1,12 @@
 // Public entry points of the expert FFN activation: validate, then run the first implementation
 // the caller allows (the scalar reference last).
+#include "moekit/activation.h"
+
 #include <string>
 
 #include "check.h"
 #include "cpu/activation_kernels.h"
 #include "impl_table.h"
-#include "moekit/layer.h"
 
 namespace moekit {
 namespace {

@@ -117,8 +117,7 @@ Saved carve_saved(const Dims& d, Arena& m) {
 // The forward's scratch: the aux-loss scores and their routing map; over P ranks also x_perm
 // (dead once dispatched) and the experts' outputs before the combine. With a shared expert and
 // bf16 x, out_f32 [T, H] sums the routed experts' and the shared expert's outputs in f32, rounded
-// once into out, as d_x in the backward. (In a standalone check the shared expert's accumulating
-// down projection into bf16 was about 10% slower than into f32.)
+// once into out, as d_x in the backward.
 struct ForwardScratch {
   TensorView scores, aux_map, out_f32;
   TensorView x_perm, y_rows;  // one rank: the saved x_rows and y_perm themselves
@@ -135,9 +134,8 @@ ForwardScratch carve_forward(const Dims& d, Arena& m) {
 struct BackwardScratch {
   TensorView d_y_perm, d_rows, d_a, d_h;
   TensorView d_topk_weights, d_logits, d_tmp, d_tmp2, d_logits_dt, d_as, d_hs;
-  // [T, H] f32 with bf16 x: d_x's three terms summed in f32 and rounded once. oneDNN's matmul
-  // for the router's input gradient (K = E) runs several times slower into bf16 than into f32
-  // (standalone check at qwen3-30b-a3b's router shape, 4096 tokens: 15 against 3-4 ms).
+  // [T, H] f32 with bf16 x: d_x's three terms (the experts', the router's, the shared expert's)
+  // summed in f32 and rounded once.
   TensorView d_x_f32;
   // Over P ranks, with gradients not in f32: the replicated weights' gradients in f32, summed
   // over the ranks before they are rounded once.

@@ -1,5 +1,5 @@
 // Public router entry points: validate every argument (nothing is written before this is done),
-// build the problem of cpu/router_kernels.h, and run the first implementation the options
+// build the problem of cpu/router/problems.h, and run the first implementation the options
 // allow (the reference last).
 #include "moekit/router.h"
 
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "check.h"
-#include "cpu/router_kernels.h"
+#include "cpu/router/problems.h"
 #include "impl_table.h"
 
 namespace moekit {

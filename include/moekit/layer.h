@@ -4,7 +4,7 @@
 //   route(logits) -> topk_indices, topk_weights           [T, k]          (router.h)
 //   x_perm = permute(x, topk_indices)                     [N, H]          (permute.h)
 //   h      = ragged_dot(x_perm, w_in, tokens_per_expert)  [N, 2F] or [N, F]   (gmm_up)
-//   a      = activation(h)                                [N, F]          (below)
+//   a      = activation(h)                                [N, F]          (activation.h)
 //   y      = ragged_dot(a, w_out, tokens_per_expert)      [N, H]          (gmm_down)
 //   out    = unpermute(y, row_map, topk_weights)          [T, H]          (combine)
 //          + activation(x @ shared_in) @ shared_out, with a shared expert
@@ -12,7 +12,8 @@
 //
 // Each step is a public call of its own (route, permute, ragged_dot, activation, unpermute), so
 // a caller who needs communication between two of them (an all-to-all after permute) composes
-// them; this file adds the activation and the whole layer on one device.
+// them; this file adds the whole layer, on one device or over P ranks (activation.h has the
+// activation).
 //
 // Notation: T tokens, H hidden size, E experts, k experts per token, F expert FFN width, Fs the
 // shared expert's width, N rows of the permuted buffer (T * k dropless; permute_max_rows with a
@@ -36,6 +37,7 @@
 #include <memory>
 #include <span>
 
+#include "moekit/activation.h"
 #include "moekit/ep.h"
 #include "moekit/permute.h"
 #include "moekit/router.h"
@@ -43,37 +45,6 @@
 #include "moekit/view.h"
 
 namespace moekit {
-
-// The expert FFN's nonlinearity. Gated ones take h = [gate | up] (gate in columns [0, F), up in
-// [F, 2F)) and give act(gate) * up; the others map h [N, F] elementwise. GELU is the tanh form
-// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as jax.nn.gelu's default.
-enum class Activation {
-  kSwiGLU,  // silu(gate) * up, silu(x) = x * sigmoid(x)
-  kGeGLU,   // gelu(gate) * up
-  kGelu,    // gelu(h)
-  kRelu,    // max(h, 0)
-};
-
-constexpr bool is_gated(Activation a) {
-  return a == Activation::kSwiGLU || a == Activation::kGeGLU;
-}
-
-// kAuto takes the vectorised, threaded one; kReference is the scalar one the tests compare with.
-enum class ActivationImpl { kAuto, kVectorized, kReference };
-
-// a = act(h), row by row.
-//   h  [N, 2F] (gated) or [N, F]   f32 | bf16
-//   a  [N, F]                      f32 | h's dtype
-Status activation(ConstTensorView h, Activation act, TensorView a,
-                  ActivationImpl impl = ActivationImpl::kAuto);
-
-// Gradient of activation: d_h = d_a * act'(h); gated: d_gate = d_a * up * act'(gate),
-// d_up = d_a * act(gate). ReLU's derivative at 0 is 0.
-//   h    [N, 2F] or [N, F]   f32 | bf16, as given to activation
-//   d_a  [N, F]              f32 | bf16
-//   d_h  like h              f32 | h's dtype
-Status activation_backward(ConstTensorView h, ConstTensorView d_a, Activation act, TensorView d_h,
-                           ActivationImpl impl = ActivationImpl::kAuto);
 
 struct MoeLayerConfig {
   int64_t hidden = 0;       // H

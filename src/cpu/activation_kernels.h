@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "moekit/layer.h"
+#include "moekit/activation.h"
 
 namespace moekit::detail {
 

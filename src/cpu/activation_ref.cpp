@@ -1,5 +1,5 @@
 // Scalar reference of the expert FFN activations, std:: math, one element at a time. Written to
-// be read against the formulas in include/moekit/layer.h, not to be fast.
+// be read against the formulas in include/moekit/activation.h, not to be fast.
 #include <cmath>
 
 #include "cpu/activation_kernels.h"

@@ -4,10 +4,8 @@
 // call with the same K, n, layout and dtypes; it is created once and cached, so no primitive
 // creation or weight packing sits in the per-call path.
 //
-// Measured on the 2-core dev machine (qwen3-30b-a3b shapes, 128 groups of 256 rows, bf16):
-// runtime-M primitive (oneDNN picks gemm:jit) 134 ms, one fixed-shape primitive per group size
-// (brgemm) 154 ms, dense brgemm of the same FLOPs 130 ms. Recorded runs:
-// bench/results/ragged_dot-cpu-2026-11-21/.
+// The runtime-dimension primitive was measured against one fixed-shape primitive per group size
+// and against a dense matmul of the same FLOPs: bench/results/ragged_dot-cpu-2026-11-21/.
 #include <fmt/format.h>
 #include <omp.h>
 
@@ -122,7 +120,7 @@ Status onednn_error(const char* op, const dnnl::error& e) {
 // the OpenMP threads and each oneDNN call runs single-threaded inside the parallel region (oneDNN
 // does not nest); each thread then streams its own weights and no thread waits for another
 // between groups. With fewer, larger groups, the groups run in order and oneDNN threads each
-// one. (Measured faster in every pass on qwen3-30b-a3b, 128 groups on 2 threads.)
+// one. (The two schedules side by side: bench/results/ragged_dot-cpu-2026-11-21/.)
 template <typename Fn>
 Status for_each_local_group(const char* op, const Groups& gr, int64_t begin, Fn&& fn) {
   constexpr int kGroupsPerThread = 4;

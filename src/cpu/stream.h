@@ -1,6 +1,6 @@
 // Internal: copies that write with non-temporal stores, for outputs larger than the caches
-// (stream_bytes is defined with the router's vector code in router_simd.cpp, dispatched at run
-// time), and prefetching.
+// (stream_bytes in stream.cpp, dispatched at run time), and prefetching; the router and permute
+// write their large outputs through them.
 #pragma once
 
 #include <algorithm>

@@ -166,6 +166,13 @@ def check_rank(fn, name, x, rank, dims):
         raise ValueError(f"{fn}: {name} must be {dims}, got shape {tuple(x.shape)}")
 
 
+def check_int_vector(fn, name, x):
+    """x a rank-1 array of any integer dtype (as_int32 then checks its values)."""
+    if x.ndim != 1 or not jnp.issubdtype(x.dtype, jnp.integer):
+        raise ValueError(f"{fn}: {name} must be a rank-1 integer array, got "
+                         f"{x.dtype}{list(x.shape)}")
+
+
 def as_int32(fn, name, x):
     """x, an integer array, as int32: sizes, offsets and indices are int32 in every kernel. A
     wider type (int64 under jax_enable_x64, uint32, uint64) is checked value by value, never

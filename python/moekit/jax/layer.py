@@ -136,8 +136,7 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     """
     fn = "moe_layer"
     x = jnp.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"{fn}: x must be [T, H], got shape {tuple(x.shape)}")
+    _ffi.check_rank(fn, "x", x, 2, "[T, H]")
     if not isinstance(params, MoeParams):
         raise TypeError(f"{fn}: params must be a MoeParams, got {type(params).__name__}")
     T, H = x.shape

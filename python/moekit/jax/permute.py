@@ -249,10 +249,8 @@ def sort_chunks_by_index(x, split_sizes, sorted_index, probs=None, *, inverse=Fa
     split_sizes, sorted_index = jnp.asarray(split_sizes), jnp.asarray(sorted_index)
     _ffi.check_rank(fn, "x", x, 2, "[N, H]")
     _ffi.check_float(fn, "x", x)
-    for name, v in (("split_sizes", split_sizes), ("sorted_index", sorted_index)):
-        if v.ndim != 1 or not jnp.issubdtype(v.dtype, jnp.integer):
-            raise ValueError(f"{fn}: {name} must be a rank-1 integer array, got "
-                             f"{v.dtype}{list(v.shape)}")
+    _ffi.check_int_vector(fn, "split_sizes", split_sizes)
+    _ffi.check_int_vector(fn, "sorted_index", sorted_index)
     if split_sizes.shape != sorted_index.shape:
         raise ValueError(f"{fn}: split_sizes {tuple(split_sizes.shape)} and sorted_index "
                          f"{tuple(sorted_index.shape)} differ in length")

@@ -187,15 +187,13 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     _check_precision(precision)
     lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
     group_sizes = jnp.asarray(group_sizes)
-    if lhs.ndim != 2:
-        raise ValueError(f"ragged_dot: lhs must be [m, K], got shape {lhs.shape}")
-    if rhs.ndim != 3:
-        raise ValueError(f"ragged_dot: rhs must be [E_loc, K, n], got shape {rhs.shape}")
+    _ffi.check_rank("ragged_dot", "lhs", lhs, 2, "[m, K]")
+    _ffi.check_rank("ragged_dot", "rhs", rhs, 3, "[E_loc, K, n]")
     common, kernel_out, out_dtype = _dtypes("ragged_dot", lhs, rhs, preferred_element_type)
     if rhs.shape[1] != lhs.shape[1]:
         raise ValueError(f"ragged_dot: rhs.shape[1] = {rhs.shape[1]} differs from "
                          f"lhs.shape[1] = {lhs.shape[1]} (the contraction size K)")
-    _check_group_sizes("ragged_dot", group_sizes)
+    _ffi.check_int_vector("ragged_dot", "group_sizes", group_sizes)
     num_groups, num_local = group_sizes.shape[0], rhs.shape[0]
     if group_offset is None:
         if num_groups != num_local:
@@ -221,12 +219,6 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     out = _bind("fwd", lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
                 kernel_out, rhs.shape[0])
     return out.astype(out_dtype)
-
-
-def _check_group_sizes(fn, group_sizes):
-    if group_sizes.ndim != 1 or not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-        raise ValueError(f"{fn}: group_sizes must be a rank-1 integer array, got "
-                         f"{group_sizes.dtype}{list(group_sizes.shape)}")
 
 
 def _dtypes(fn, lhs, rhs, preferred_element_type):
@@ -291,7 +283,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"{fn}: the contracted sizes differ: {a.shape[0]} (lhs) and "
                          f"{b.shape[0]} (rhs)")
-    _check_group_sizes(fn, group_sizes)
+    _ffi.check_int_vector(fn, "group_sizes", group_sizes)
     common, kernel_out, out_dtype = _dtypes(fn, a, b, preferred_element_type)
     group_sizes = _ffi.as_int32(fn, "group_sizes", group_sizes)
     out = _bind("drhs", a.astype(common), b.astype(common), group_sizes,

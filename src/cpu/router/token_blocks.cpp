@@ -1,7 +1,7 @@
 // The route forward with the tokens in the vector lanes. A block of rows is transposed so that
 // one vector holds one expert's logits for N tokens; then every step is a loop over the experts,
 // a whole vector at a time, with nothing reduced across lanes and no branch on the data:
-//   scores   softmax (pre), sigmoid or sqrt(softplus), as router_math-inl.h computes them for rows;
+//   scores   softmax (pre), sigmoid or sqrt(softplus), as scores-inl.h computes them for rows;
 //   groups   each group's sum of its top k / group_topk keys, and each group's rank among them;
 //   top k    an insertion network of k + 1 slots, one max and one min per slot per expert;
 //   weights  gathered for the k chosen, normalised, scaled, and sorted by a compare-exchange
@@ -17,7 +17,7 @@
 // kernels. Sums over the k chosen are taken in the packed order, the choice order up to
 // near-ties, so weights match the row kernels' to f32 rounding.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "cpu/router_lanes.cpp"
+#define HWY_TARGET_INCLUDE "cpu/router/token_blocks.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Must come after foreach_target.h.
 #include <hwy/cache_control.h>
@@ -29,8 +29,8 @@
 
 #include "cpu/convert.h"
 #include "cpu/lanes-inl.h"
-#include "cpu/router_kernels.h"
-#include "cpu/router_math-inl.h"
+#include "cpu/router/problems.h"
+#include "cpu/router/scores-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::detail::HWY_NAMESPACE {

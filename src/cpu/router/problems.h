@@ -1,6 +1,12 @@
-// Internal: the router problems after validation (src/router.cpp), and the two CPU
-// implementations of each: a scalar reference (router_ref.cpp) and a vectorised, threaded one
-// (router_vectorized.cpp). Absent optional tensors have data == nullptr here.
+// Internal: the router problems after validation (src/router.cpp), and the CPU kernels that
+// solve them, one file per role in this directory:
+//   reference.cpp     the scalar reference of every router op, read against SPEC.md section 2
+//   route.cpp         the fast route, its backward and the aux-loss scores: rows over threads
+//   token_blocks.cpp  the route forward for 16 tokens at a time, the tokens in the vector lanes
+//   row_ops.cpp       vector ops over one row: score maps and sums, top-k, output rows
+//   scores-inl.h      the score functions on one vector, shared by row_ops and token_blocks
+//   losses.cpp        the load-balancing and z losses
+// Absent optional tensors have data == nullptr here.
 #pragma once
 
 #include <cstddef>
@@ -59,7 +65,7 @@ Status route_backward_vectorized(const RouteBackwardProblem& p);
 Status aux_scores_vectorized(const AuxScoresProblem& p);
 Status aux_scores_backward_vectorized(const AuxScoresBackwardProblem& p);
 
-// The forward with the tokens in the vector lanes (router_lanes.cpp), for k <= kLaneMaxK and
+// The forward with the tokens in the vector lanes (token_blocks.cpp), for k <= kLaneMaxK and
 // E <= kLaneMaxExperts: chooses and weighs rows [t0, t0 + rows) of p, rows <= kLaneRows, into
 // chosen[r * k + i] and weights[r * k + i] (row t0 + r, in the output order: descending weight,
 // ties to the lower expert; scaled). Returns the rows it left undecided, bit r for row t0 + r:
@@ -76,13 +82,13 @@ uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, const floa
                      float* work, int32_t* chosen, float* weights, StreamQueue& queue);
 
 // The backward for every score but pre-softmax, whose gradient reaches only the chosen logits,
-// for kLaneRows rows with the rows in the vector lanes (router_lanes.cpp). All three arrays are
+// for kLaneRows rows with the rows in the vector lanes (token_blocks.cpp). All three arrays are
 // slot-major, [k, kLaneRows], slot i of row r at i * kLaneRows + r: from g, the cotangent of each
 // chosen weight times the scaling factor, and xc, the logit it was chosen by, dxc, that logit's
 // gradient. Rows past the caller's last are computed too (from whatever g and xc hold there).
 void route_backward_chosen(const RouteOptions& o, const float* g, const float* xc, float* dxc);
 
-// Loss kernels (router_losses.cpp), one implementation each: threaded row loops on the vector
+// Loss kernels (losses.cpp), one implementation each: threaded row loops on the vector
 // math below. Arguments are validated; tokens_per_expert is [B, E] i32 (B = 1 for the batch
 // form), sequence b holding rows [b * T / B, (b + 1) * T / B).
 //   sum_b sum_{t in b} <scores[t], tokens_per_expert[b]>
@@ -95,7 +101,7 @@ double z_loss_sum(const ConstTensorView& logits);
 //   d_logits[t] = scale * logsumexp(logits[t]) * softmax(logits[t])
 void z_loss_backward_rows(const ConstTensorView& logits, float scale, const TensorView& d_logits);
 
-// Vector math over one row of n floats (router_simd.cpp, Highway, dispatched to the widest
+// Vector math over one row of n floats (row_ops.cpp, Highway, dispatched to the widest
 // instruction set the CPU has). `out` may alias `x`.
 float row_max(const float* x, int64_t n);
 float row_dot(const float* a, const float* b, int64_t n);

@@ -1,6 +1,6 @@
 """Checks the JSON that `moekit bench OP ... --json` prints on stdin.
 
-Usage: check_bench_json.py OP COUNT
+Usage: bench/check_json.py OP COUNT
 """
 import json
 import sys

@@ -4,7 +4,7 @@
 // time. The tail of a row runs through a zero-padded vector, so that every element sees the
 // same arithmetic and nothing is read or written past the row.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "cpu/router_simd.cpp"
+#define HWY_TARGET_INCLUDE "cpu/router/row_ops.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Must come after foreach_target.h.
 #include <hwy/cache_control.h>
@@ -15,8 +15,8 @@
 #include <cstring>
 
 #include "cpu/lanes-inl.h"
-#include "cpu/router_kernels.h"
-#include "cpu/router_math-inl.h"
+#include "cpu/router/problems.h"
+#include "cpu/router/scores-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace moekit::detail::HWY_NAMESPACE {
@@ -273,25 +273,6 @@ HWY_INLINE float* AlignedWork(float* work) {
   return reinterpret_cast<float*>((p + HWY_MAX_BYTES - 1) / HWY_MAX_BYTES * HWY_MAX_BYTES);
 }
 
-// Non-temporal copy of the whole aligned vectors of dst, so that a large output does not first
-// read every line it overwrites; plain copies for the unaligned ends.
-void StreamBytes(void* dst, const void* src, size_t bytes) {
-  const D d;
-  const size_t N = hn::Lanes(d), vector_bytes = N * sizeof(float);
-  auto* out = static_cast<char*>(dst);
-  const auto* in = static_cast<const char*>(src);
-  // Plain copies for the bytes before the first aligned vector and after the last whole one.
-  const size_t head = std::min(
-      bytes, (vector_bytes - reinterpret_cast<uintptr_t>(out) % vector_bytes) % vector_bytes);
-  const size_t body = (bytes - head) / vector_bytes * vector_bytes;
-  std::memcpy(out, in, head);
-  for (size_t i = head; i < head + body; i += vector_bytes) {
-    hn::Stream(hn::LoadU(d, reinterpret_cast<const float*>(in + i)), d,
-               reinterpret_cast<float*>(out + i));
-  }
-  std::memcpy(out + head + body, in + head + body, bytes - head - body);
-}
-
 // row[0, n) (f32) to dst as f32 or bf16 (see StoreRow).
 template <bool kBf16, bool kStream>
 void WriteRow(const float* row, size_t n, void* dst) {
@@ -363,7 +344,6 @@ HWY_EXPORT(RowDot);
 HWY_EXPORT(RowTopK);
 HWY_EXPORT(RowTopSum);
 HWY_EXPORT(GroupTopSums);
-HWY_EXPORT(StreamBytes);
 HWY_EXPORT(BuildSparseRows);
 HWY_EXPORT(BuildMapRows);
 
@@ -393,11 +373,6 @@ void group_top_sums(const float* x, int64_t groups, int64_t per_group, int32_t c
     out[g] = HWY_DYNAMIC_DISPATCH(RowTopSum)(x + g * per_group, per_group, count, work);
   }
 }
-
-void stream_bytes(void* dst, const void* src, size_t bytes) {
-  HWY_DYNAMIC_DISPATCH(StreamBytes)(dst, src, bytes);
-}
-void stream_fence() { hwy::FlushStream(); }
 
 char* build_sparse_rows(DType t, bool sum, int64_t n, int64_t rows, const int32_t* at,
                         const float* values, int64_t row_step, int64_t slot_step, int32_t count,

@@ -1,12 +1,12 @@
 // Internal, Highway: the router's element-wise score functions on one vector of f32, shared by
-// the row kernels (router_simd.cpp) and the token-lane forward (router_lanes.cpp), so that a score
+// the row kernels (row_ops.cpp) and the token-lane forward (token_blocks.cpp), so that a score
 // is the same bits whichever layout computed it. Included after hwy/foreach_target.h, once per
 // target.
-#if defined(MOEKIT_CPU_ROUTER_MATH_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef MOEKIT_CPU_ROUTER_MATH_INL_H_
-#undef MOEKIT_CPU_ROUTER_MATH_INL_H_
+#if defined(MOEKIT_CPU_ROUTER_SCORES_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MOEKIT_CPU_ROUTER_SCORES_INL_H_
+#undef MOEKIT_CPU_ROUTER_SCORES_INL_H_
 #else
-#define MOEKIT_CPU_ROUTER_MATH_INL_H_
+#define MOEKIT_CPU_ROUTER_SCORES_INL_H_
 #endif
 
 #include <hwy/contrib/math/math-inl.h>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cpu/convert.h"
-#include "cpu/router_kernels.h"
+#include "cpu/router/problems.h"
 
 namespace moekit::detail {
 namespace {

@@ -1,5 +1,5 @@
 // The router on the CPU: tokens split over the OpenMP threads, each row's exp / sigmoid /
-// softplus, reductions and top-k in Highway vector code (router_simd.cpp), output rows built in
+// softplus, reductions and top-k in Highway vector code (row_ops.cpp), output rows built in
 // scratch and written once (streamed when large), and no allocation after a thread's first call
 // (its scratch rows are thread-local and only grow).
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cpu/convert.h"
-#include "cpu/router_kernels.h"
+#include "cpu/router/problems.h"
 
 namespace moekit::detail {
 namespace {
@@ -18,8 +18,8 @@ constexpr int64_t kMinElementsPerThread = 1 << 14;
 
 // The backward gathers the scattered values it needs for this many rows in one tight loop before
 // it works on them, so that their loads overlap instead of each row's waiting behind the long
-// work of the row before. With the vector-built output rows, the qwen3 backward at 16384 tokens
-// went from 2.3 to 1.5 ms (bench/results/router-cpu-2026-11-22).
+// work of the row before (measured with the vector-built output rows:
+// bench/results/router-cpu-2026-11-22).
 constexpr int64_t kGatherRows = 32;
 
 // The best `cap` (value, index) pairs pushed so far, best first. A value replaces only a strictly
