@@ -13,6 +13,15 @@ Status check_float_input(const char* op, const char* name, DType t, const Ragged
   return check_input_dtype(op, name, t);
 }
 
+// The batch-invariant mode is the CPU's: the CUDA kernels have not been checked for it.
+Status check_mode(const char* op, const RaggedDotOptions& opt, const RaggedDotExec& exec) {
+  if (opt.batch_invariant && exec.device == Device::kCuda) {
+    return Status::unimplemented(op, "options.batch_invariant on CUDA buffers: the batch-invariant "
+                                     "mode runs on the CPU only");
+  }
+  return {};
+}
+
 }  // namespace
 
 Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
@@ -22,6 +31,7 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
   MOEKIT_RETURN_IF_ERROR(check_view(op, "rhs", rhs, 3));
   MOEKIT_RETURN_IF_ERROR(check_view(op, c_name, c, 2));
   MOEKIT_RETURN_IF_ERROR(check_float_input(op, a_name, a.dtype, exec));
+  MOEKIT_RETURN_IF_ERROR(check_mode(op, opt, exec));
   MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "rhs", rhs.dtype, a_name, a.dtype));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, c_name, c.dtype, a.dtype));
 
@@ -51,6 +61,7 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
                         .ldc = c.stride[0],
                         .groups = {},
                         .accumulate = opt.accumulate,
+                        .batch_invariant = opt.batch_invariant,
                         .exec = exec};
   return {};
 }
@@ -62,6 +73,7 @@ Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView 
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_out", d_out, 2));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_rhs", d_rhs, 3));
   MOEKIT_RETURN_IF_ERROR(check_float_input(op, "lhs", lhs.dtype, exec));
+  MOEKIT_RETURN_IF_ERROR(check_mode(op, options, exec));
   MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "d_out", d_out.dtype, "lhs", lhs.dtype));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_rhs", d_rhs.dtype, lhs.dtype));
   const int64_t m = lhs.shape[0];
@@ -87,6 +99,7 @@ Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView 
                                 .ldc = d_rhs.stride[1],
                                 .groups = {},
                                 .accumulate = options.accumulate,
+                                .batch_invariant = options.batch_invariant,
                                 .exec = exec};
   return {};
 }

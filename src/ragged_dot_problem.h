@@ -40,6 +40,7 @@ struct RowGroupedGemm {
   int64_t ldc;
   Groups groups;
   bool accumulate;
+  bool batch_invariant;  // RaggedDotOptions::batch_invariant
   RaggedDotExec exec;
 };
 
@@ -60,6 +61,7 @@ struct ContractionGroupedGemm {
   int64_t c_batch, ldc;
   Groups groups;
   bool accumulate;
+  bool batch_invariant;  // RaggedDotOptions::batch_invariant
   RaggedDotExec exec;
 };
 

@@ -82,6 +82,13 @@ struct RaggedDotOptions {
   // outside the local groups are left untouched (so shards can sum into one buffer). Weight
   // gradient: d_rhs += the new gradient; empty groups left untouched.
   bool accumulate = false;
+  // Batch invariance: each row of the forward's and the input gradient's output is the same bits
+  // whatever the other rows are (its group's size, the other groups, m, the offset) and however
+  // many threads run; the weight gradient sums each group's rows in one order fixed by their
+  // positions in the group, so the same rows give the same bits. Off by default (it costs speed
+  // where it gives up threading inside one matmul). CPU only (oneDNN and the reference; the
+  // reference is invariant in either mode); a CUDA call with it is refused.
+  bool batch_invariant = false;
   RaggedDotImpl impl = RaggedDotImpl::kAuto;
 };
 

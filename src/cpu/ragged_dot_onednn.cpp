@@ -9,12 +9,15 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
 #include <vector>
 
+#include "check.h"
 #include "cpu/grouped_gemm.h"
 
 namespace moekit::detail {
@@ -113,38 +116,40 @@ Status onednn_error(const char* op, const dnnl::error& e) {
       op, fmt::format("oneDNN failed: {} (status {})", e.what(), static_cast<int>(e.status)));
 }
 
-// Runs `fn(local index, first row, rows)` once per non-empty local group, the first of them
-// starting at row `begin`, converting oneDNN exceptions into a Status.
-//
-// Threads: with at least kGroupsPerThread non-empty groups per thread, the groups are spread over
-// the OpenMP threads and each oneDNN call runs single-threaded inside the parallel region (oneDNN
-// does not nest); each thread then streams its own weights and no thread waits for another
-// between groups. With fewer, larger groups, the groups run in order and oneDNN threads each
-// one. (The two schedules side by side: bench/results/ragged_dot-cpu-2026-11-21/.)
-template <typename Fn>
-Status for_each_local_group(const char* op, const Groups& gr, int64_t begin, Fn&& fn) {
-  constexpr int kGroupsPerThread = 4;
-  struct Item {
-    int64_t j, row, rows;
-  };
-  // Reused across calls: no allocation once it has grown to the largest E_loc seen. The worker
-  // threads below must see this (the calling thread's) vector, hence the plain reference.
-  thread_local std::vector<Item> reused;
-  std::vector<Item>& items = reused;
+// One matmul of a call: local group j's rows [row, row + rows), all of them or a block.
+struct Item {
+  int64_t j, row, rows;
+};
+
+// The matmuls of a call: one per non-empty local group, the first group starting at row `begin`;
+// with max_rows > 0, one per block of at most max_rows rows of a group. Reused across calls (no
+// allocation once grown to the largest call seen); valid until this thread's next call.
+const std::vector<Item>& local_items(const Groups& gr, int64_t begin, int64_t max_rows) {
+  thread_local std::vector<Item> items;
   items.clear();
   int64_t row = begin;
   for (int64_t j = 0; j < gr.num_local; ++j) {
     const int64_t rows = gr.sizes[gr.offset + j];
-    if (rows > 0) items.push_back({j, row, rows});
+    const int64_t block = max_rows > 0 ? max_rows : rows;
+    for (int64_t r = 0; r < rows; r += block)
+      items.push_back({j, row + r, std::min(block, rows - r)});
     row += rows;
   }
+  return items;
+}
+
+// Runs fn(item) for every item, converting oneDNN exceptions into a Status. Spread: the items
+// are spread over the OpenMP threads and each oneDNN call runs single-threaded inside the
+// parallel region (oneDNN does not nest); otherwise they run in order and oneDNN threads each.
+template <typename Fn>
+Status run_items(const char* op, const std::vector<Item>& items, bool spread, Fn&& fn) {
   const auto n = static_cast<int64_t>(items.size());
-  if (n >= kGroupsPerThread * omp_get_max_threads()) {
+  if (spread) {
     Status status;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) {
       try {
-        fn(items[i].j, items[i].row, items[i].rows);
+        fn(items[i]);
       } catch (const dnnl::error& e) {
 #pragma omp critical(moekit_onednn_error)
         if (status.ok()) status = onednn_error(op, e);
@@ -153,28 +158,68 @@ Status for_each_local_group(const char* op, const Groups& gr, int64_t begin, Fn&
     return status;
   }
   try {
-    for (const Item& it : items) fn(it.j, it.row, it.rows);
+    for (const Item& it : items) fn(it);
   } catch (const dnnl::error& e) {
     return onednn_error(op, e);
   }
   return {};
 }
 
-// Runs the cached primitive for `shape` once per non-empty local group; `bind(j, row, rows)`
-// gives the group's actual shape and its operands {a, b, c}.
-template <typename Bind>
-Status run_per_group(const char* op, const Gemm& shape, const Groups& gr, int64_t begin,
-                     Bind&& bind) {
-  const Primitive* prim = nullptr;
-  try {
-    prim = &primitive_cache().get(shape);
-  } catch (const dnnl::error& e) {
-    return onednn_error(op, e);
+// The default schedule: with at least kGroupsPerThread non-empty groups per thread, one group per
+// call spread over the threads (each thread then streams its own weights and no thread waits for
+// another between groups); with fewer, larger groups, the groups in order, oneDNN threading each.
+// (The two side by side: bench/results/ragged_dot-cpu-2026-11-21/.)
+bool spread_groups(const std::vector<Item>& items) {
+  constexpr int kGroupsPerThread = 4;
+  return static_cast<int64_t>(items.size()) >= kGroupsPerThread * omp_get_max_threads();
+}
+
+// The batch-invariant schedule: every call single-threaded (a threaded oneDNN matmul may split
+// the contraction over the threads, so a row's bits would follow the thread count and the
+// matrix's shape), spread over the threads; the row problem in blocks of at most
+// kInvariantMaxRows rows and at least kInvariantMinRows (fewer are padded up to it). oneDNN's
+// gemm:jit takes other paths below 16 rows (a gemv at one row; at 2-15 rows another order for
+// f32 with a transposed B), so a row's bits then followed its block's size; from 16 rows to far
+// past 256 they do not (tests/cpp/test_ragged_dot.cpp, BatchInvariant, checks it on the machine
+// that runs it).
+constexpr int64_t kInvariantMinRows = 16;
+constexpr int64_t kInvariantMaxRows = 256;
+
+// This thread's buffer for a padded block, grown to at least `bytes`.
+char* padded_block(size_t bytes) {
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
+}
+
+// Runs the row problem's block `it` (of fewer than kInvariantMinRows rows) as a block of
+// kInvariantMinRows: its rows copied into a padded buffer with the same row strides (so that the
+// same cached primitive runs), the rest zero, the product's first it.rows rows copied back.
+void run_padded(const Primitive& prim, const Gemm& shape, const RowGroupedGemm& g, const char* a,
+                const char* b, char* c, int64_t rows, size_t a_bytes, size_t c_bytes) {
+  const size_t in_es = dtype_size(g.in_type), out_es = dtype_size(g.out_type);
+  const size_t a_row = static_cast<size_t>(g.lda) * in_es,
+               c_row = static_cast<size_t>(g.ldc) * out_es;
+  char* pa = padded_block(a_bytes + c_bytes);
+  char* pc = pa + a_bytes;
+  std::memset(pa, 0, a_bytes + c_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(pa + r * a_row, a + r * a_row, g.kc * in_es);
+    if (g.accumulate) std::memcpy(pc + r * c_row, c + r * c_row, g.n * out_es);
   }
-  return for_each_local_group(op, gr, begin, [&](int64_t j, int64_t row, int64_t rows) {
-    const auto [actual, a, b, c] = bind(j, row, rows);
-    execute(*prim, actual, a, b, c);
-  });
+  Gemm actual = shape;
+  actual.M = kInvariantMinRows;
+  execute(prim, actual, pa, b, pc);
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * c_row, pc + r * c_row, g.n * out_es);
+}
+
+const Primitive* cached(const char* op, const Gemm& shape, Status* status) {
+  try {
+    return &primitive_cache().get(shape);
+  } catch (const dnnl::error& e) {
+    *status = onednn_error(op, e);
+    return nullptr;
+  }
 }
 
 }  // namespace
@@ -193,15 +238,35 @@ Status row_grouped_gemm_onednn(const RowGroupedGemm& g) {
   }
   Gemm shape{g.in_type, g.out_type, kRuntime, g.kc,  g.n,         g.lda,
              1,         g.b_s0,     g.b_s1,   g.ldc, g.accumulate};
+  const char* op = "ragged_dot";
+  Status status;
+  const Primitive* prim = cached(op, shape, &status);
+  if (prim == nullptr) return status;
   const size_t in_es = dtype_size(g.in_type), out_es = dtype_size(g.out_type);
-  return run_per_group(
-      "ragged_dot", shape, gr, local.begin, [&](int64_t j, int64_t row, int64_t rows) {
-        Gemm actual = shape;
-        actual.M = rows;  // [rows, kc] @ [kc, n] -> [rows, n]
-        return std::tuple(actual, static_cast<const char*>(g.a) + row * g.lda * in_es,
-                          static_cast<const char*>(g.b) + j * g.b_batch * in_es,
-                          static_cast<char*>(g.c) + row * g.ldc * out_es);
-      });
+  // The padded block: kInvariantMinRows rows of A (lda elements apart) and of C (ldc apart).
+  int64_t a_bytes = 0, c_bytes = 0;
+  if (g.batch_invariant &&
+      !(mul_fits(kInvariantMinRows * static_cast<int64_t>(in_es), g.lda, &a_bytes) &&
+        mul_fits(kInvariantMinRows * static_cast<int64_t>(out_es), g.ldc, &c_bytes) &&
+        a_bytes <= INT64_MAX - c_bytes)) {
+    return Status::invalid_argument(op, "row strides", fmt::format("{}, {}", g.lda, g.ldc),
+                                    "too large for the batch-invariant mode's padded block");
+  }
+  const std::vector<Item>& items =
+      local_items(gr, local.begin, g.batch_invariant ? kInvariantMaxRows : 0);
+  return run_items(op, items, g.batch_invariant || spread_groups(items), [&](const Item& it) {
+    const char* a = static_cast<const char*>(g.a) + it.row * g.lda * in_es;
+    const char* b = static_cast<const char*>(g.b) + it.j * g.b_batch * in_es;
+    char* c = static_cast<char*>(g.c) + it.row * g.ldc * out_es;
+    if (g.batch_invariant && it.rows < kInvariantMinRows) {
+      run_padded(*prim, shape, g, a, b, c, it.rows, static_cast<size_t>(a_bytes),
+                 static_cast<size_t>(c_bytes));
+      return;
+    }
+    Gemm actual = shape;
+    actual.M = it.rows;  // [rows, kc] @ [kc, n] -> [rows, n]
+    execute(*prim, actual, a, b, c);
+  });
 }
 
 Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g) {
@@ -217,15 +282,18 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g) {
   }
   // A = X^T: [p, Kc] with strides (1, ldx); B = Y: [Kc, q] with strides (ldy, 1).
   Gemm shape{g.in_type, g.out_type, g.p, kRuntime, g.q, 1, g.ldx, g.ldy, 1, g.ldc, g.accumulate};
-  return run_per_group("ragged_dot_drhs", shape, gr, local_rows(gr).begin,
-                       [&](int64_t j, int64_t row, int64_t rows) {
-                         Gemm actual = shape;
-                         actual.Kc = rows;  // [p, rows] @ [rows, q] -> [p, q]
-                         return std::tuple(actual,
-                                           static_cast<const char*>(g.x) + row * g.ldx * in_es,
-                                           static_cast<const char*>(g.y) + row * g.ldy * in_es,
-                                           static_cast<char*>(g.c) + j * g.c_batch * out_es);
-                       });
+  const char* op = "ragged_dot_drhs";
+  Status status;
+  const Primitive* prim = cached(op, shape, &status);
+  if (prim == nullptr) return status;
+  const std::vector<Item>& items = local_items(gr, local_rows(gr).begin, 0);
+  return run_items(op, items, g.batch_invariant || spread_groups(items), [&](const Item& it) {
+    Gemm actual = shape;
+    actual.Kc = it.rows;  // [p, rows] @ [rows, q] -> [p, q]
+    execute(*prim, actual, static_cast<const char*>(g.x) + it.row * g.ldx * in_es,
+            static_cast<const char*>(g.y) + it.row * g.ldy * in_es,
+            static_cast<char*>(g.c) + it.j * g.c_batch * out_es);
+  });
 }
 
 }  // namespace moekit::detail

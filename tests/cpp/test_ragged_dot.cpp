@@ -2,6 +2,7 @@
 // accumulation), for every implementation: the oneDNN one and the scalar reference.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,7 @@ struct Case {
   DType in = DType::kF32, out = DType::kF32;
   bool transposed = false;
   bool accumulate = false;
+  bool batch_invariant = false;
   int64_t row_pad = 0;  // extra elements at the end of every row of every 2-D operand
   std::string name;
 };
@@ -57,6 +59,7 @@ class RaggedDotTest : public ::testing::TestWithParam<std::tuple<Case, RaggedDot
     c = std::get<0>(GetParam());
     opt.rhs_transposed = c.transposed;
     opt.accumulate = c.accumulate;
+    opt.batch_invariant = c.batch_invariant;
     opt.impl = std::get<1>(GetParam());
     rows = local_group_of_rows(c);
   }
@@ -263,6 +266,8 @@ std::vector<Case> cases() {
   add({500, 64, 48, random_sizes(rng, 32, 480), 8, 16}, "many_groups_shard");
   // Larger contraction, K and n not multiples of 16.
   add({300, 257, 129, random_sizes(rng, 6, 300), 0, 6}, "K257_n129");
+  // One group of more rows than the batch-invariant mode's blocks.
+  add({600, 33, 17, {600}, 0, 1}, "rows600_one_group");
   // Transposed rhs, accumulate, row padding: on a few of the shapes above.
   std::vector<Case> variants;
   for (const Case& c : out) {
@@ -277,6 +282,18 @@ std::vector<Case> cases() {
       Case p = c;
       p.row_pad = 3, p.transposed = true, p.name += "_rowpad_T";
       variants.push_back(p);
+    }
+    // The batch-invariant mode: blocks of rows, small blocks padded, every call single-threaded.
+    if (c.name.rfind("shard1", 0) == 0 || c.name.rfind("empty_groups_edges", 0) == 0 ||
+        c.name.rfind("m111_K70", 0) == 0 || c.name.rfind("m1_", 0) == 0 ||
+        c.name.rfind("many_groups", 0) == 0 || c.name.rfind("all_rows_in_group3", 0) == 0 ||
+        c.name.rfind("K257", 0) == 0 || c.name.rfind("rows600", 0) == 0 ||
+        c.name.rfind("K0", 0) == 0) {
+      Case v = c;
+      v.batch_invariant = true, v.name += "_inv";
+      variants.push_back(v);
+      v.transposed = true, v.accumulate = true, v.row_pad = 3, v.name += "_T_acc_rowpad";
+      variants.push_back(v);
     }
   }
   out.insert(out.end(), variants.begin(), variants.end());
@@ -331,6 +348,148 @@ TEST(RaggedDotThreads, RepeatedCallsGiveIdenticalBytes) {
     ASSERT_TRUE(std::get<2>(again) == std::get<2>(first))
         << "weight gradient differs on repeat " << i;
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The batch-invariant mode: a row's bits do not depend on the other rows or the threads.
+
+// One probe row placed among others: in local group 1 of G = 5 groups (E_loc = 3 at `offset`, so
+// the probe's group is global group offset + 1), at row `at` of a group of `size` rows; the other
+// groups random; `extra` rows past the groups. Returns the probe's output row's bytes.
+struct Placement {
+  int64_t size, at, extra;
+  int32_t offset;
+  int threads;
+};
+
+using DTypes = std::pair<DType, DType>;  // input, output
+
+class BatchInvariant
+    : public ::testing::TestWithParam<std::tuple<DTypes, bool /*transposed*/, bool /*dlhs*/>> {
+ protected:
+  static constexpr int64_t K = 192, n = 160, kELoc = 3, kG = 5;
+  DType in = std::get<0>(GetParam()).first, out = std::get<0>(GetParam()).second;
+  bool transposed = std::get<1>(GetParam()), dlhs = std::get<2>(GetParam());
+  // The pass's input width and output width: the forward maps K to n, the input gradient n to K.
+  int64_t width_in() const { return dlhs ? n : K; }
+  int64_t width_out() const { return dlhs ? K : n; }
+
+  std::vector<std::byte> probe_output(const HostTensor& probe, HostTensor& rhs, const Placement& p,
+                                      std::mt19937& rng) {
+    std::vector<int32_t> sizes = random_sizes(rng, kG, 3 * p.size + 40);
+    sizes[p.offset + 1] = static_cast<int32_t>(p.size);
+    int64_t start = 0;
+    for (int32_t j = 0; j < p.offset + 1; ++j) start += sizes[j];
+    int64_t m = p.extra;
+    for (int32_t v : sizes) m += v;
+    HostTensor a(in, {m, width_in()}), c(out, {m, width_out()});
+    a.fill_random(rng);
+    const size_t row_bytes = width_in() * dtype_size(in);
+    std::memcpy(a.bytes.data() + (start + p.at) * row_bytes, probe.bytes.data(), row_bytes);
+    RaggedDotOptions opt;
+    opt.batch_invariant = true;
+    opt.rhs_transposed = transposed;
+    omp_set_num_threads(p.threads);
+    const RaggedDotGroups groups{sizes, p.offset};
+    const Status st = dlhs ? ragged_dot_dlhs(a.in(), rhs.in(), groups, c.mut(), opt)
+                           : ragged_dot(a.in(), rhs.in(), groups, c.mut(), opt);
+    EXPECT_TRUE(st.ok()) << st.message();
+    const size_t out_bytes = width_out() * dtype_size(out);
+    const auto* row = c.bytes.data() + (start + p.at) * out_bytes;
+    return {row, row + out_bytes};
+  }
+};
+
+TEST_P(BatchInvariant, ARowIsTheSameBitsAmongAnyOtherRows) {
+  std::mt19937 rng(7);
+  HostTensor probe(in, {1, width_in()});
+  probe.fill_random(rng);
+  HostTensor rhs(
+      in, transposed ? std::vector<int64_t>{kELoc, n, K} : std::vector<int64_t>{kELoc, K, n});
+  rhs.fill_random(rng);
+  const int threads = omp_get_max_threads();
+  const std::vector<std::byte> alone = probe_output(probe, rhs, {1, 0, 0, 0, 1}, rng);
+  // Group sizes across the mode's block bounds (16, 256), the probe at either end of its group
+  // and in a block of its own past the first, other offsets, rows past the groups, 1-3 threads.
+  const Placement placements[] = {{1, 0, 5, 2, 2},     {2, 1, 0, 0, 2},      {7, 3, 0, 1, 1},
+                                  {15, 14, 0, 0, 2},   {16, 0, 3, 0, 2},     {17, 16, 0, 2, 1},
+                                  {64, 33, 0, 0, 3},   {255, 254, 0, 1, 2},  {256, 100, 0, 0, 2},
+                                  {257, 256, 0, 0, 2}, {270, 260, 1, 2, 2},  {600, 599, 0, 0, 2},
+                                  {600, 0, 0, 1, 1},   {4096, 3000, 0, 0, 2}};
+  for (const Placement& p : placements) {
+    EXPECT_TRUE(probe_output(probe, rhs, p, rng) == alone)
+        << "the probe row differs in a group of " << p.size << " rows at row " << p.at
+        << ", offset " << p.offset << ", " << p.threads << " threads";
+  }
+  omp_set_num_threads(threads);
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, BatchInvariant,
+                         ::testing::Combine(::testing::Values(DTypes{DType::kF32, DType::kF32},
+                                                              DTypes{DType::kBF16, DType::kF32},
+                                                              DTypes{DType::kBF16, DType::kBF16}),
+                                            ::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           const DTypes types = std::get<0>(info.param);
+                           const char* in = types.first == DType::kF32 ? "f32" : "bf16";
+                           const char* out = types.second == DType::kF32 ? "f32" : "bf16";
+                           return fmt::format("{}_to_{}{}_{}", in, out,
+                                              std::get<1>(info.param) ? "_T" : "",
+                                              std::get<2>(info.param) ? "dlhs" : "fwd");
+                         });
+
+// The weight gradient: the same rows of a group give the same bits, whatever the other groups,
+// the offset and the threads.
+TEST(BatchInvariantWeightGradient, TheSameRowsGiveTheSameBits) {
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    std::mt19937 rng(11);
+    const int64_t K = 64, n = 48, rows = 3000, G = 6, e_loc = 3;
+    HostTensor x(t, {rows, K}), dy(t, {rows, n});
+    x.fill_random(rng);
+    dy.fill_random(rng);
+    std::vector<std::byte> first;
+    for (auto [offset, threads] : {std::pair{0, 1}, {3, 2}, {1, 2}, {2, 3}, {0, 2}}) {
+      // Local group 1 holds the rows of x and dy; the others random.
+      std::vector<int32_t> sizes = random_sizes(rng, G, 2000 + 50 * offset);
+      sizes[offset + 1] = rows;
+      int64_t start = 0, m = 0;
+      for (int j = 0; j < offset + 1; ++j) start += sizes[j];
+      for (int32_t v : sizes) m += v;
+      HostTensor lhs(t, {m, K}), d_out(t, {m, n}), d_rhs(DType::kF32, {e_loc, K, n});
+      lhs.fill_random(rng);
+      d_out.fill_random(rng);
+      std::memcpy(lhs.bytes.data() + start * K * dtype_size(t), x.bytes.data(), x.bytes.size());
+      std::memcpy(d_out.bytes.data() + start * n * dtype_size(t), dy.bytes.data(), dy.bytes.size());
+      RaggedDotOptions opt;
+      opt.batch_invariant = true;
+      const int before = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), {sizes, offset}, d_rhs.mut(), opt).ok());
+      omp_set_num_threads(before);
+      const auto* g1 = d_rhs.bytes.data() + K * n * sizeof(float);
+      const std::vector<std::byte> got(g1, g1 + K * n * sizeof(float));
+      if (first.empty()) first = got;
+      EXPECT_TRUE(got == first) << "group 1's gradient differs at offset " << offset << " with "
+                                << threads << " threads";
+    }
+  }
+}
+
+// The mode is the CPU's: a CUDA call with it is refused before anything runs.
+TEST(BatchInvariant, RefusedOnCudaBuffers) {
+  std::vector<float> lhs(4 * 3, 1.f), rhs(2 * 3 * 5, 1.f), out(4 * 5, 42.f);
+  std::vector<int32_t> sizes{2, 2};
+  RaggedDotOptions opt;
+  opt.batch_invariant = true;
+  RaggedDotExec exec;
+  exec.device = Device::kCuda;
+  const Status st = ragged_dot(ConstTensorView(lhs.data(), DType::kF32, {4, 3}),
+                               ConstTensorView(rhs.data(), DType::kF32, {2, 3, 5}), sizes,
+                               TensorView(out.data(), DType::kF32, {4, 5}), opt, exec);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(cuda_built() ? "batch_invariant" : "CUDA"), std::string::npos)
+      << st.message();
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float v) { return v == 42.f; }));
 }
 
 // ---------------------------------------------------------------------------------------------
