@@ -349,6 +349,15 @@ View first_rows(View v, int64_t rows) {
   return v;
 }
 
+// The options of every matmul of the layer: the config's batch-invariant mode, and whether the
+// product adds into its output.
+RaggedDotOptions gemm(const MoeLayerConfig& config, bool accumulate = false) {
+  RaggedDotOptions o;
+  o.batch_invariant = config.batch_invariant;
+  o.accumulate = accumulate;
+  return o;
+}
+
 // A [rows, cols] matrix as the one group [1, rows, cols] that ragged_dot multiplies by.
 template <class View>
 View as_group(View g) {
@@ -432,7 +441,7 @@ Status forward_tokens(const ConstTensorView& x, const MoeLayerWeights& weights,
   const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
   // logits [T, E] f32 = x @ router.
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRouterGemm, [&] {
-    return ragged_dot(x, as_group(weights.router), all_tokens, s.logits);
+    return ragged_dot(x, as_group(weights.router), all_tokens, s.logits, gemm(config));
   }));
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRoute, [&]() -> Status {
     MOEKIT_RETURN_IF_ERROR(route(s.logits, config.route, {{}, {}, s.topk_indices, s.topk_weights}));
@@ -483,13 +492,14 @@ Status forward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& con
                        std::span<const int32_t> sizes, const Saved& s, const TensorView& y_rows,
                        MoeLayerProfile* profile) {
   const int64_t rows = used_rows(sizes);
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmUp,
-                               [&] { return ragged_dot(s.x_rows, weights.w_in, sizes, s.h); }));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmUp, [&] {
+    return ragged_dot(s.x_rows, weights.w_in, sizes, s.h, gemm(config));
+  }));
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kActivation, [&] {
     return activation(first_rows(s.h, rows), config.activation, first_rows(s.a, rows));
   }));
   return timed(profile, MoeStep::kGmmDown,
-               [&] { return ragged_dot(s.a, weights.w_out, sizes, y_rows); });
+               [&] { return ragged_dot(s.a, weights.w_out, sizes, y_rows, gemm(config)); });
 }
 
 // unpermute and the shared expert: y_perm [N, H] back to this rank's tokens.
@@ -503,12 +513,11 @@ Status forward_finish(const ConstTensorView& x, const MoeLayerWeights& weights,
   }));
   if (d.Fs == 0) return {};
   return timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot(x, as_group(weights.shared_in), all_tokens, s.hs));
-    MOEKIT_RETURN_IF_ERROR(activation(s.hs, config.activation, s.as));
-    RaggedDotOptions add;
-    add.accumulate = true;
     MOEKIT_RETURN_IF_ERROR(
-        ragged_dot(s.as, as_group(weights.shared_out), all_tokens, out_acc, add));
+        ragged_dot(x, as_group(weights.shared_in), all_tokens, s.hs, gemm(config)));
+    MOEKIT_RETURN_IF_ERROR(activation(s.hs, config.activation, s.as));
+    MOEKIT_RETURN_IF_ERROR(
+        ragged_dot(s.as, as_group(weights.shared_out), all_tokens, out_acc, gemm(config, true)));
     if (out_acc.data != out.data) store_rows(out_acc, out);
     return Status();
   });
@@ -521,16 +530,16 @@ Status backward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& co
                         const MoeLayerWeightGrads& grads, MoeLayerProfile* profile) {
   const int64_t rows = used_rows(sizes);
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmDown, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_rows, weights.w_out, sizes, b.d_a));
-    return ragged_dot_drhs(s.a, b.d_rows, sizes, grads.w_out);
+    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_rows, weights.w_out, sizes, b.d_a, gemm(config)));
+    return ragged_dot_drhs(s.a, b.d_rows, sizes, grads.w_out, gemm(config));
   }));
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kActivation, [&] {
     return activation_backward(first_rows(s.h, rows), first_rows(b.d_a, rows), config.activation,
                                first_rows(b.d_h, rows));
   }));
   return timed(profile, MoeStep::kGmmUp, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_h, weights.w_in, sizes, b.d_rows));
-    return ragged_dot_drhs(s.x_rows, b.d_h, sizes, grads.w_in);
+    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_h, weights.w_in, sizes, b.d_rows, gemm(config)));
+    return ragged_dot_drhs(s.x_rows, b.d_h, sizes, grads.w_in, gemm(config));
   });
 }
 
@@ -579,22 +588,22 @@ Status backward_tokens(const ConstTensorView& x, const MoeLayerWeights& weights,
     if (d.dt != DType::kF32) store_rows(b.d_logits, b.d_logits_dt);  // x's dtype for the GEMM
     return {};
   }));
-  RaggedDotOptions add;
-  add.accumulate = true;
+  const RaggedDotOptions add = gemm(config, true);
   MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRouterGemm, [&]() -> Status {
     MOEKIT_RETURN_IF_ERROR(
         ragged_dot_dlhs(b.d_logits_dt, as_group(weights.router), all_tokens, d_x_acc, add));
-    return ragged_dot_drhs(x, b.d_logits_dt, all_tokens, as_group(grads.router));
+    return ragged_dot_drhs(x, b.d_logits_dt, all_tokens, as_group(grads.router), gemm(config));
   }));
   if (d.Fs > 0) {
     MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
       const ConstTensorView w_up = as_group(weights.shared_in),
                             w_down = as_group(weights.shared_out);
-      MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(d_out, w_down, all_tokens, b.d_as));
-      MOEKIT_RETURN_IF_ERROR(ragged_dot_drhs(s.as, d_out, all_tokens, as_group(grads.shared_out)));
+      MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(d_out, w_down, all_tokens, b.d_as, gemm(config)));
+      MOEKIT_RETURN_IF_ERROR(
+          ragged_dot_drhs(s.as, d_out, all_tokens, as_group(grads.shared_out), gemm(config)));
       MOEKIT_RETURN_IF_ERROR(activation_backward(s.hs, b.d_as, config.activation, b.d_hs));
       MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_hs, w_up, all_tokens, d_x_acc, add));
-      return ragged_dot_drhs(x, b.d_hs, all_tokens, as_group(grads.shared_in));
+      return ragged_dot_drhs(x, b.d_hs, all_tokens, as_group(grads.shared_in), gemm(config));
     }));
   }
   if (d_x_acc.data != d_x.data) {  // one rounding of the f32 sum into d_x
@@ -821,6 +830,7 @@ uint64_t config_fingerprint(const MoeLayerConfig& c) {
   put(c.hidden), put(c.ffn), put(c.num_experts), put(c.shared_ffn), put(c.align_size);
   put(static_cast<int>(c.activation)), put(c.capacity_factor), put(static_cast<int>(c.drop_policy));
   put(c.pad_to_capacity), put(c.aux_loss_coeff), put(c.aux_loss_sequences), put(c.z_loss_coeff);
+  put(c.batch_invariant);
   const RouteOptions& r = c.route;
   put(r.k), put(static_cast<int>(r.score)), put(r.pre_softmax), put(r.num_groups);
   put(r.group_topk), put(r.scaling_factor), put(r.expert_bias.size());

@@ -68,6 +68,14 @@ struct MoeLayerConfig {
   // > 0: the sequence-level loss instead, over this many sequences of T / B tokens each.
   int32_t aux_loss_sequences = 0;
   float z_loss_coeff = 0.0f;  // 0: not computed
+
+  // Batch invariance (RaggedDotOptions::batch_invariant in every matmul; the router, permute,
+  // the activation and unpermute work token by token already): a token's output, and its d_x,
+  // are the same bits whatever the other tokens of the call, the number of threads, and over P
+  // ranks the number of ranks. Not where the result depends on the batch by definition: the
+  // tokens a capacity drops, and d_x with a load-balancing loss or a z-loss (their gradients
+  // depend on every token's routing, and on T). Off by default: see bench/results for its cost.
+  bool batch_invariant = false;
 };
 
 // Weights, all in x's dtype. Gated activations fuse gate and up in w_in.

@@ -400,6 +400,8 @@ class BatchInvariant
   }
 };
 
+// (A bf16 output is the f32 sum rounded once, so its cases hold when the f32-output ones do; at
+// these sizes the rounding hides the default mode's differences, which the f32 outputs show.)
 TEST_P(BatchInvariant, ARowIsTheSameBitsAmongAnyOtherRows) {
   std::mt19937 rng(7);
   HostTensor probe(in, {1, width_in()});
