@@ -26,6 +26,7 @@ struct Result {
   std::string preset;
   int64_t tokens = 0, rows = 0;
   Timing fwd, bwd, dense_up, dense_down;
+  Timing fwd_inv, bwd_inv;  // with --invariant: the batch-invariant mode's, in the same loop
   std::array<double, kMoeSteps> fwd_steps{}, bwd_steps{};    // medians, ms
   std::array<double, kMoeSteps> step_flops{}, step_bytes{};  // forward; backward twice the flops
   double gmm_flops_fwd = 0, dense_tflops = 0, dense_ms_fwd = 0;
@@ -38,6 +39,10 @@ struct Result {
     const double shared_ms =
         step_flops[static_cast<int>(MoeStep::kSharedExpert)] / (dense_tflops * 1e9);
     return 3 * (dense_ms_fwd + shared_ms) / (fwd.median_ms + bwd.median_ms);
+  }
+  // The batch-invariant mode's forward + backward throughput as a share of the default mode's.
+  double invariant_rate() const {
+    return (fwd.median_ms + bwd.median_ms) / (fwd_inv.median_ms + bwd_inv.median_ms);
   }
 };
 
@@ -96,23 +101,28 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
   float aux = 0;
   const MoeLayerOutputs outs{TensorView(out.data(), dt, {T, H}), &aux, nullptr,
                              TensorView(tpe.data(), DType::kI32, {E})};
-  std::vector<MoeLayerProfile> fwd_prof, bwd_prof;
-  auto forward = [&] {
+  std::vector<MoeLayerProfile> fwd_prof, bwd_prof, unused;
+  MoeLayerConfig cfg_inv = cfg;
+  cfg_inv.batch_invariant = true;
+  // One pass with config c, its profile appended to `profiles`.
+  auto forward_with = [&](const MoeLayerConfig& c, std::vector<MoeLayerProfile>& profiles) {
     MoeLayerProfile prof;
-    check(moe_layer_forward(xv, wv, cfg, {static_cast<std::byte*>(saved.data()), saved.bytes()},
+    check(moe_layer_forward(xv, wv, c, {static_cast<std::byte*>(saved.data()), saved.bytes()},
                             {static_cast<std::byte*>(fwd_scratch.data()), fwd_scratch.bytes()},
                             outs, &prof));
-    fwd_prof.push_back(prof);
+    profiles.push_back(prof);
   };
-  auto backward = [&] {
+  auto backward_with = [&](const MoeLayerConfig& c, std::vector<MoeLayerProfile>& profiles) {
     MoeLayerProfile prof;
-    check(moe_layer_backward(xv, wv, cfg,
+    check(moe_layer_backward(xv, wv, c,
                              {static_cast<const std::byte*>(saved.data()), saved.bytes()},
                              ConstTensorView(d_out.data(), dt, {T, H}), 1.0f, 0.0f,
                              {static_cast<std::byte*>(bwd_scratch.data()), bwd_scratch.bytes()},
                              TensorView(d_x.data(), dt, {T, H}), gv, &prof));
-    bwd_prof.push_back(prof);
+    profiles.push_back(prof);
   };
+  auto forward = [&] { forward_with(cfg, fwd_prof); };
+  auto backward = [&] { backward_with(cfg, bwd_prof); };
   forward();  // the routed rows, for the dense reference's shapes
   const auto* sizes = static_cast<const int32_t*>(tpe.data());
   const int64_t rows = std::accumulate(sizes, sizes + E, int64_t{0});
@@ -125,12 +135,18 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
   DenseMatmul up(dt, dt, rows, H, W, {H, 1}, {W, 1}), down(dt, dt, rows, F, H, {F, 1}, {H, 1});
 
   fwd_prof.clear();
-  const std::vector<Timing> t =
-      time_interleaved(o.warmup, o.reps,
-                       {forward, backward, [&] { up.run(a_up.data(), w_in.data(), c_up.data()); },
-                        [&] { down.run(a_down.data(), w_out.data(), c_down.data()); }});
+  // Each rep in order: a backward reads what the forward before it saved.
+  std::vector<std::function<void()>> fns{
+      forward, backward, [&] { up.run(a_up.data(), w_in.data(), c_up.data()); },
+      [&] { down.run(a_down.data(), w_out.data(), c_down.data()); }};
+  if (o.invariant) {
+    fns.push_back([&] { forward_with(cfg_inv, unused); });
+    fns.push_back([&] { backward_with(cfg_inv, unused); });
+  }
+  const std::vector<Timing> t = time_interleaved(o.warmup, o.reps, fns);
   r.preset = p.name, r.tokens = T, r.rows = rows;
   r.fwd = t[0], r.bwd = t[1], r.dense_up = t[2], r.dense_down = t[3];
+  if (o.invariant) r.fwd_inv = t[4], r.bwd_inv = t[5];
   for (int s = 0; s < kMoeSteps; ++s) {
     std::vector<double> f, b;
     for (size_t i = o.warmup; i < fwd_prof.size(); ++i) f.push_back(fwd_prof[i].ms[s]);
@@ -153,7 +169,7 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
   return true;
 }
 
-void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt) {
+void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool invariant) {
   fmt::print(f, "\n{}  T={}  {}  routed rows N={}  H={} F={} E={} k={}{}\n", r.preset, r.tokens,
              dtype_name(dt), r.rows, p.H, p.F, p.E, p.k,
              p.shared_experts ? fmt::format(", {} shared", p.shared_experts) : "");
@@ -190,6 +206,12 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt) {
                "with the shared expert's FLOPs counted too (at the same rate): {:.1f}% of dense\n",
                100 * r.ratio_with_shared());
   }
+  if (invariant) {
+    fmt::print(f,
+               "batch-invariant mode, in the same loop: forward {:.1f} ms, backward {:.1f} ms; "
+               "forward+backward throughput {:.1f}% of the default mode's\n",
+               r.fwd_inv.median_ms, r.bwd_inv.median_ms, 100 * r.invariant_rate());
+  }
 }
 
 nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool backward) {
@@ -200,26 +222,32 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
   }
   const Timing& t = backward ? r.bwd : r.fwd;
   const double gmm_flops = (backward ? 2 : 1) * r.gmm_flops_fwd;
-  return {{"op", "layer"},
-          {"pass", backward ? "bwd" : "fwd"},
-          {"preset", r.preset},
-          {"tokens", r.tokens},
-          {"rows", r.rows},
-          {"dtype", std::string(dtype_name(dt))},
-          {"capacity_factor", o.capacity_factor},
-          {"ms", t.median_ms},
-          {"min_ms", t.min_ms},
-          {"steps_ms", steps},
-          {"tokens_per_s", 1e3 * r.tokens / t.median_ms},
-          {"gmm_tflops", gmm_flops / (t.median_ms * 1e9)},
-          {"dense_tflops", r.dense_tflops},
-          {"dense_impl", r.dense_impl},
-          {"fwd_bwd_ratio_to_dense", r.ratio()},
-          {"fwd_bwd_ratio_to_dense_with_shared", r.ratio_with_shared()}};
+  nlohmann::json j{{"op", "layer"},
+                   {"pass", backward ? "bwd" : "fwd"},
+                   {"preset", r.preset},
+                   {"tokens", r.tokens},
+                   {"rows", r.rows},
+                   {"dtype", std::string(dtype_name(dt))},
+                   {"capacity_factor", o.capacity_factor},
+                   {"ms", t.median_ms},
+                   {"min_ms", t.min_ms},
+                   {"steps_ms", steps},
+                   {"tokens_per_s", 1e3 * r.tokens / t.median_ms},
+                   {"gmm_tflops", gmm_flops / (t.median_ms * 1e9)},
+                   {"dense_tflops", r.dense_tflops},
+                   {"dense_impl", r.dense_impl},
+                   {"fwd_bwd_ratio_to_dense", r.ratio()},
+                   {"fwd_bwd_ratio_to_dense_with_shared", r.ratio_with_shared()}};
+  if (o.invariant) {
+    j["invariant_ms"] = (backward ? r.bwd_inv : r.fwd_inv).median_ms;
+    j["fwd_bwd_invariant_rate"] = r.invariant_rate();
+  }
+  return j;
 }
 
 int run(const Options& o) {
   if (o.ep > 0) {
+    if (o.invariant) throw CLI::ValidationError("--invariant", "not with --ep (yet)");
     run_layer_ep(o);
     return 0;
   }
@@ -251,7 +279,9 @@ int run(const Options& o) {
     }
   }
   progress.finish();
-  for (const Result& r : results) print_result(text, r, *find_preset(r.preset), dt);
+  for (const Result& r : results) {
+    print_result(text, r, *find_preset(r.preset), dt, o.invariant);
+  }
   for (const std::string& s : skipped) fmt::print(text, "\nskipped {}\n", s);
   if (results.size() > 1) {
     std::vector<std::string> labels;
@@ -321,6 +351,9 @@ void register_bench_layer(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--aux-loss-coeff", opts->aux_loss_coeff, "Load-balancing loss coefficient")
       ->capture_default_str();
+  cmd->add_flag("--invariant", opts->invariant,
+                "Also time the batch-invariant mode (MoeLayerConfig::batch_invariant), in the "
+                "same loop");
   cmd->add_option("--ep", opts->ep,
                   "Run the layer over this many ranks, --tokens each (mpiexec -n P, or the "
                   "threads engine), beside the one-rank layer on all their tokens")

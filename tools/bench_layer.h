@@ -15,7 +15,8 @@ namespace moekit::tools {
 struct LayerOptions : BenchOptions {
   double capacity_factor = 0;
   float aux_loss_coeff = 0.01f;
-  int ep = 0;  // > 0: the layer over this many ranks
+  int ep = 0;              // > 0: the layer over this many ranks
+  bool invariant = false;  // also time the batch-invariant mode
   EpGroupOptions group;
 };
 

@@ -43,13 +43,13 @@ void time_cpu(const Options& o, const Preset& p, DType in, DType out, int shard,
 
     for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
       // One call of this pass with e_loc local groups starting at `offset`.
-      auto call = [&](int64_t e_loc, int32_t offset) {
+      auto call = [&](int64_t e_loc, int32_t offset, const RaggedDotOptions& opt) {
         const RaggedDotGroups groups{sizes, offset};
         const ConstTensorView w(rhs.data(), in, {e_loc, K, n});
-        if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v);
-        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v);
-        return ragged_dot_drhs(lhs_v, d_out_v, groups,
-                               TensorView(d_rhs.data(), out, {e_loc, K, n}));
+        if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt);
+        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, opt);
+        return ragged_dot_drhs(lhs_v, d_out_v, groups, TensorView(d_rhs.data(), out, {e_loc, K, n}),
+                               opt);
       };
       // The dense matmul with the same operand layouts over all m rows.
       std::unique_ptr<DenseMatmul> dense;
@@ -90,6 +90,9 @@ int run(const Options& o) {
   if (o.shards < 1 || p->E % o.shards != 0) {
     throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
   }
+  if (o.invariant && cuda) {
+    throw CLI::ValidationError("--invariant", "the batch-invariant mode runs on the CPU only");
+  }
   const int shard = o.shard < 0 ? o.shards / 2 : o.shard;
   if (shard >= o.shards) throw CLI::ValidationError("--shard", "must be < --ep-shards");
 
@@ -114,27 +117,32 @@ int run(const Options& o) {
   fmt::print(text, "machine: {}\n", machine);
 
   // The table.
-  fmt::print(text, "\n{:>6} {:>5} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}\n", "tokens",
+  fmt::print(text, "\n{:>6} {:>5} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}{}\n", "tokens",
              "pass", "shard", "rows", "ms", "TFLOP/s", "dense ms", "dense TF", "vs dense",
-             "of full");
+             "of full", o.invariant ? fmt::format(" {:>9} {:>9}", "inv ms", "inv rate") : "");
   for (const Row& r : rows) {
     const double tf = r.flops / (r.t.median_ms * 1e9);
     const double dense_tf = r.dense_flops / (r.dense.median_ms * 1e9);
     const std::string shard_s =
         r.shards == 1 ? "all" : fmt::format("{}/{}", r.offset / r.e_loc, r.shards);
-    fmt::print(text,
-               "{:>6} {:>5} {:>7} {:>8} {:>9.2f} {:>8.3f} {:>9.2f} {:>8.3f} {:>8.1f}% {:>8}\n",
-               r.tokens, r.pass, shard_s, r.local_rows, r.t.median_ms, tf, r.dense.median_ms,
-               dense_tf, 100.0 * tf / dense_tf,
-               r.shards == 1 ? std::string("")
-                             : fmt::format("{:.1f}%", 100.0 * r.t.median_ms / r.full_ms));
+    fmt::print(
+        text, "{:>6} {:>5} {:>7} {:>8} {:>9.2f} {:>8.3f} {:>9.2f} {:>8.3f} {:>8.1f}% {:>8}{}\n",
+        r.tokens, r.pass, shard_s, r.local_rows, r.t.median_ms, tf, r.dense.median_ms, dense_tf,
+        100.0 * tf / dense_tf,
+        r.shards == 1 ? std::string("") : fmt::format("{:.1f}%", 100.0 * r.t.median_ms / r.full_ms),
+        o.invariant ? fmt::format(" {:>9.2f} {:>8.1f}%", r.invariant.median_ms,
+                                  100.0 * r.t.median_ms / r.invariant.median_ms)
+                    : "");
   }
   fmt::print(text,
              "\nms: median of {} runs after {} warm-up, ragged_dot, dense and shard runs "
              "alternating; TFLOP/s = 2*rows*K*n / time; dense: one "
              "matmul of all m rows ({}); shard k/S: E/S local groups from group_offset "
-             "k*E/S, 'of full' its time over the full call's.\n",
-             o.reps, o.warmup, rows.empty() ? "" : rows.front().dense_impl);
+             "k*E/S, 'of full' its time over the full call's.{}\n",
+             o.reps, o.warmup, rows.empty() ? "" : rows.front().dense_impl,
+             o.invariant ? " inv: the same call in the batch-invariant mode, in the same loop; "
+                           "'inv rate' its throughput as a share of the default mode's."
+                         : "");
 
   if (o.tokens.size() > 1) {  // how time scales with tokens
     for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
@@ -177,6 +185,10 @@ int run(const Options& o) {
                        {"machine", machine}};
       j["ratio_to_dense"] = j["tflops"].get<double>() / j["dense_tflops"].get<double>();
       if (r.shards > 1) j["ratio_to_full"] = r.t.median_ms / r.full_ms;
+      if (o.invariant) {
+        j["invariant_ms"] = r.invariant.median_ms;
+        j["invariant_rate"] = r.t.median_ms / r.invariant.median_ms;
+      }
       arr.push_back(j);
     }
     fmt::print("{}\n", arr.dump(1));
@@ -219,16 +231,20 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
 
 RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
                       const std::string& dense_impl) {
-  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0, pr.m, 1, {}, {}, 0, 0, 0, dense_impl};
+  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0, pr.m, 1, {}, {}, {}, 0, 0, 0, dense_impl};
   r.flops = r.dense_flops = 2.0 * pr.m * pr.K * pr.n;
   return r;
 }
 
 void time_pass(const RaggedDotBenchOptions& o, const RaggedDotProblem& pr, int shard,
-               RaggedDotRow full, const std::function<Status(int64_t, int32_t)>& call,
+               RaggedDotRow full,
+               const std::function<Status(int64_t, int32_t, const RaggedDotOptions&)>& call,
                const std::function<void()>& dense, const TimeLoop& time, const std::string& label,
                Progress& progress, std::vector<RaggedDotRow>& rows) {
-  std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0)); }, dense};
+  RaggedDotOptions invariant;
+  invariant.batch_invariant = true;
+  std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0, {})); }, dense};
+  if (o.invariant) fns.push_back([&] { check(call(pr.E, 0, invariant)); });
   RaggedDotRow one = full;
   if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
     one.shards = o.shards;
@@ -237,15 +253,22 @@ void time_pass(const RaggedDotBenchOptions& o, const RaggedDotProblem& pr, int s
     one.local_rows =
         ragged_dot_flops(pr.sizes, static_cast<int32_t>(one.offset), one.e_loc, 1, 1) / 2;
     one.flops = 2.0 * one.local_rows * pr.K * pr.n;
-    fns.push_back([&] { check(call(one.e_loc, static_cast<int32_t>(one.offset))); });
+    const auto offset = static_cast<int32_t>(one.offset);
+    fns.push_back([&, offset] { check(call(one.e_loc, offset, {})); });
+    if (o.invariant) fns.push_back([&, offset] { check(call(one.e_loc, offset, invariant)); });
   }
-  progress.step(fmt::format("{}{}, interleaved", label,
-                            o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : ""));
+  progress.step(fmt::format("{}{}{}, interleaved", label,
+                            o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : "",
+                            o.invariant ? ", invariant mode" : ""));
   const std::vector<Timing> t = time(fns);
+  const size_t per_call = o.invariant ? 2 : 1;  // timings per call: the default, the mode
   full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
+  if (o.invariant) full.invariant = t[2];
   rows.push_back(full);
   if (o.shards > 1) {
-    one.t = t[2], one.dense = t[1], one.full_ms = t[0].median_ms;
+    const size_t at = 1 + per_call;
+    one.t = t[at], one.dense = t[1], one.full_ms = t[0].median_ms;
+    if (o.invariant) one.invariant = t[at + 1];
     rows.push_back(one);
   }
 }
@@ -274,6 +297,8 @@ void register_bench_ragged_dot(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--shard", opts->shard, "Which shard to time (default: S/2)")
       ->check(integer_in(0, 1 << 20, "a shard index in [0, --ep-shards)"));
+  cmd->add_flag("--invariant", opts->invariant,
+                "Also time each call in the batch-invariant mode, in the same loop (CPU)");
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();

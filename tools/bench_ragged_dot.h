@@ -9,6 +9,7 @@
 
 #include "bench_common.h"
 #include "moekit/dtype.h"
+#include "moekit/ragged_dot.h"
 #include "moekit/status.h"
 #include "presets.h"
 
@@ -20,6 +21,7 @@ struct RaggedDotBenchOptions : BenchOptions {
   int shards = 1;
   int shard = -1;  // which shard's call to time; -1: the middle one
   double imbalance = 0.25;
+  bool invariant = false;  // also time the batch-invariant mode (CPU)
 };
 
 // One timed case: a pass (fwd, dlhs, drhs) of the full call or of one shard, beside the dense
@@ -29,6 +31,7 @@ struct RaggedDotRow {
   int64_t tokens, m, E, e_loc, offset, local_rows;
   int shards;
   Timing t, dense;
+  Timing invariant;                    // with --invariant: the same call in the mode
   double flops, dense_flops, full_ms;  // full_ms: the full call's time, for shard rows
   std::string dense_impl;
 };
@@ -46,13 +49,15 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
 RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
                       const std::string& dense_impl);
 
-// One pass timed in one interleaved loop: call(E, 0) (the full call), dense() beside it, and with
-// o.shards > 1 one shard's call (E/shards local groups from group_offset shard*E/shards). `time`
+// One pass timed in one interleaved loop: call(E, 0, {}) (the full call), dense() beside it, with
+// o.shards > 1 one shard's call (E/shards local groups from group_offset shard*E/shards), and with
+// o.invariant each of those calls again in the batch-invariant mode. `time`
 // runs the loop (wall clock on the CPU, CUDA events on the GPU); `label` names the step in the
 // progress line. Appends the full call's row and the shard's.
 using TimeLoop = std::function<std::vector<Timing>(const std::vector<std::function<void()>>&)>;
 void time_pass(const RaggedDotBenchOptions& o, const RaggedDotProblem& pr, int shard,
-               RaggedDotRow full, const std::function<Status(int64_t, int32_t)>& call,
+               RaggedDotRow full,
+               const std::function<Status(int64_t, int32_t, const RaggedDotOptions&)>& call,
                const std::function<void()>& dense, const TimeLoop& time, const std::string& label,
                Progress& progress, std::vector<RaggedDotRow>& rows);
 

@@ -164,13 +164,13 @@ std::string time_ragged_dot_cuda(const RaggedDotBenchOptions& o, const Preset& p
     const TensorView y_v(y.data(), out, {m, n}), d_lhs_v(d_lhs.data(), out, {m, K});
 
     for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
-      auto call = [&](int64_t e_loc, int32_t offset) {
+      auto call = [&](int64_t e_loc, int32_t offset, const RaggedDotOptions& opt) {
         const RaggedDotGroups groups{device_sizes, offset};
         const ConstTensorView w(rhs.data(), in, {e_loc, K, n});
-        if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, {}, exec);
-        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, {}, exec);
+        if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
+        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, opt, exec);
         return ragged_dot_drhs(lhs_v, d_out_v, groups, TensorView(d_rhs.data(), out, {e_loc, K, n}),
-                               {}, exec);
+                               opt, exec);
       };
       // The dense matmul of all m rows with the pass's operand layouts (one weight matrix).
       DenseGemm dense{handle, in, out, m, n, K, false, false};

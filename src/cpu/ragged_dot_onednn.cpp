@@ -179,11 +179,13 @@ bool spread_groups(const std::vector<Item>& items) {
 // matrix's shape), spread over the threads; the row problem in blocks of at most
 // kInvariantMaxRows rows and at least kInvariantMinRows (fewer are padded up to it). oneDNN's
 // gemm:jit takes other paths below 16 rows (a gemv at one row; at 2-15 rows another order for
-// f32 with a transposed B), so a row's bits then followed its block's size; from 16 rows to far
-// past 256 they do not (tests/cpp/test_ragged_dot.cpp, BatchInvariant, checks it on the machine
-// that runs it).
+// f32 with a transposed B), so a row's bits then followed its block's size; from 16 rows up (to
+// 700, on five shapes, when this was written) they do not. tests/cpp/test_ragged_dot.cpp
+// (BatchInvariant) checks it on the machine that runs the tests, with blocks of every kind. The
+// largest block holds a typical expert's rows in one call (blocks of 256 cost the qwen3 layer
+// 6% of its speed: bench/results/layer-invariant-cpu-2026-11-24).
 constexpr int64_t kInvariantMinRows = 16;
-constexpr int64_t kInvariantMaxRows = 256;
+constexpr int64_t kInvariantMaxRows = 512;
 
 // This thread's buffer for a padded block, grown to at least `bytes`.
 char* padded_block(size_t bytes) {

@@ -411,13 +411,13 @@ TEST_P(BatchInvariant, ARowIsTheSameBitsAmongAnyOtherRows) {
   rhs.fill_random(rng);
   const int threads = omp_get_max_threads();
   const std::vector<std::byte> alone = probe_output(probe, rhs, {1, 0, 0, 0, 1}, rng);
-  // Group sizes across the mode's block bounds (16, 256), the probe at either end of its group
+  // Group sizes across the mode's block bounds (16, 512), the probe at either end of its group
   // and in a block of its own past the first, other offsets, rows past the groups, 1-3 threads.
-  const Placement placements[] = {{1, 0, 5, 2, 2},     {2, 1, 0, 0, 2},      {7, 3, 0, 1, 1},
-                                  {15, 14, 0, 0, 2},   {16, 0, 3, 0, 2},     {17, 16, 0, 2, 1},
-                                  {64, 33, 0, 0, 3},   {255, 254, 0, 1, 2},  {256, 100, 0, 0, 2},
-                                  {257, 256, 0, 0, 2}, {270, 260, 1, 2, 2},  {600, 599, 0, 0, 2},
-                                  {600, 0, 0, 1, 1},   {4096, 3000, 0, 0, 2}};
+  const Placement placements[] = {
+      {1, 0, 5, 2, 2},     {2, 1, 0, 0, 2},     {7, 3, 0, 1, 1},       {15, 14, 0, 0, 2},
+      {16, 0, 3, 0, 2},    {17, 16, 0, 2, 1},   {64, 33, 0, 0, 3},     {255, 254, 0, 1, 2},
+      {256, 100, 0, 0, 2}, {257, 256, 0, 0, 2}, {270, 260, 1, 2, 2},   {600, 599, 0, 0, 2},
+      {600, 0, 0, 1, 1},   {513, 512, 0, 0, 2}, {1030, 1025, 0, 2, 2}, {4096, 3000, 0, 0, 2}};
   for (const Placement& p : placements) {
     EXPECT_TRUE(probe_output(probe, rhs, p, rng) == alone)
         << "the probe row differs in a group of " << p.size << " rows at row " << p.at
