@@ -27,7 +27,8 @@ struct Result {
   int64_t tokens = 0, rows = 0;
   Timing fwd, bwd, dense_up, dense_down;
   Timing fwd_inv, bwd_inv;  // with --invariant: the batch-invariant mode's, in the same loop
-  std::array<double, kMoeSteps> fwd_steps{}, bwd_steps{};    // medians, ms
+  std::array<double, kMoeSteps> fwd_steps{}, bwd_steps{};          // medians, ms
+  std::array<double, kMoeSteps> fwd_steps_inv{}, bwd_steps_inv{};  // the mode's, with --invariant
   std::array<double, kMoeSteps> step_flops{}, step_bytes{};  // forward; backward twice the flops
   double gmm_flops_fwd = 0, dense_tflops = 0, dense_ms_fwd = 0;
   std::string dense_impl;
@@ -101,7 +102,7 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
   float aux = 0;
   const MoeLayerOutputs outs{TensorView(out.data(), dt, {T, H}), &aux, nullptr,
                              TensorView(tpe.data(), DType::kI32, {E})};
-  std::vector<MoeLayerProfile> fwd_prof, bwd_prof, unused;
+  std::vector<MoeLayerProfile> fwd_prof, bwd_prof, fwd_prof_inv, bwd_prof_inv;
   MoeLayerConfig cfg_inv = cfg;
   cfg_inv.batch_invariant = true;
   // One pass with config c, its profile appended to `profiles`.
@@ -140,19 +141,25 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
       forward, backward, [&] { up.run(a_up.data(), w_in.data(), c_up.data()); },
       [&] { down.run(a_down.data(), w_out.data(), c_down.data()); }};
   if (o.invariant) {
-    fns.push_back([&] { forward_with(cfg_inv, unused); });
-    fns.push_back([&] { backward_with(cfg_inv, unused); });
+    fns.push_back([&] { forward_with(cfg_inv, fwd_prof_inv); });
+    fns.push_back([&] { backward_with(cfg_inv, bwd_prof_inv); });
   }
   const std::vector<Timing> t = time_interleaved(o.warmup, o.reps, fns);
   r.preset = p.name, r.tokens = T, r.rows = rows;
   r.fwd = t[0], r.bwd = t[1], r.dense_up = t[2], r.dense_down = t[3];
   if (o.invariant) r.fwd_inv = t[4], r.bwd_inv = t[5];
-  for (int s = 0; s < kMoeSteps; ++s) {
-    std::vector<double> f, b;
-    for (size_t i = o.warmup; i < fwd_prof.size(); ++i) f.push_back(fwd_prof[i].ms[s]);
-    for (size_t i = o.warmup; i < bwd_prof.size(); ++i) b.push_back(bwd_prof[i].ms[s]);
-    r.fwd_steps[s] = summarize(f).median_ms, r.bwd_steps[s] = summarize(b).median_ms;
-  }
+  // Each step's median over the timed runs (the warm-up ones dropped).
+  auto medians = [&](const std::vector<MoeLayerProfile>& profiles) {
+    std::array<double, kMoeSteps> m{};
+    for (int s = 0; s < kMoeSteps; ++s) {
+      std::vector<double> v;
+      for (size_t i = o.warmup; i < profiles.size(); ++i) v.push_back(profiles[i].ms[s]);
+      m[s] = summarize(v).median_ms;
+    }
+    return m;
+  };
+  r.fwd_steps = medians(fwd_prof), r.bwd_steps = medians(bwd_prof);
+  r.fwd_steps_inv = medians(fwd_prof_inv), r.bwd_steps_inv = medians(bwd_prof_inv);
   auto at = [](MoeStep s) { return static_cast<int>(s); };
   const double up_flops = 2.0 * rows * H * W, down_flops = 2.0 * rows * F * H;
   r.step_flops[at(MoeStep::kRouterGemm)] = 2.0 * T * H * E;
@@ -173,8 +180,9 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
   fmt::print(f, "\n{}  T={}  {}  routed rows N={}  H={} F={} E={} k={}{}\n", r.preset, r.tokens,
              dtype_name(dt), r.rows, p.H, p.F, p.E, p.k,
              p.shared_experts ? fmt::format(", {} shared", p.shared_experts) : "");
-  fmt::print(f, "{:<12} {:>9} {:>6} {:>12}   {:>9} {:>6} {:>12}\n", "step", "fwd ms", "share",
-             "fwd rate", "bwd ms", "share", "bwd rate");
+  fmt::print(f, "{:<12} {:>9} {:>6} {:>12}   {:>9} {:>6} {:>12}{}\n", "step", "fwd ms", "share",
+             "fwd rate", "bwd ms", "share", "bwd rate",
+             invariant ? fmt::format("   {:>9} {:>9}", "inv fwd", "inv bwd") : "");
   auto rate = [](double ms, double flops, double bytes) -> std::string {
     if (ms <= 0) return "";
     if (flops > 0) return fmt::format("{:.3f} TF/s", flops / (ms * 1e9));
@@ -183,15 +191,21 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
   };
   for (int s = 0; s < kMoeSteps; ++s) {
     if (r.fwd_steps[s] == 0 && r.bwd_steps[s] == 0) continue;
-    fmt::print(f, "{:<12} {:>9.2f} {:>5.1f}% {:>12}   {:>9.2f} {:>5.1f}% {:>12}\n",
+    fmt::print(f, "{:<12} {:>9.2f} {:>5.1f}% {:>12}   {:>9.2f} {:>5.1f}% {:>12}{}\n",
                moe_step_name(static_cast<MoeStep>(s)), r.fwd_steps[s],
                100 * r.fwd_steps[s] / r.fwd.median_ms,
                rate(r.fwd_steps[s], r.step_flops[s], r.step_bytes[s]), r.bwd_steps[s],
                100 * r.bwd_steps[s] / r.bwd.median_ms,
-               rate(r.bwd_steps[s], 2 * r.step_flops[s], 2 * r.step_bytes[s]));
+               rate(r.bwd_steps[s], 2 * r.step_flops[s], 2 * r.step_bytes[s]),
+               invariant
+                   ? fmt::format("   {:>9.2f} {:>9.2f}", r.fwd_steps_inv[s], r.bwd_steps_inv[s])
+                   : "");
   }
-  fmt::print(f, "{:<12} {:>9.2f} {:>6} {:>12}   {:>9.2f}\n", "layer", r.fwd.median_ms, "", "",
-             r.bwd.median_ms);
+  fmt::print(f, "{:<12} {:>9.2f} {:>6} {:>12}   {:>9.2f} {:>6} {:>12}{}\n", "layer",
+             r.fwd.median_ms, "", "", r.bwd.median_ms, "", "",
+             invariant
+                 ? fmt::format("   {:>9.2f} {:>9.2f}", r.fwd_inv.median_ms, r.bwd_inv.median_ms)
+                 : "");
   fmt::print(f, "tokens/s: forward {:.0f}, forward+backward {:.0f}\n",
              1e3 * r.tokens / r.fwd.median_ms,
              1e3 * r.tokens / (r.fwd.median_ms + r.bwd.median_ms));

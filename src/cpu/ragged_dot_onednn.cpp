@@ -116,9 +116,11 @@ Status onednn_error(const char* op, const dnnl::error& e) {
       op, fmt::format("oneDNN failed: {} (status {})", e.what(), static_cast<int>(e.status)));
 }
 
-// One matmul of a call: local group j's rows [row, row + rows), all of them or a block.
+// One matmul of a call: local group j's rows [row, row + rows), all of them or a block; for the
+// weight gradient in the batch-invariant mode, `part` says which of the output's rows.
 struct Item {
   int64_t j, row, rows;
+  int64_t part = 0;
 };
 
 // The matmuls of a call: one per non-empty local group, the first group starting at row `begin`;
@@ -283,18 +285,42 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g) {
     }
   }
   // A = X^T: [p, Kc] with strides (1, ldx); B = Y: [Kc, q] with strides (ldy, 1).
-  Gemm shape{g.in_type, g.out_type, g.p, kRuntime, g.q, 1, g.ldx, g.ldy, 1, g.ldc, g.accumulate};
+  Gemm whole{g.in_type, g.out_type, g.p, kRuntime, g.q, 1, g.ldx, g.ldy, 1, g.ldc, g.accumulate};
+  // In the batch-invariant mode a group of at least kInvariantSplitRows rows (a shared expert's,
+  // the router's: long, and often alone) computes its output rows in parts of kInvariantMaxRows,
+  // each one single-threaded call, so that it still spreads over the threads. Whether and how a
+  // group splits follows from its own rows and p alone, so the same rows give the same bits.
+  constexpr int64_t kInvariantSplitRows = 2048;
+  const int64_t part = std::min(g.p, kInvariantMaxRows);
+  const int64_t parts = (g.p + part - 1) / part;
+  Gemm part_shape = whole, last_shape = whole;
+  part_shape.M = part, last_shape.M = g.p - (parts - 1) * part;
   const char* op = "ragged_dot_drhs";
   Status status;
-  const Primitive* prim = cached(op, shape, &status);
-  if (prim == nullptr) return status;
-  const std::vector<Item>& items = local_items(gr, local_rows(gr).begin, 0);
+  const Primitive* prims[3] = {};  // whole, a part, the last part
+  for (int i = 0; i < (g.batch_invariant ? 3 : 1); ++i) {
+    prims[i] = cached(op, i == 0 ? whole : i == 1 ? part_shape : last_shape, &status);
+    if (prims[i] == nullptr) return status;
+  }
+  thread_local std::vector<Item> reused;  // one item per group, or per (group, part)
+  std::vector<Item>& items = reused;
+  items.clear();
+  for (const Item& it : local_items(gr, local_rows(gr).begin, 0)) {
+    if (g.batch_invariant && it.rows >= kInvariantSplitRows && parts > 1) {
+      for (int64_t i = 0; i < parts; ++i) items.push_back({it.j, it.row, it.rows, i + 1});
+    } else {
+      items.push_back(it);
+    }
+  }
   return run_items(op, items, g.batch_invariant || spread_groups(items), [&](const Item& it) {
-    Gemm actual = shape;
-    actual.Kc = it.rows;  // [p, rows] @ [rows, q] -> [p, q]
-    execute(*prim, actual, static_cast<const char*>(g.x) + it.row * g.ldx * in_es,
+    // it.part: 0 the whole output, i + 1 its rows [i * part, (i + 1) * part).
+    const int64_t first = it.part == 0 ? 0 : (it.part - 1) * part;
+    const int which = it.part == 0 ? 0 : it.part < parts ? 1 : 2;
+    Gemm actual = which == 0 ? whole : which == 1 ? part_shape : last_shape;
+    actual.Kc = it.rows;  // [M, rows] @ [rows, q] -> [M, q]
+    execute(*prims[which], actual, static_cast<const char*>(g.x) + (it.row * g.ldx + first) * in_es,
             static_cast<const char*>(g.y) + it.row * g.ldy * in_es,
-            static_cast<char*>(g.c) + it.j * g.c_batch * out_es);
+            static_cast<char*>(g.c) + (it.j * g.c_batch + first * g.ldc) * out_es);
   });
 }
 

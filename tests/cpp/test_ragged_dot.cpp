@@ -268,6 +268,10 @@ std::vector<Case> cases() {
   add({300, 257, 129, random_sizes(rng, 6, 300), 0, 6}, "K257_n129");
   // One group of more rows than the batch-invariant mode's blocks.
   add({600, 33, 17, {600}, 0, 1}, "rows600_one_group");
+  // A weight gradient of more rows (K) than the batch-invariant mode computes in one call, from a
+  // group long enough that the mode splits it.
+  add({40, 1100, 9, random_sizes(rng, 3, 40), 0, 3}, "K1100_n9");
+  add({2100, 600, 5, {2050, 50}, 0, 2}, "K600_group2050");
   // Transposed rhs, accumulate, row padding: on a few of the shapes above.
   std::vector<Case> variants;
   for (const Case& c : out) {
@@ -288,6 +292,7 @@ std::vector<Case> cases() {
         c.name.rfind("m111_K70", 0) == 0 || c.name.rfind("m1_", 0) == 0 ||
         c.name.rfind("many_groups", 0) == 0 || c.name.rfind("all_rows_in_group3", 0) == 0 ||
         c.name.rfind("K257", 0) == 0 || c.name.rfind("rows600", 0) == 0 ||
+        c.name.rfind("K1100", 0) == 0 || c.name.rfind("K600", 0) == 0 ||
         c.name.rfind("K0", 0) == 0) {
       Case v = c;
       v.batch_invariant = true, v.name += "_inv";
@@ -442,10 +447,13 @@ INSTANTIATE_TEST_SUITE_P(DTypes, BatchInvariant,
 
 // The weight gradient: the same rows of a group give the same bits, whatever the other groups,
 // the offset and the threads.
+// K = 64: the default mode's bits follow the threads here; K = 600 (with rows >= 2048): the mode
+// splits the group's output rows over several calls.
 TEST(BatchInvariantWeightGradient, TheSameRowsGiveTheSameBits) {
-  for (DType t : {DType::kF32, DType::kBF16}) {
+  for (auto [t, K] :
+       {std::pair{DType::kF32, 64}, {DType::kBF16, 64}, {DType::kF32, 600}, {DType::kBF16, 600}}) {
     std::mt19937 rng(11);
-    const int64_t K = 64, n = 48, rows = 3000, G = 6, e_loc = 3;
+    const int64_t n = 48, rows = 3000, G = 6, e_loc = 3;
     HostTensor x(t, {rows, K}), dy(t, {rows, n});
     x.fill_random(rng);
     dy.fill_random(rng);
@@ -472,7 +480,7 @@ TEST(BatchInvariantWeightGradient, TheSameRowsGiveTheSameBits) {
       const std::vector<std::byte> got(g1, g1 + K * n * sizeof(float));
       if (first.empty()) first = got;
       EXPECT_TRUE(got == first) << "group 1's gradient differs at offset " << offset << " with "
-                                << threads << " threads";
+                                << threads << " threads, K = " << K;
     }
   }
 }
