@@ -18,6 +18,8 @@ run layer-qwen3-bf16-4096 --preset qwen3-30b-a3b --tokens 4096 --reps 5 --invari
 # f32, and a model with a shared expert and group-limited routing.
 run layer-qwen3-f32-4096 --preset qwen3-30b-a3b --tokens 4096 --dtype f32 --reps 3 --invariant
 run layer-deepseek-v2-lite-bf16-4096 --preset deepseek-v2-lite --tokens 4096 --reps 3 --invariant
+# Small batches (sampling): most experts get a row or none.
+run layer-qwen3-bf16-small --preset qwen3-30b-a3b --tokens 1,16,256 --reps 5 --invariant
 # ragged_dot alone, over token counts (small batches: the mode's padding of groups under 16 rows).
 runner=("$build/moekit" bench ragged_dot)
 runner_shown="moekit bench ragged_dot"

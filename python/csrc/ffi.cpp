@@ -30,27 +30,34 @@ float scalar_of(ffi::Buffer<ffi::F32> b) { return b.typed_data()[0]; }
 
 // out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups.
 ffi::Error ragged_dot_fwd(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
-                          ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> out) {
-  return call_ragged(ragged_dot, {"lhs", "rhs", "out"}, lhs, rhs, sizes, offset, *out);
+                          ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> out,
+                          bool batch_invariant) {
+  return call_ragged(ragged_dot, {"lhs", "rhs", "out"}, lhs, rhs, sizes, offset, *out,
+                     batch_invariant);
 }
 
 // d_lhs [m, K] = ragged_dot(d_out [m, n], rhs^T).
 ffi::Error ragged_dot_dlhs(ffi::AnyBuffer d_out, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
-                           ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_lhs) {
+                           ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_lhs,
+                           bool batch_invariant) {
   return call_ragged(moekit::ragged_dot_dlhs, {"d_out", "rhs", "d_lhs"}, d_out, rhs, sizes, offset,
-                     *d_lhs);
+                     *d_lhs, batch_invariant);
 }
 
 // d_rhs [E_loc, K, n]: lhs[rows of j]^T @ d_out[rows of j] per local group.
 ffi::Error ragged_dot_drhs(ffi::AnyBuffer lhs, ffi::AnyBuffer d_out, ffi::Buffer<ffi::S32> sizes,
-                           ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_rhs) {
+                           ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_rhs,
+                           bool batch_invariant) {
   return call_ragged(moekit::ragged_dot_drhs, {"lhs", "d_out", "d_rhs"}, lhs, d_out, sizes, offset,
-                     *d_rhs);
+                     *d_rhs, batch_invariant);
 }
 
-XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, ragged_binding(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, ragged_binding(ffi::Ffi::Bind()));
-XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, ragged_binding(ffi::Ffi::Bind()));
+// The CPU handlers: the arguments and result, then the mode.
+auto cpu_binding() { return ragged_binding(ffi::Ffi::Bind()).Attr<bool>("batch_invariant"); }
+
+XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, cpu_binding());
+XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, cpu_binding());
+XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, cpu_binding());
 
 // ---------------------------------------------------------------------------------------------
 // Router. Options arrive as attributes, decoded into these structs (registered below, outside the

@@ -140,12 +140,12 @@ using RaggedDotCall = Status (*)(ConstTensorView, ConstTensorView, const RaggedD
                                  TensorView, const RaggedDotOptions&, const RaggedDotExec&);
 
 // One ragged_dot call from its XLA buffers: the float tensors a, b and the result (`names` name
-// them in the errors), group_sizes and group_offset. The CPU reads the offset on the host; on
-// CUDA it stays on the device, with the sizes.
+// them in the errors), group_sizes and group_offset, and the batch_invariant attribute. The CPU
+// reads the offset on the host; on CUDA it stays on the device, with the sizes.
 inline ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], ffi::AnyBuffer a,
                               ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes,
                               ffi::Buffer<ffi::S32> offset, ffi::AnyBuffer result,
-                              const RaggedDotExec& exec = {}) {
+                              bool batch_invariant, const RaggedDotExec& exec = {}) {
   ConstTensorView va, vb;
   TensorView out;
   MOEKIT_FFI_TRY(view_of(a, names[0], &va));
@@ -158,7 +158,9 @@ inline ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], f
   } else {
     groups.offset = offset.typed_data()[0];
   }
-  return to_error(fn(va, vb, groups, out, RaggedDotOptions(), exec));
+  RaggedDotOptions options;
+  options.batch_invariant = batch_invariant;
+  return to_error(fn(va, vb, groups, out, options, exec));
 }
 
 }  // namespace moekit::python

@@ -250,3 +250,32 @@ def test_named_errors():
         mj.moe_layer(x, params, k=5)
     with pytest.raises(ValueError, match="activation_kind"):
         mj.moe_layer(x, params, k=2, activation_kind="tanh")
+
+
+@pytest.mark.parametrize("dtype,shared", [(F32, 0), (F32, 24), (BF16, 24)])
+def test_batch_invariant_token_is_the_same_bits_in_any_batch(dtype, shared):
+    """batch_invariant=True: a probe token's output and its gradient (x and d_out rows) are the
+    same bits at T = 1, 7, 64, 512, first, middle or last among other tokens."""
+    H, F, E, k = 96, 40, 8, 2
+    params = make_params(jax.random.PRNGKey(5), H, F, E, shared, dtype=dtype)
+    probe = jax.random.normal(jax.random.PRNGKey(6), (H,)).astype(dtype)
+    g_probe = jax.random.normal(jax.random.PRNGKey(7), (H,)).astype(dtype)
+
+    @jax.jit
+    def run(x, g):
+        def loss(x):
+            out, _ = mj.moe_layer(x, params, k=k, batch_invariant=True)
+            return jnp.sum(out.astype(F32) * g.astype(F32)), out
+        (_, out), d_x = jax.value_and_grad(loss, has_aux=True)(x)
+        return out, d_x
+
+    want = None
+    for T, at in ((1, 0), (7, 3), (64, 63), (512, 0), (512, 301)):
+        x = jax.random.normal(jax.random.PRNGKey(T), (T, H)).astype(dtype).at[at].set(probe)
+        g = jax.random.normal(jax.random.PRNGKey(T + 1), (T, H)).astype(dtype).at[at].set(g_probe)
+        out, d_x = run(x, g)
+        got = (np.asarray(out[at]).view(np.uint8), np.asarray(d_x[at]).view(np.uint8))
+        if want is None:
+            want = got
+        assert np.array_equal(got[0], want[0]), f"out differs at T = {T}, token {at}"
+        assert np.array_equal(got[1], want[1]), f"d_x differs at T = {T}, token {at}"

@@ -506,3 +506,55 @@ def test_large_blocks_stay_in_the_heap_unless_told_otherwise():
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**clean, **env}, timeout=120)
         assert run.stdout.strip() == want, (env, run.stdout, run.stderr)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_batch_invariant_rows_and_gradients_are_the_same_bits(dtype):
+    """batch_invariant=True: a probe row's output and input gradient are the same bits in a
+    group of 1 to 600 rows, among other groups, with an offset; a group's weight gradient is the
+    same bits for the same rows among other groups."""
+    K, n, G, e_loc = 160, 136, 5, 3
+    rng = np.random.default_rng(3)
+    rhs = jnp.asarray(rng.standard_normal((e_loc, K, n)), dtype)
+    probe = jnp.asarray(rng.standard_normal(K), dtype)
+    g_probe = jnp.asarray(rng.standard_normal(n), dtype)
+
+    @jax.jit
+    def run(lhs, g, sizes, offset):
+        def loss(lhs, rhs):
+            out = mj.ragged_dot(lhs, rhs, sizes, group_offset=offset, batch_invariant=True,
+                                preferred_element_type=F32)
+            return jnp.sum(out * g.astype(F32)), out
+        (_, out), (d_lhs, d_rhs) = jax.value_and_grad(loss, (0, 1), has_aux=True)(lhs, rhs)
+        return out, d_lhs, d_rhs
+
+    want = None
+    for size, at, offset in ((1, 0, 0), (7, 6, 2), (17, 0, 1), (300, 150, 0), (600, 599, 2)):
+        sizes = rng.integers(0, 40, G).astype(np.int32)
+        sizes[offset + 1] = size
+        start = int(sizes[:offset + 1].sum())
+        m = int(sizes.sum()) + 3
+        lhs = jnp.asarray(rng.standard_normal((m, K)), dtype).at[start + at].set(probe)
+        g = jnp.asarray(rng.standard_normal((m, n)), dtype).at[start + at].set(g_probe)
+        out, d_lhs, _ = run(lhs, g, jnp.asarray(sizes), jnp.int32(offset))
+        got = (np.asarray(out[start + at]).view(np.uint8),
+               np.asarray(d_lhs[start + at]).view(np.uint8))
+        if want is None:
+            want = got
+        assert np.array_equal(got[0], want[0]), f"out differs in a group of {size} at {at}"
+        assert np.array_equal(got[1], want[1]), f"d_lhs differs in a group of {size} at {at}"
+    # The weight gradient of one group's 300 rows, among different other groups and offsets.
+    rows = jnp.asarray(rng.standard_normal((300, K)), dtype)
+    g_rows = jnp.asarray(rng.standard_normal((300, n)), dtype)
+    want = None
+    for offset in (0, 2, 1):
+        sizes = rng.integers(0, 200, G).astype(np.int32)
+        sizes[offset + 1] = 300
+        start = int(sizes[:offset + 1].sum())
+        m = int(sizes.sum())
+        lhs = jnp.asarray(rng.standard_normal((m, K)), dtype).at[start:start + 300].set(rows)
+        g = jnp.asarray(rng.standard_normal((m, n)), dtype).at[start:start + 300].set(g_rows)
+        d_rhs = np.asarray(run(lhs, g, jnp.asarray(sizes), jnp.int32(offset))[2][1]).view(np.uint8)
+        if want is None:
+            want = d_rhs
+        assert np.array_equal(d_rhs, want), f"group 1's weight gradient differs at {offset}"

@@ -63,7 +63,8 @@ def _local_group_sizes(group_sizes, rows, local_rows):
     return jnp.where(too_many, group_sizes, local)
 
 
-def _partition(impl, kind, out_dtype, num_local, mesh, arg_shapes, result_shape):
+def _partition(impl, kind, out_dtype, num_local, batch_invariant, mesh, arg_shapes,
+               result_shape):
     a_factors, b_factors, out_factors, reduced = _FACTORS[kind]
     operands = ((b_factors, arg_shapes[1]), (a_factors, arg_shapes[0]))  # the weights' first
 
@@ -83,7 +84,8 @@ def _partition(impl, kind, out_dtype, num_local, mesh, arg_shapes, result_shape)
         return NamedSharding(mesh, P(*(chosen.get(f) or None for f in factors)))
 
     def kernel(a, b, group_sizes, group_offset, dtype):
-        return impl(kind, a, b, group_sizes, group_offset, out_dtype=dtype, num_local=num_local)
+        return impl(kind, a, b, group_sizes, group_offset, out_dtype=dtype, num_local=num_local,
+                    batch_invariant=batch_invariant)
 
     def lower_fn(a, b, group_sizes, group_offset):
         if rows:
@@ -99,12 +101,15 @@ def _partition(impl, kind, out_dtype, num_local, mesh, arg_shapes, result_shape)
 
 
 @functools.cache
-def partitioned(impl, kind, out_dtype, num_local):
-    """`impl(kind, a, b, group_sizes, group_offset, out_dtype=, num_local=)`, the call of one
-    kernel, as a function of its four operands partitioned as above (one per parameter set)."""
+def partitioned(impl, kind, out_dtype, num_local, batch_invariant):
+    """`impl(kind, a, b, group_sizes, group_offset, out_dtype=, num_local=, batch_invariant=)`,
+    the call of one kernel, as a function of its four operands partitioned as above (one per
+    parameter set)."""
     fn = custom_partitioning(lambda a, b, s, o: impl(kind, a, b, s, o, out_dtype=out_dtype,
-                                                     num_local=num_local))
+                                                     num_local=num_local,
+                                                     batch_invariant=batch_invariant))
     rule, factors = _rule(kind)
-    fn.def_partition(functools.partial(_partition, impl, kind, out_dtype, num_local),
+    fn.def_partition(functools.partial(_partition, impl, kind, out_dtype, num_local,
+                                       batch_invariant),
                      sharding_rule=rule, **factors)
     return fn

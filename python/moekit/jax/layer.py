@@ -89,7 +89,7 @@ _activation.defvjp(_activation_fwd, _activation_bwd)
 def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=None,
               group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
               capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
-              z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto"):
+              z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto", batch_invariant=False):
     """The MoE layer: route, permute, gate+up grouped matmul, activation, down grouped matmul,
     combine with the routing weights, plus an optional shared expert.
 
@@ -125,6 +125,12 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         CPU device per process under mpirun; there faster than "all_to_all"
         (bench/results/jax_layer_ep-*). "auto" (default): "mpi" where `ep_mpi.serves` the
         axis, else "all_to_all" on the CPU and "ragged" on other backends.
+      batch_invariant: a token's output, and its gradient, the same bits whatever the other
+        tokens of the call, the threads, and over ep_axis the number of devices: every matmul
+        (the router's and the shared expert's too, as one-group `ragged_dot` calls) in
+        `ragged_dot`'s batch-invariant mode; the other steps work token by token already. Not
+        where the result depends on the batch by definition: the tokens a capacity drops, and
+        the gradient through the load-balancing loss or the z-loss. CPU only.
 
     Returns:
       ``(out [T, H] in x's dtype, MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
@@ -176,7 +182,13 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     if (params.shared_in is None) != (params.shared_out is None):
         raise ValueError(f"{fn}: params.shared_in and params.shared_out: give both or neither")
 
-    logits = jnp.dot(x, router, preferred_element_type=jnp.float32)  # [T, E]
+    def dense(a, w):  # a @ w in f32; in the mode, as one ragged_dot group of every row
+        if not batch_invariant:
+            return jnp.dot(a, w, preferred_element_type=jnp.float32)
+        return ragged_dot(a, w[None], jnp.array([a.shape[0]], jnp.int32),
+                          preferred_element_type=jnp.float32, batch_invariant=True)
+
+    logits = dense(x, router)  # [T, E]
     r = route(logits, k, score=score, pre_softmax=pre_softmax, num_groups=num_groups,
               group_topk=group_topk, scaling_factor=scaling_factor, expert_bias=expert_bias)
     # Over an ep_axis, every device holds T tokens: the batch's losses are sums of the devices'
@@ -206,9 +218,10 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
                                  capacity_factor=capacity_factor, align_size=align_size)
         rows, exchange = dispatch(p.x, p.tokens_per_expert, ep_axis, capacity=capacity)
         sizes = exchange.local_tokens_per_expert  # [E_loc]
-    h = ragged_dot(rows, w_in, sizes)  # [rows, 2F | F]; 0 past the groups
+    # [rows, 2F | F]; 0 past the groups
+    h = ragged_dot(rows, w_in, sizes, batch_invariant=batch_invariant)
     a = activation(h, activation_kind, rows=jnp.sum(sizes))  # computes the groups' rows only
-    y = ragged_dot(a, w_out, sizes)  # [rows, H]
+    y = ragged_dot(a, w_out, sizes, batch_invariant=batch_invariant)  # [rows, H]
     if ep_axis is not None:
         y = combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
     out = unpermute(y, p, r.topk_weights)  # [T, H]
@@ -218,7 +231,6 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
                 2 * shared_out.shape[0] if gated else shared_out.shape[0]):
             raise ValueError(f"{fn}: params.shared_in {tuple(shared_in.shape)} and shared_out "
                              f"{tuple(shared_out.shape)} must be [H, 2Fs | Fs] and [Fs, H]")
-        hs = jnp.dot(x, shared_in, preferred_element_type=jnp.float32).astype(x.dtype)
-        out = out + jnp.dot(activation(hs, activation_kind), shared_out,
-                            preferred_element_type=jnp.float32).astype(x.dtype)
+        hs = dense(x, shared_in).astype(x.dtype)
+        out = out + dense(activation(hs, activation_kind), shared_out).astype(x.dtype)
     return out, MoeAux(aux, z, over_devices(p.tokens_per_expert))

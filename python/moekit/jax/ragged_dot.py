@@ -19,7 +19,7 @@ __all__ = ["ragged_dot", "ragged_dot_general"]
 _DTYPES = _ffi.FLOAT_DTYPES + (np.dtype(jnp.float16),)
 
 
-def _call(name, shape, dtype, num_local, *args):
+def _call(name, shape, dtype, num_local, batch_invariant, *args):
     """One ragged_dot handler call with a [shape] dtype result, for `num_local` local groups.
 
     On CUDA the handler also takes its workspace, as a second result that XLA allocates with the
@@ -31,12 +31,14 @@ def _call(name, shape, dtype, num_local, *args):
         if any(x.dtype == jnp.float16 for x in a):
             a = [x.astype(jnp.float32) if x.dtype == jnp.float16 else x for x in a]
             wide = jnp.float32 if np.dtype(dtype) == jnp.float16 else dtype
-            return _ffi.call(name, (shape, wide), *a).astype(dtype)
-        return _ffi.call(name, (shape, dtype), *a)
+            return _ffi.call(name, (shape, wide), *a,
+                             batch_invariant=batch_invariant).astype(dtype)
+        return _ffi.call(name, (shape, dtype), *a, batch_invariant=batch_invariant)
 
     def on_cuda(*a):
         workspace = ((_ffi.cuda_workspace_bytes(num_local),), np.uint8)
-        return _ffi.call(name, [(shape, dtype), workspace], *a)[0]
+        return _ffi.call(name, [(shape, dtype), workspace], *a,
+                         batch_invariant=batch_invariant)[0]
 
     if not _ffi.cuda_built():
         return on_cpu(*args)
@@ -69,36 +71,39 @@ def _result_shape(kind, a, b, num_local):
     return (num_local, a.shape[1], b.shape[1])
 
 
-def _impl(kind, a, b, group_sizes, group_offset, *, out_dtype, num_local):
-    return _call(_TARGETS[kind], _result_shape(kind, a, b, num_local), out_dtype, num_local, a,
-                 b, group_sizes, group_offset)
+def _impl(kind, a, b, group_sizes, group_offset, *, out_dtype, num_local, batch_invariant):
+    return _call(_TARGETS[kind], _result_shape(kind, a, b, num_local), out_dtype, num_local,
+                 batch_invariant, a, b, group_sizes, group_offset)
 
 
-def _abstract_eval(kind, a, b, group_sizes, group_offset, *, out_dtype, num_local):
+def _abstract_eval(kind, a, b, group_sizes, group_offset, *, out_dtype, num_local,
+                   batch_invariant):
     return jax.core.ShapedArray(_result_shape(kind, a, b, num_local), out_dtype,
                                 **_ffi.varying_type((a, b, group_sizes, group_offset)))
 
 
-def _bind(kind, a, b, group_sizes, group_offset, out_dtype, num_local):
+def _bind(kind, a, b, group_sizes, group_offset, out_dtype, num_local, batch_invariant):
     """One kernel. Inside shard_map its operands are first made to vary over every axis any of
     them varies over: the kernel's operands then agree, and the transposes of those casts (psums)
     sum a replicated operand's cotangent over the axes."""
     args = _ffi.vary_alike((a, b, group_sizes, group_offset))
-    return _PRIMITIVES[kind].bind(*args, out_dtype=np.dtype(out_dtype), num_local=num_local)
+    return _PRIMITIVES[kind].bind(*args, out_dtype=np.dtype(out_dtype), num_local=num_local,
+                                  batch_invariant=bool(batch_invariant))
 
 
-def _jvp(kind, primals, tangents, *, out_dtype, num_local):
+def _jvp(kind, primals, tangents, *, out_dtype, num_local, batch_invariant):
     a, b, group_sizes, group_offset = primals
     da, db = tangents[:2]
-    out = _bind(kind, a, b, group_sizes, group_offset, out_dtype, num_local)
-    terms = [_bind(kind, x, y, group_sizes, group_offset, out_dtype, num_local)
+    out = _bind(kind, a, b, group_sizes, group_offset, out_dtype, num_local, batch_invariant)
+    terms = [_bind(kind, x, y, group_sizes, group_offset, out_dtype, num_local, batch_invariant)
              for x, y, t in ((da, b, da), (a, db, db)) if type(t) is not ad.Zero]
     if not terms:
         return out, ad.Zero.from_primal_value(out)
     return out, terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
 
-def _transpose(kind, ct, a, b, group_sizes, group_offset, *, out_dtype, num_local):
+def _transpose(kind, ct, a, b, group_sizes, group_offset, *, out_dtype, num_local,
+               batch_invariant):
     first = ad.is_undefined_primal(a)
     known, unknown = (b, a) if first else (a, b)
     if type(ct) is ad.Zero:
@@ -107,21 +112,24 @@ def _transpose(kind, ct, a, b, group_sizes, group_offset, *, out_dtype, num_loca
         other, order = _TRANSPOSES[kind][0 if first else 1]
         # The kernels take the cotangent in the operands' dtype.
         x, y = order(ct.astype(known.dtype), known)
-        grad = _bind(other, x, y, group_sizes, group_offset, unknown.aval.dtype, num_local)
+        grad = _bind(other, x, y, group_sizes, group_offset, unknown.aval.dtype, num_local,
+                     batch_invariant)
     return (grad, None, None, None) if first else (None, grad, None, None)
 
 
-def _batch(kind, args, dims, *, out_dtype, num_local):
+def _batch(kind, args, dims, *, out_dtype, num_local, batch_invariant):
     """Under vmap: one call per batch element (a lax.map over the batch)."""
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     moved = tuple(jnp.moveaxis(x, d, 0) if d is not None else
                   jnp.broadcast_to(x, (size,) + x.shape) for x, d in zip(args, dims))
-    return jax.lax.map(lambda xs: _bind(kind, *xs, out_dtype, num_local), moved), 0
+    return jax.lax.map(lambda xs: _bind(kind, *xs, out_dtype, num_local, batch_invariant),
+                       moved), 0
 
 
-def _lower(kind, ctx, *args, out_dtype, num_local):
+def _lower(kind, ctx, *args, out_dtype, num_local, batch_invariant):
     """The kernel's call, split over the mesh by its partitioning rule under a sharded `jit`."""
-    fn = _ragged_dot_sharding.partitioned(_impl, kind, np.dtype(out_dtype), num_local)
+    fn = _ragged_dot_sharding.partitioned(_impl, kind, np.dtype(out_dtype), num_local,
+                                          batch_invariant)
     return mlir.lower_fun(fn, multiple_results=False)(ctx, *args)
 
 
@@ -144,7 +152,7 @@ _PRIMITIVES = {kind: _primitive(kind) for kind in _TARGETS}
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
-               group_offset=None):
+               group_offset=None, *, batch_invariant=False):
     """Grouped matrix multiply, `jax.lax.ragged_dot` with a working `group_offset`.
 
     Rows of `lhs` are grouped by `group_sizes`: group j holds rows
@@ -174,6 +182,11 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
       group_offset: the first local group, an integer scalar or shape-(1,) array in
         ``[0, G - E_loc]``; may be traced (e.g. ``axis_index * E_loc`` in `shard_map`). None:
         0, and then G must equal E_loc, as in `jax.lax.ragged_dot`.
+      batch_invariant: each result row the same bits whatever the other rows (its group's
+        size, the other groups, m, the offset) and the threads, in the call and in its
+        gradients (the weight gradient sums a group's rows in one order fixed by their
+        positions: the same rows give the same bits). CPU only; see the C++
+        `RaggedDotOptions::batch_invariant`, and bench/results/invariant-* for its cost.
 
     Returns:
       ``[m, n]`` in `preferred_element_type`.
@@ -217,7 +230,7 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         group_offset = _ffi.as_int32("ragged_dot", "group_offset", group_offset).reshape((1,))
     group_sizes = _ffi.as_int32("ragged_dot", "group_sizes", group_sizes)
     out = _bind("fwd", lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
-                kernel_out, rhs.shape[0])
+                kernel_out, rhs.shape[0], batch_invariant)
     return out.astype(out_dtype)
 
 
@@ -240,7 +253,8 @@ def _dtypes(fn, lhs, rhs, preferred_element_type):
 
 
 def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None,
-                       preferred_element_type=None, group_offset=None):
+                       preferred_element_type=None, group_offset=None, *,
+                       batch_invariant=False):
     """`jax.lax.ragged_dot_general` for the two forms MoE layers use, on moekit's kernels.
 
     - Ragged rows (the forward): lhs ``[m, K]`` (or ``[K, m]``) with its non-contracting
@@ -251,7 +265,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
       ``lhs[rows of j]^T @ rhs[rows of j]`` (0 for an empty group). No group_offset here.
 
     Batch dimensions and other forms raise NotImplementedError naming what is supported. Dtypes,
-    precision and gradients as in `ragged_dot`.
+    precision, gradients and `batch_invariant` as in `ragged_dot`.
     """
     fn = "ragged_dot_general"
     _check_precision(precision)
@@ -272,7 +286,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
         rows = lhs if lhs_contract[0] == 1 else lhs.T  # [m, K]
         weights = jnp.transpose(rhs, (groups[0], rhs_contract[0], out_dim))  # [G, K, n]
         return ragged_dot(rows, weights, group_sizes, precision, preferred_element_type,
-                          group_offset=group_offset)
+                          group_offset=group_offset, batch_invariant=batch_invariant)
     if rhs.ndim != 2 or groups:
         raise NotImplementedError(f"{fn}: a ragged contraction needs a rank-2 rhs and no group "
                                   f"dimension; got rhs {tuple(rhs.shape)}, {dn}")
@@ -287,7 +301,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     common, kernel_out, out_dtype = _dtypes(fn, a, b, preferred_element_type)
     group_sizes = _ffi.as_int32(fn, "group_sizes", group_sizes)
     out = _bind("drhs", a.astype(common), b.astype(common), group_sizes,
-                jnp.zeros((1,), jnp.int32), kernel_out, group_sizes.shape[0])
+                jnp.zeros((1,), jnp.int32), kernel_out, group_sizes.shape[0], batch_invariant)
     return out.astype(out_dtype)
 
 
