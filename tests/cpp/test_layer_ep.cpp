@@ -44,6 +44,7 @@ struct EpCase {
   float aux = 0, z = 0;
   int32_t sequences = 0;
   std::vector<int64_t> tokens = {5, 0, 9, 3};  // rank p's: tokens[p % size]
+  bool invariant = false;  // MoeLayerConfig::batch_invariant: then out and d_x are bit-equal
 };
 
 // The whole problem for P ranks, the same on every rank.
@@ -94,6 +95,7 @@ struct Problem {
     cfg.aux_loss_coeff = ec.aux;
     cfg.z_loss_coeff = ec.z;
     cfg.aux_loss_sequences = ec.sequences;
+    cfg.batch_invariant = ec.invariant;
     all_cfg = cfg;
     all_cfg.aux_loss_sequences = ec.sequences * P;
   }
@@ -286,6 +288,12 @@ void run_case(const EpCase& c, DType dt) {
         c.name, dtype_name(dt), P, sum.out, sum.d_x, sum.experts, sum.replicated);
     testing::Test::RecordProperty(fmt::format("{}_{}_P{}", c.name, dtype_name(dt), P), line);
     std::printf("%s\n", line.c_str());
+    // EP-invariance: in the batch-invariant mode a token's output and d_x are the same bits on
+    // P ranks as on one (dropless; the one-rank layer itself is batch-invariant in the mode).
+    if (c.invariant) {
+      EXPECT_EQ(sum.out, 0) << line;
+      EXPECT_EQ(sum.d_x, 0) << line;
+    }
   }
 }
 
@@ -310,6 +318,18 @@ const EpCase kCases[] = {
     {.name = "one_expert_per_rank", .El = 1, .k = 1, .act = Activation::kRelu},
     {.name = "capacity", .capacity_factor = 1.0, .policy = DropPolicy::kPosition},
     {.name = "capacity_probs", .k = 3, .capacity_factor = 0.75},
+    // The batch-invariant mode, at sizes where the default mode's rows differ from one rank's.
+    {.name = "invariant", .k = 2, .H = 160, .F = 48, .tokens = {40, 0, 77, 3}, .invariant = true},
+    {.name = "invariant_shared_losses",
+     .k = 3,
+     .H = 160,
+     .F = 48,
+     .Fs = 40,
+     .score = RouterScore::kSigmoid,
+     .aux = 0.01f,
+     .z = 0.001f,
+     .tokens = {40, 1, 77, 3},
+     .invariant = true},
 };
 
 void PrintTo(const EpCase& c, std::ostream* os) { *os << c.name; }
