@@ -185,7 +185,7 @@ bool spread_groups(const std::vector<Item>& items) {
 // 700, on five shapes, when this was written) they do not. tests/cpp/test_ragged_dot.cpp
 // (BatchInvariant) checks it on the machine that runs the tests, with blocks of every kind. The
 // largest block holds a typical expert's rows in one call (blocks of 256 cost the qwen3 layer
-// 6% of its speed: bench/results/layer-invariant-cpu-2026-11-24).
+// 6% of its speed: bench/results/invariant-cpu-2026-11-24).
 constexpr int64_t kInvariantMinRows = 16;
 constexpr int64_t kInvariantMaxRows = 512;
 

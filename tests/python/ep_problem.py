@@ -29,7 +29,7 @@ def problem(case, dtype, devices, seed=0):
 
 def layer_kwargs(case):
     keep = ("k", "score", "pre_softmax", "expert_bias", "activation_kind", "capacity_factor",
-            "drop_policy", "aux_loss_coeff", "z_loss_coeff")
+            "drop_policy", "aux_loss_coeff", "z_loss_coeff", "batch_invariant")
     return {key: case[key] for key in keep if key in case}
 
 
@@ -45,6 +45,12 @@ def cases(devices):
         "shared_expert_geglu": dict(base, k=3, Fs=6, activation_kind="geglu",
                                     pre_softmax=True, aux_loss_coeff=0.02),
         "capacity": dict(base, capacity_factor=1.0, drop_policy="position"),
+        # EP-invariance: out and d_x bit-equal to the one-device layer's, with a shared expert
+        # and both losses. (On XLA:CPU the default mode's are too at these sizes, each expert
+        # seeing the same rows on any number of devices; test_layer.py's batch-invariance test
+        # is the one that tells the modes apart.)
+        "batch_invariant": dict(base, H=128, F=40, k=3, Fs=24, aux_loss_coeff=0.01,
+                                z_loss_coeff=0.001, batch_invariant=True),
     }
 
 
@@ -98,6 +104,13 @@ def compare(name, case, dtype, got, want):
         np.testing.assert_allclose(f32(g), f32(w), rtol=tol["rtol"], atol=tol["atol"] * scale,
                                    err_msg=f"{name}: {n}")
         worst.append(f"{n} {float(np.abs(f32(g) - f32(w)).max()):.1e}")
+    if case.get("batch_invariant"):
+        np.testing.assert_array_equal(np.asarray(out).view(np.uint8),
+                                      np.asarray(w_out).view(np.uint8),
+                                      err_msg=f"{name}: out not bit-equal")
+        np.testing.assert_array_equal(np.asarray(grads[0]).view(np.uint8),
+                                      np.asarray(w_grads[0]).view(np.uint8),
+                                      err_msg=f"{name}: d_x not bit-equal")
     exact = float(np.abs(f32(out) - f32(w_out)).max()) == 0.0
     return (f"out {'bit-exact' if exact else 'within tolerance'}; max |diff| "
             f"{', '.join(worst)}")
