@@ -122,6 +122,7 @@ std::string ragged_dot_case(Rng& rng, bool invalid) {
   RaggedDotOptions opt;
   opt.rhs_transposed = transposed;
   opt.accumulate = coin(rng, 0.25);
+  opt.batch_invariant = coin(rng, 0.25);
 
   HostTensor lhs(in, {m, pass == 1 ? n : K}, uniform(rng, 0, 3));  // d_out for dlhs
   HostTensor rhs(
