@@ -16,8 +16,9 @@ Status check_float_input(const char* op, const char* name, DType t, const Ragged
 // The batch-invariant mode is the CPU's: the CUDA kernels have not been checked for it.
 Status check_mode(const char* op, const RaggedDotOptions& opt, const RaggedDotExec& exec) {
   if (opt.batch_invariant && exec.device == Device::kCuda) {
-    return Status::unimplemented(op, "options.batch_invariant on CUDA buffers: the batch-invariant "
-                                     "mode runs on the CPU only");
+    return Status::unimplemented(op,
+                                 "options.batch_invariant on CUDA buffers: the batch-invariant "
+                                 "mode runs on the CPU only");
   }
   return {};
 }

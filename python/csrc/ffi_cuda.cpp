@@ -47,8 +47,8 @@ ffi::Error ragged_dot_fwd(Stream stream, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
 // d_lhs [m, K] = ragged_dot(d_out [m, n], rhs^T).
 ffi::Error ragged_dot_dlhs(Stream stream, ffi::AnyBuffer d_out, ffi::AnyBuffer rhs,
                            ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
-                           ffi::Result<ffi::AnyBuffer> d_lhs,
-                           ffi::Result<ffi::AnyBuffer> workspace, bool batch_invariant) {
+                           ffi::Result<ffi::AnyBuffer> d_lhs, ffi::Result<ffi::AnyBuffer> workspace,
+                           bool batch_invariant) {
   return call_ragged(moekit::ragged_dot_dlhs, {"d_out", "rhs", "d_lhs"}, d_out, rhs, sizes, offset,
                      *d_lhs, batch_invariant, exec_on(stream, *workspace));
 }
@@ -56,8 +56,8 @@ ffi::Error ragged_dot_dlhs(Stream stream, ffi::AnyBuffer d_out, ffi::AnyBuffer r
 // d_rhs [E_loc, K, n]: lhs[rows of j]^T @ d_out[rows of j] per local group, 0 for empty ones.
 ffi::Error ragged_dot_drhs(Stream stream, ffi::AnyBuffer lhs, ffi::AnyBuffer d_out,
                            ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
-                           ffi::Result<ffi::AnyBuffer> d_rhs,
-                           ffi::Result<ffi::AnyBuffer> workspace, bool batch_invariant) {
+                           ffi::Result<ffi::AnyBuffer> d_rhs, ffi::Result<ffi::AnyBuffer> workspace,
+                           bool batch_invariant) {
   return call_ragged(moekit::ragged_dot_drhs, {"lhs", "d_out", "d_rhs"}, lhs, d_out, sizes, offset,
                      *d_rhs, batch_invariant, exec_on(stream, *workspace));
 }
