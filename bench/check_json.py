@@ -1,6 +1,7 @@
 """Checks the JSON that `moekit bench OP ... --json` prints on stdin.
 
-Usage: bench/check_json.py OP COUNT
+Usage: bench/check_json.py OP COUNT [invariant]
+(invariant: each case must carry the --invariant keys too)
 """
 import json
 import sys
@@ -28,6 +29,7 @@ REQUIRED = {
 
 def main() -> int:
     op, count = sys.argv[1], int(sys.argv[2])
+    invariant = sys.argv[3:] == ["invariant"]
     keys, passes, rate, ops = REQUIRED[op]
     cases = json.load(sys.stdin)
     assert isinstance(cases, list), f"expected a JSON array, got {type(cases).__name__}"
@@ -42,6 +44,9 @@ def main() -> int:
             assert c[rate] > 0, c
         if c["op"] in ("dispatch", "combine"):
             assert c["ratio_to_alltoallv"] > 0, c
+        if invariant:  # --invariant: the batch-invariant mode's time and rate beside it
+            assert c["invariant_ms"] > 0, c
+            assert c.get("invariant_rate", c.get("fwd_bwd_invariant_rate", 0)) > 0, c
     print(f"ok: {len(cases)} {op} cases")
     return 0
 

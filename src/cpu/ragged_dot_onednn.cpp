@@ -196,9 +196,9 @@ char* padded_block(size_t bytes) {
   return buffer.data();
 }
 
-// Runs the row problem's block `it` (of fewer than kInvariantMinRows rows) as a block of
+// Runs a block of the row problem with fewer than kInvariantMinRows rows as a block of
 // kInvariantMinRows: its rows copied into a padded buffer with the same row strides (so that the
-// same cached primitive runs), the rest zero, the product's first it.rows rows copied back.
+// same cached primitive runs), the rest zero, the product's first `rows` rows copied back.
 void run_padded(const Primitive& prim, const Gemm& shape, const RowGroupedGemm& g, const char* a,
                 const char* b, char* c, int64_t rows, size_t a_bytes, size_t c_bytes) {
   const size_t in_es = dtype_size(g.in_type), out_es = dtype_size(g.out_type);
@@ -206,11 +206,13 @@ void run_padded(const Primitive& prim, const Gemm& shape, const RowGroupedGemm& 
                c_row = static_cast<size_t>(g.ldc) * out_es;
   char* pa = padded_block(a_bytes + c_bytes);
   char* pc = pa + a_bytes;
-  std::memset(pa, 0, a_bytes + c_bytes);
   for (int64_t r = 0; r < rows; ++r) {
     std::memcpy(pa + r * a_row, a + r * a_row, g.kc * in_es);
     if (g.accumulate) std::memcpy(pc + r * c_row, c + r * c_row, g.n * out_es);
   }
+  // The padding rows: zero (their products are dropped; zero keeps them finite and defined).
+  std::memset(pa + rows * a_row, 0, a_bytes - rows * a_row);
+  if (g.accumulate) std::memset(pc + rows * c_row, 0, c_bytes - rows * c_row);
   Gemm actual = shape;
   actual.M = kInvariantMinRows;
   execute(prim, actual, pa, b, pc);
@@ -302,16 +304,20 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g) {
     prims[i] = cached(op, i == 0 ? whole : i == 1 ? part_shape : last_shape, &status);
     if (prims[i] == nullptr) return status;
   }
-  thread_local std::vector<Item> reused;  // one item per group, or per (group, part)
-  std::vector<Item>& items = reused;
-  items.clear();
-  for (const Item& it : local_items(gr, local_rows(gr).begin, 0)) {
-    if (g.batch_invariant && it.rows >= kInvariantSplitRows && parts > 1) {
-      for (int64_t i = 0; i < parts; ++i) items.push_back({it.j, it.row, it.rows, i + 1});
-    } else {
-      items.push_back(it);
+  const std::vector<Item>* groups = &local_items(gr, local_rows(gr).begin, 0);
+  if (g.batch_invariant && parts > 1) {  // a long group's items: one per part
+    thread_local std::vector<Item> split;
+    split.clear();
+    for (const Item& it : *groups) {
+      if (it.rows < kInvariantSplitRows) {
+        split.push_back(it);
+      } else {
+        for (int64_t i = 0; i < parts; ++i) split.push_back({it.j, it.row, it.rows, i + 1});
+      }
     }
+    groups = &split;
   }
+  const std::vector<Item>& items = *groups;
   return run_items(op, items, g.batch_invariant || spread_groups(items), [&](const Item& it) {
     // it.part: 0 the whole output, i + 1 its rows [i * part, (i + 1) * part).
     const int64_t first = it.part == 0 ? 0 : (it.part - 1) * part;

@@ -434,8 +434,8 @@ def test_sharded_jit_keeps_the_weights_and_rows_sharded():
     jax.lax.ragged_dot's, and the compiled program gathers neither the weights nor the rows
     where they are sharded over n (tensor parallel), over rows (data parallel), both, or over
     the contraction K; where rows and n share an axis, n keeps it. Then offsets (traced, bf16,
-    rows past the groups), one group holding every row, and a refused group total on sharded
-    rows."""
+    rows past the groups), one group holding every row, the batch-invariant mode's bits over
+    sharded rows, and a refused group total on sharded rows."""
     _in_fresh_process(4, '''
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -485,6 +485,18 @@ for offset in (0, 2, 3):
 for offset in (1, 3):
     args = (lhs, rhs, jnp.asarray([0, 14, 0, 0, 0], jnp.int32), jnp.int32(offset))
     np.testing.assert_array_equal(jax.jit(f, in_shardings=dp_tp)(*args), f(*args))
+# The batch-invariant mode is data-parallel invariant too: rows sharded over dp give each row
+# the bits of the one-device call, forward and input gradient (f32, K = 160, n = 136: sizes at
+# which the default mode's rows differ).
+f_inv = lambda a, b, s, o: mj.ragged_dot(a, b, s, group_offset=o, batch_invariant=True)
+lhs32 = jnp.asarray(rng.standard_normal((14, 160)), jnp.float32)
+rhs32 = jnp.asarray(rng.standard_normal((2, 160, 136)), jnp.float32)
+sizes_inv = jnp.asarray([1, 0, 7, 4, 2], jnp.int32)  # group 2 split 6 | 1 over the row shards
+for offset in (0, 2):
+    args = (lhs32, rhs32, sizes_inv, jnp.int32(offset))
+    np.testing.assert_array_equal(jax.jit(f_inv, in_shardings=dp_tp)(*args), f_inv(*args))
+    d_lhs = lambda a: jax.grad(lambda a: jnp.sum(f_inv(a, rhs32, sizes_inv, offset) ** 2))(a)
+    np.testing.assert_array_equal(jax.jit(d_lhs, in_shardings=S("dp"))(lhs32), d_lhs(lhs32))
 try:
     jax.jit(f, in_shardings=dp_tp)(lhs, rhs, jnp.asarray([3, 0, 6, 2, 9], jnp.int32),
                                    0).block_until_ready()
