@@ -6,10 +6,15 @@
 //
 // The runtime-dimension primitive was measured against one fixed-shape primitive per group size
 // and against a dense matmul of the same FLOPs: bench/results/ragged_dot-cpu-2026-11-21/.
+//
+// Where oneDNN has no bf16 matmul (it needs AVX-512: a CPU with AVX2 alone has none), a bf16
+// call converts its operands to f32 as it runs them and uses the f32 matmul: the same result,
+// since every bf16 is an f32 and products and sums are f32 either way (native_bf16, Run).
 #include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -176,18 +181,131 @@ bool spread_groups(const std::vector<Item>& items) {
   return static_cast<int64_t>(items.size()) >= kGroupsPerThread * omp_get_max_threads();
 }
 
+// Whether oneDNN has a bf16 matmul on this CPU: probed once.
+bool native_bf16() {
+  static const bool has = [] {
+    try {
+      const memory::desc a({1, 16}, memory::data_type::bf16, {16, 1}),
+          b({16, 16}, memory::data_type::bf16, {16, 1}),
+          c({1, 16}, memory::data_type::f32, {16, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
+
+// How a shape runs: its primitive, and for a bf16 shape without a native bf16 matmul the f32
+// shape that computes it, with each operand converted into a per-thread buffer of the same
+// orientation, packed (strides that never name the runtime dimension), and a bf16 output
+// converted back.
+struct Run {
+  const Primitive* prim = nullptr;
+  Gemm shape;    // the call's own, strides of its operands in memory
+  Gemm compute;  // the primitive's: shape itself, or the f32 stand-in
+  bool emulated = false;
+  uint64_t call = 0;  // which ragged_dot call: converted weights are reused within one only
+};
+
+Gemm f32_stand_in(const Gemm& g) {
+  Gemm f = g;
+  f.in_type = DType::kF32;
+  f.out_type = DType::kF32;
+  // A [M, Kc] packed along its fixed dimension: row-major for the row problem (M the runtime
+  // one), column-major for the contraction's X^T (Kc the runtime one). B [Kc, N] row-major.
+  if (g.M == kRuntime) {
+    f.sa0 = g.Kc, f.sa1 = 1;
+  } else {
+    f.sa0 = 1, f.sa1 = g.M;
+  }
+  f.sb0 = g.N, f.sb1 = 1;
+  if (g.out_type != DType::kF32) f.sc0 = g.N;
+  return f;
+}
+
+Run prepare(const char* op, const Gemm& shape, Status* status) {
+  static std::atomic<uint64_t> calls{0};
+  Run r;
+  r.call = ++calls;
+  r.shape = shape;
+  r.emulated = shape.in_type == DType::kBF16 && !native_bf16();
+  r.compute = r.emulated ? f32_stand_in(shape) : shape;
+  try {
+    r.prim = &primitive_cache().get(r.compute);
+  } catch (const dnnl::error& e) {
+    *status = onednn_error(op, e);
+  }
+  return r;
+}
+
+// dst [rows, cols] f32 (dst_s0, dst_s1) = src [rows, cols] bf16 (s0, s1); threaded when not
+// inside a parallel region already.
+void widen(const bf16_bits* src, int64_t s0, int64_t s1, int64_t rows, int64_t cols, float* dst,
+           int64_t d0, int64_t d1) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols >= (1 << 16))
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[r * d0 + c * d1] = bf16_to_float(src[r * s0 + c * s1]);
+  }
+}
+
+// This thread's f32 buffers for the emulated operands: A, B and C. B remembers what it holds, so
+// that the blocks of one group convert their weights once per call (not across calls: the
+// weights may change in place between them).
+struct F32Buffers {
+  std::vector<float> a, b, c;
+  uint64_t b_call = 0;
+  const void* b_source = nullptr;
+};
+F32Buffers& f32_buffers() {
+  thread_local F32Buffers buffers;
+  return buffers;
+}
+
+// Runs `actual` (run.shape with its runtime dimension filled in) on a, b, c.
+void execute(const Run& run, const Gemm& actual, const void* a, const void* b, void* c) {
+  if (!run.emulated) return execute(*run.prim, actual, a, b, c);
+  F32Buffers& buf = f32_buffers();
+  Gemm f = run.compute;
+  f.M = actual.M, f.Kc = actual.Kc;
+  buf.a.resize(static_cast<size_t>(actual.M * actual.Kc));
+  widen(static_cast<const bf16_bits*>(a), actual.sa0, actual.sa1, actual.M, actual.Kc, buf.a.data(),
+        f.sa0, f.sa1);
+  // Within a call, a B pointer names one matrix of one shape (a group's weights, or the rows
+  // of a contraction, which differ per group).
+  if (buf.b_call != run.call || buf.b_source != b) {
+    buf.b.resize(static_cast<size_t>(actual.Kc * actual.N));
+    widen(static_cast<const bf16_bits*>(b), actual.sb0, actual.sb1, actual.Kc, actual.N,
+          buf.b.data(), f.sb0, f.sb1);
+    buf.b_call = run.call, buf.b_source = b;
+  }
+  if (actual.out_type == DType::kF32) return execute(*run.prim, f, buf.a.data(), buf.b.data(), c);
+  // A bf16 output: computed in f32 (from its old values when accumulating), rounded once.
+  buf.c.resize(static_cast<size_t>(actual.M * actual.N));
+  auto* out = static_cast<bf16_bits*>(c);
+  if (actual.accumulate) widen(out, actual.sc0, 1, actual.M, actual.N, buf.c.data(), actual.N, 1);
+  execute(*run.prim, f, buf.a.data(), buf.b.data(), buf.c.data());
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
+                                              actual.M * actual.N >= (1 << 16))
+  for (int64_t r = 0; r < actual.M; ++r) {
+    for (int64_t j = 0; j < actual.N; ++j)
+      out[r * actual.sc0 + j] = float_to_bf16(buf.c[r * actual.N + j]);
+  }
+}
+
 // The batch-invariant schedule: every call single-threaded (a threaded oneDNN matmul may split
-// the contraction over the threads, so a row's bits would follow the thread count and the
-// matrix's shape), spread over the threads; the row problem in blocks of at most
-// kInvariantMaxRows rows and at least kInvariantMinRows (fewer are padded up to it). oneDNN's
-// gemm:jit takes other paths below 16 rows (a gemv at one row; at 2-15 rows another order for
-// f32 with a transposed B), so a row's bits then followed its block's size; from 16 rows up (to
-// 700, on five shapes, when this was written) they do not. tests/cpp/test_ragged_dot.cpp
-// (BatchInvariant) checks it on the machine that runs the tests, with blocks of every kind. The
-// largest block holds a typical expert's rows in one call (blocks of 256 cost the qwen3 layer
-// 6% of its speed: bench/results/invariant-cpu-2026-11-24).
-constexpr int64_t kInvariantMinRows = 16;
-constexpr int64_t kInvariantMaxRows = 512;
+// the contraction over the threads, so a row's bits would follow the thread count), spread over
+// the threads, and every call of the row problem exactly kInvariantRows rows: a group's rows in
+// blocks of that many, the last padded up to it. oneDNN's gemm chooses its kernels, their tiles
+// and its blocking by the shape, M included: a row's bits followed the size of the call it was in
+// (on an AVX2 CPU, for calls past a few hundred rows, and for the last 1-3 rows of a tile of 6;
+// on an AVX-512 one below 16 rows), while inside calls of one fixed size every row got the same
+// bits wherever it sat (measured with every row equal, for several layer shapes, calls of 48 to
+// 960 rows). So one size for every call, a multiple of the row tiles seen (6 with AVX2, 16 with
+// AVX-512): 48, small enough that a group's padding stays a small part of its rows.
+// tests/cpp/test_ragged_dot.cpp (BatchInvariant) checks it on the machine that runs the tests.
+constexpr int64_t kInvariantRows = 48;
 
 // This thread's buffer for a padded block, grown to at least `bytes`.
 char* padded_block(size_t bytes) {
@@ -196,10 +314,10 @@ char* padded_block(size_t bytes) {
   return buffer.data();
 }
 
-// Runs a block of the row problem with fewer than kInvariantMinRows rows as a block of
-// kInvariantMinRows: its rows copied into a padded buffer with the same row strides (so that the
+// Runs a block of the row problem with fewer than kInvariantRows rows as a block of
+// kInvariantRows: its rows copied into a padded buffer with the same row strides (so that the
 // same cached primitive runs), the rest zero, the product's first `rows` rows copied back.
-void run_padded(const Primitive& prim, const Gemm& shape, const RowGroupedGemm& g, const char* a,
+void run_padded(const Run& run, const Gemm& shape, const RowGroupedGemm& g, const char* a,
                 const char* b, char* c, int64_t rows, size_t a_bytes, size_t c_bytes) {
   const size_t in_es = dtype_size(g.in_type), out_es = dtype_size(g.out_type);
   const size_t a_row = static_cast<size_t>(g.lda) * in_es,
@@ -214,18 +332,9 @@ void run_padded(const Primitive& prim, const Gemm& shape, const RowGroupedGemm& 
   std::memset(pa + rows * a_row, 0, a_bytes - rows * a_row);
   if (g.accumulate) std::memset(pc + rows * c_row, 0, c_bytes - rows * c_row);
   Gemm actual = shape;
-  actual.M = kInvariantMinRows;
-  execute(prim, actual, pa, b, pc);
+  actual.M = kInvariantRows;
+  execute(run, actual, pa, b, pc);
   for (int64_t r = 0; r < rows; ++r) std::memcpy(c + r * c_row, pc + r * c_row, g.n * out_es);
-}
-
-const Primitive* cached(const char* op, const Gemm& shape, Status* status) {
-  try {
-    return &primitive_cache().get(shape);
-  } catch (const dnnl::error& e) {
-    *status = onednn_error(op, e);
-    return nullptr;
-  }
 }
 
 }  // namespace
@@ -246,32 +355,32 @@ Status row_grouped_gemm_onednn(const RowGroupedGemm& g) {
              1,         g.b_s0,     g.b_s1,   g.ldc, g.accumulate};
   const char* op = "ragged_dot";
   Status status;
-  const Primitive* prim = cached(op, shape, &status);
-  if (prim == nullptr) return status;
+  const Run run = prepare(op, shape, &status);
+  if (run.prim == nullptr) return status;
   const size_t in_es = dtype_size(g.in_type), out_es = dtype_size(g.out_type);
-  // The padded block: kInvariantMinRows rows of A (lda elements apart) and of C (ldc apart).
+  // The padded block: kInvariantRows rows of A (lda elements apart) and of C (ldc apart).
   int64_t a_bytes = 0, c_bytes = 0;
   if (g.batch_invariant &&
-      !(mul_fits(kInvariantMinRows * static_cast<int64_t>(in_es), g.lda, &a_bytes) &&
-        mul_fits(kInvariantMinRows * static_cast<int64_t>(out_es), g.ldc, &c_bytes) &&
+      !(mul_fits(kInvariantRows * static_cast<int64_t>(in_es), g.lda, &a_bytes) &&
+        mul_fits(kInvariantRows * static_cast<int64_t>(out_es), g.ldc, &c_bytes) &&
         a_bytes <= INT64_MAX - c_bytes)) {
     return Status::invalid_argument(op, "row strides", fmt::format("{}, {}", g.lda, g.ldc),
                                     "too large for the batch-invariant mode's padded block");
   }
   const std::vector<Item>& items =
-      local_items(gr, local.begin, g.batch_invariant ? kInvariantMaxRows : 0);
+      local_items(gr, local.begin, g.batch_invariant ? kInvariantRows : 0);
   return run_items(op, items, g.batch_invariant || spread_groups(items), [&](const Item& it) {
     const char* a = static_cast<const char*>(g.a) + it.row * g.lda * in_es;
     const char* b = static_cast<const char*>(g.b) + it.j * g.b_batch * in_es;
     char* c = static_cast<char*>(g.c) + it.row * g.ldc * out_es;
-    if (g.batch_invariant && it.rows < kInvariantMinRows) {
-      run_padded(*prim, shape, g, a, b, c, it.rows, static_cast<size_t>(a_bytes),
+    if (g.batch_invariant && it.rows < kInvariantRows) {
+      run_padded(run, shape, g, a, b, c, it.rows, static_cast<size_t>(a_bytes),
                  static_cast<size_t>(c_bytes));
       return;
     }
     Gemm actual = shape;
     actual.M = it.rows;  // [rows, kc] @ [kc, n] -> [rows, n]
-    execute(*prim, actual, a, b, c);
+    execute(run, actual, a, b, c);
   });
 }
 
@@ -289,20 +398,20 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g) {
   // A = X^T: [p, Kc] with strides (1, ldx); B = Y: [Kc, q] with strides (ldy, 1).
   Gemm whole{g.in_type, g.out_type, g.p, kRuntime, g.q, 1, g.ldx, g.ldy, 1, g.ldc, g.accumulate};
   // In the batch-invariant mode a group of at least kInvariantSplitRows rows (a shared expert's,
-  // the router's: long, and often alone) computes its output rows in parts of kInvariantMaxRows,
+  // the router's: long, and often alone) computes its output rows in parts of kInvariantPartRows,
   // each one single-threaded call, so that it still spreads over the threads. Whether and how a
   // group splits follows from its own rows and p alone, so the same rows give the same bits.
-  constexpr int64_t kInvariantSplitRows = 2048;
-  const int64_t part = std::min(g.p, kInvariantMaxRows);
+  constexpr int64_t kInvariantSplitRows = 2048, kInvariantPartRows = 512;
+  const int64_t part = std::min(g.p, kInvariantPartRows);
   const int64_t parts = (g.p + part - 1) / part;
   Gemm part_shape = whole, last_shape = whole;
   part_shape.M = part, last_shape.M = g.p - (parts - 1) * part;
   const char* op = "ragged_dot_drhs";
   Status status;
-  const Primitive* prims[3] = {};  // whole, a part, the last part
+  Run runs[3];  // whole, a part, the last part
   for (int i = 0; i < (g.batch_invariant ? 3 : 1); ++i) {
-    prims[i] = cached(op, i == 0 ? whole : i == 1 ? part_shape : last_shape, &status);
-    if (prims[i] == nullptr) return status;
+    runs[i] = prepare(op, i == 0 ? whole : i == 1 ? part_shape : last_shape, &status);
+    if (runs[i].prim == nullptr) return status;
   }
   const std::vector<Item>* groups = &local_items(gr, local_rows(gr).begin, 0);
   if (g.batch_invariant && parts > 1) {  // a long group's items: one per part
@@ -324,7 +433,7 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g) {
     const int which = it.part == 0 ? 0 : it.part < parts ? 1 : 2;
     Gemm actual = which == 0 ? whole : which == 1 ? part_shape : last_shape;
     actual.Kc = it.rows;  // [M, rows] @ [rows, q] -> [M, q]
-    execute(*prims[which], actual, static_cast<const char*>(g.x) + (it.row * g.ldx + first) * in_es,
+    execute(runs[which], actual, static_cast<const char*>(g.x) + (it.row * g.ldx + first) * in_es,
             static_cast<const char*>(g.y) + it.row * g.ldy * in_es,
             static_cast<char*>(g.c) + (it.j * g.c_batch + first * g.ldc) * out_es);
   });
