@@ -11,12 +11,12 @@ import sys
 REQUIRED = {
     "ragged_dot": ({"op", "pass", "dtype", "preset", "tokens", "shards", "ms", "tflops"},
                    {"fwd", "dlhs", "drhs"}, "tflops", {"ragged_dot"}),
-    "router": ({"op", "kernel", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps",
-                "read_gbps"},
+    "router": ({"op", "kernel", "pass", "preset", "tokens", "device", "ms", "gbps",
+                "memcpy_gbps"},
                {"fwd", "bwd"}, "gbps", {"router"}),
-    "permute": ({"op", "pass", "preset", "tokens", "ms", "gbps", "memcpy_gbps", "read_gbps"},
+    "permute": ({"op", "pass", "preset", "tokens", "device", "ms", "gbps", "memcpy_gbps"},
                 {"fwd", "bwd"}, "gbps", {"permute", "unpermute"}),
-    "layer": ({"op", "pass", "preset", "tokens", "ms", "steps_ms", "tokens_per_s"},
+    "layer": ({"op", "pass", "preset", "tokens", "device", "ms", "steps_ms", "tokens_per_s"},
               {"fwd", "bwd"}, "tokens_per_s", {"layer"}),
     # No passes; only the exchanges carry a rate (the plan has none), and dispatch and combine
     # their ratio to the plain all-to-all beside them.
@@ -42,6 +42,8 @@ def main() -> int:
         assert c["ms"] > 0, c
         if c["op"] != "plan":
             assert c[rate] > 0, c
+        if op in ("router", "permute") and c["device"] == "cpu":  # the CPU also times a read
+            assert c["read_gbps"] > 0, c
         if c["op"] in ("dispatch", "combine"):
             assert c["ratio_to_alltoallv"] > 0, c
         if invariant:  # --invariant: the batch-invariant mode's time and rate beside it

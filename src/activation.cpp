@@ -1,5 +1,6 @@
 // Public entry points of the expert FFN activation: validate, then run the first implementation
-// the caller allows (the scalar reference last).
+// of the table that takes the call (the CUDA kernel for CUDA buffers where moekit is built with
+// it, the vectorised CPU code, the scalar reference last).
 #include "moekit/activation.h"
 
 #include <string>
@@ -7,6 +8,9 @@
 #include "check.h"
 #include "cpu/activation_kernels.h"
 #include "impl_table.h"
+#if MOEKIT_HAS_CUDA
+#include "cuda/activation_cuda.h"
+#endif
 
 namespace moekit {
 namespace {
@@ -17,14 +21,24 @@ using detail::check_input_dtype;
 using detail::check_output_dtype;
 using detail::check_view;
 using detail::Implementation;
+using detail::kCpuNeeds;
+using detail::kCudaNeeds;
+using detail::on_cpu;
+using detail::on_cuda;
 
 constexpr Implementation<ActivationImpl, ActivationProblem> kForwardImpls[] = {
-    {ActivationImpl::kVectorized, detail::activation_vectorized},
-    {ActivationImpl::kReference, detail::activation_ref},
+#if MOEKIT_HAS_CUDA
+    {ActivationImpl::kCuda, detail::cuda::activation_cuda, on_cuda, kCudaNeeds},
+#endif
+    {ActivationImpl::kVectorized, detail::activation_vectorized, on_cpu, kCpuNeeds},
+    {ActivationImpl::kReference, detail::activation_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<ActivationImpl, ActivationProblem> kBackwardImpls[] = {
-    {ActivationImpl::kVectorized, detail::activation_backward_vectorized},
-    {ActivationImpl::kReference, detail::activation_backward_ref},
+#if MOEKIT_HAS_CUDA
+    {ActivationImpl::kCuda, detail::cuda::activation_backward_cuda, on_cuda, kCudaNeeds},
+#endif
+    {ActivationImpl::kVectorized, detail::activation_backward_vectorized, on_cpu, kCpuNeeds},
+    {ActivationImpl::kReference, detail::activation_backward_ref, on_cpu, kCpuNeeds},
 };
 
 // h [N, 2F | F] and the activation; fills p.act, p.h, p.N, p.F.
@@ -49,9 +63,12 @@ Status check_h(const char* op, ConstTensorView h, Activation act, ActivationProb
 
 }  // namespace
 
-Status activation(ConstTensorView h, Activation act, TensorView a, ActivationImpl impl) {
+Status activation(ConstTensorView h, Activation act, TensorView a, ActivationImpl impl,
+                  const Exec& exec) {
   constexpr const char* op = "activation";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   ActivationProblem p;
+  p.exec = exec;
   MOEKIT_RETURN_IF_ERROR(check_h(op, h, act, p));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "a", a, 2));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "a", a.dtype, h.dtype));
@@ -64,9 +81,11 @@ Status activation(ConstTensorView h, Activation act, TensorView a, ActivationImp
 }
 
 Status activation_backward(ConstTensorView h, ConstTensorView d_a, Activation act, TensorView d_h,
-                           ActivationImpl impl) {
+                           ActivationImpl impl, const Exec& exec) {
   constexpr const char* op = "activation_backward";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   ActivationProblem p;
+  p.exec = exec;
   MOEKIT_RETURN_IF_ERROR(check_h(op, h, act, p));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_a", d_a, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_a", d_a.dtype));

@@ -11,6 +11,17 @@ std::string shape_str(const ConstTensorView& v) {
   return fmt::format("[{}]", fmt::join(v.shape.begin(), v.shape.begin() + v.rank, ", "));
 }
 
+Status check_exec(const char* op, const Exec& exec) {
+  if (exec.device != Device::kCpu && exec.device != Device::kCuda) {
+    return Status::invalid_argument(op, "exec.device",
+                                    std::to_string(static_cast<int>(exec.device)), "not a Device");
+  }
+  if (exec.device == Device::kCuda && !cuda_built()) {
+    return Status::unimplemented(op, "moekit was built without its CUDA backend");
+  }
+  return {};
+}
+
 Status check_view(const char* op, const char* name, const ConstTensorView& v, int rank) {
   if (v.rank != rank) {
     return Status::invalid_argument(op, fmt::format("{}.rank", name), std::to_string(v.rank),

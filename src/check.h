@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "moekit/exec.h"
 #include "moekit/status.h"
 #include "moekit/view.h"
 
@@ -20,6 +21,10 @@ inline bool mul_fits(int64_t a, int64_t b, int64_t* out) {
 
 // "[2, 3]"
 std::string shape_str(const ConstTensorView& v);
+
+// The execution context names a Device this build has: a bad device is an invalid argument, a
+// CUDA one in a build without CUDA unimplemented.
+Status check_exec(const char* op, const Exec& exec);
 
 // Rank, non-negative dims, a data pointer when non-empty, a unit innermost stride, and outer
 // strides that keep distinct elements apart.

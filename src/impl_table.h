@@ -7,9 +7,23 @@
 #include <cstddef>
 #include <string>
 
+#include "moekit/exec.h"
 #include "moekit/status.h"
 
 namespace moekit::detail {
+
+// The predicates of the tables: where the problem's buffers live (every problem carries the
+// call's Exec as `exec`).
+template <class Problem>
+bool on_cpu(const Problem& p) {
+  return p.exec.device == Device::kCpu;
+}
+template <class Problem>
+bool on_cuda(const Problem& p) {
+  return p.exec.device == Device::kCuda;
+}
+inline constexpr const char* kCpuNeeds = "host buffers (Exec::device = kCpu)";
+inline constexpr const char* kCudaNeeds = "CUDA buffers (Exec::device = kCuda)";
 
 template <typename Impl, typename Problem>
 struct Implementation {

@@ -6,10 +6,18 @@
 // x_perm itself, over P ranks on the rows ep_dispatch brings, and ep_combine takes them back.
 // Every argument is validated before the first step runs; the router and permutation options are
 // validated by an empty call of their own op, so that the rules live in one place.
+//
+// One rank runs on the CPU or on a CUDA device, by the Exec it is given: every step is a call
+// that takes it (the public ops, and layer_ops.h's matmuls and row sums), so the code below is
+// the same for both. What differs is said where it does: on CUDA the group sizes stay on the
+// device (the expert side runs over all of its rows, the ones past the groups being zero), the
+// losses are written to device memory, and the ops' workspace is carved from the caller's
+// scratch.
 #include "moekit/layer.h"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -24,8 +32,9 @@
 
 #include "check.h"
 #include "comm/agree.h"
-#include "cpu/convert.h"
+#include "layer_ops.h"
 #include "moekit/ragged_dot.h"
+#include "router_problem.h"
 
 namespace moekit {
 namespace {
@@ -39,6 +48,9 @@ using detail::present;
 using detail::shape_str;
 
 constexpr size_t kAlign = 64;
+// The layer's buffers on CUDA start at this alignment (cudaMalloc's), which the ops' workspace
+// carved from them needs.
+constexpr size_t kCudaAlign = 256;
 
 // The sizes of one layer call.
 struct Dims {
@@ -48,6 +60,7 @@ struct Dims {
   int64_t Fs, Ws;  // the shared expert's width and its up width (0: none)
   int64_t B;       // rows of the aux-loss counts: the sequences, or 1
   DType dt;        // x, weights and activations
+  Device dev = Device::kCpu;  // where the buffers are
 };
 
 // Carves 64-byte aligned tensors out of one buffer, in order; with a null base it only counts
@@ -56,6 +69,17 @@ struct Dims {
 class Arena {
  public:
   explicit Arena(std::byte* base) : base_(base) {}
+  // `bytes` bytes at a multiple of `align` from the base (which the caller aligned as much).
+  void* take_bytes(size_t bytes, size_t align) {
+    if (used_ == SIZE_MAX || __builtin_add_overflow(used_, align - 1, &used_)) {
+      used_ = SIZE_MAX;
+      return nullptr;
+    }
+    used_ = used_ / align * align;
+    void* p = base_ ? base_ + used_ : nullptr;
+    if (__builtin_add_overflow(used_, bytes, &used_)) used_ = SIZE_MAX;
+    return p;
+  }
   TensorView take(DType t, std::initializer_list<int64_t> shape) {
     int64_t n = 1;
     bool fits = true;
@@ -118,13 +142,37 @@ Saved carve_saved(const Dims& d, Arena& m) {
 // (dead once dispatched) and the experts' outputs before the combine. With a shared expert and
 // bf16 x, out_f32 [T, H] sums the routed experts' and the shared expert's outputs in f32, rounded
 // once into out, as d_x in the backward.
+// `exec` is the pass's: its device and stream, and on CUDA its ops' workspace (carve_ops).
+// losses [2] f32 (aux, z) is where the losses are written on CUDA (device memory).
 struct ForwardScratch {
   TensorView scores, aux_map, out_f32;
   TensorView x_perm, y_rows;  // one rank: the saved x_rows and y_perm themselves
+  TensorView losses;
+  Exec exec;
 };
-ForwardScratch carve_forward(const Dims& d, Arena& m) {
-  ForwardScratch s{m.take(DType::kF32, {d.T, d.E}), m.take(DType::kBool, {d.T, d.E}), {}, {}, {}};
+
+// The bytes the ops of a pass need as their workspace on d.dev (none on the CPU): the largest
+// of the ragged_dot, router, permutation and cuBLAS workspaces, shared on the pass's stream.
+size_t ops_bytes(const Dims& d) {
+  if (d.dev == Device::kCpu) return 0;
+  return std::max({ragged_dot_workspace_size(d.dev, d.El), router_workspace_size(d.dev, d.T, d.E),
+                   permute_workspace_size(d.dev, d.T, d.k, d.E, d.N),
+                   detail::dense_dot_workspace_size(d.dev)});
+}
+// The pass's Exec: the caller's device and stream, and the ops' workspace from the arena.
+Exec carve_ops(const Dims& d, const Exec& caller, Arena& m) {
+  Exec e = caller;
+  e.workspace_bytes = ops_bytes(d);
+  e.workspace = e.workspace_bytes > 0 ? m.take_bytes(e.workspace_bytes, kCudaAlign) : nullptr;
+  return e;
+}
+
+ForwardScratch carve_forward(const Dims& d, Arena& m, const Exec& exec = {}) {
+  ForwardScratch s{
+      m.take(DType::kF32, {d.T, d.E}), m.take(DType::kBool, {d.T, d.E}), {}, {}, {}, {}, {}};
   if (d.Fs > 0 && d.dt != DType::kF32) s.out_f32 = m.take(DType::kF32, {d.T, d.H});
+  s.losses = m.take(DType::kF32, {2});
+  s.exec = carve_ops(d, exec, m);
   return s;
 }
 
@@ -140,6 +188,7 @@ struct BackwardScratch {
   // Over P ranks, with gradients not in f32: the replicated weights' gradients in f32, summed
   // over the ranks before they are rounded once.
   TensorView d_router_f32, d_shared_in_f32, d_shared_out_f32;
+  Exec exec;  // as ForwardScratch's
 };
 void carve_token_backward(const Dims& d, Arena& m, BackwardScratch& s) {
   s.d_y_perm = m.take(d.dt, {d.N, d.H});
@@ -159,11 +208,12 @@ void carve_expert_backward(const Dims& d, int64_t R, Arena& m, BackwardScratch& 
   s.d_a = m.take(d.dt, {R, d.F});
   s.d_h = m.take(d.dt, {R, d.W});
 }
-BackwardScratch carve_backward(const Dims& d, Arena& m) {
+BackwardScratch carve_backward(const Dims& d, Arena& m, const Exec& exec = {}) {
   BackwardScratch s;
   carve_token_backward(d, m, s);
   s.d_rows = s.d_y_perm;
   carve_expert_backward(d, d.N, m, s);
+  s.exec = carve_ops(d, exec, m);
   return s;
 }
 
@@ -311,23 +361,37 @@ Status check_grad(const char* op, const char* name, const TensorView& g, const C
   return {};
 }
 
-Status check_workspace(const char* op, const char* name, std::span<const std::byte> s,
-                       size_t need) {
+Status check_workspace(const char* op, const char* name, std::span<const std::byte> s, size_t need,
+                       Device dev) {
   if (s.size() < need) {
     return Status::invalid_argument(op, fmt::format("{}.size()", name), std::to_string(s.size()),
                                     fmt::format("needs {} bytes (moe_layer_workspace)", need));
   }
-  if (need > 0 && reinterpret_cast<uintptr_t>(s.data()) % kAlign != 0) {
+  const size_t align = dev == Device::kCuda ? kCudaAlign : kAlign;
+  if (need > 0 && reinterpret_cast<uintptr_t>(s.data()) % align != 0) {
     return Status::invalid_argument(op, fmt::format("{}.data()", name),
                                     fmt::format("{}", static_cast<const void*>(s.data())),
-                                    "must be 64-byte aligned");
+                                    fmt::format("must be {}-byte aligned", align));
   }
   return {};
 }
 
 // x, the config and the weights: fills d. ranks > 1: w_in and w_out hold E / ranks experts.
 Status check_inputs(const char* op, const ConstTensorView& x, const MoeLayerWeights& w,
-                    const MoeLayerConfig& c, Dims& d, int ranks = 1) {
+                    const MoeLayerConfig& c, Dims& d, int ranks = 1, const Exec& exec = {}) {
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
+  if (exec.device == Device::kCuda) {
+    if (c.batch_invariant) {
+      return Status::unimplemented(op,
+                                   "config.batch_invariant: the batch-invariant mode runs on "
+                                   "the CPU only");
+    }
+    if (c.num_experts > detail::kRouterMaxCudaExperts) {
+      return Status::unimplemented(
+          op, fmt::format("config.num_experts = {}: the CUDA router takes at most {} experts",
+                          c.num_experts, detail::kRouterMaxCudaExperts));
+    }
+  }
   MOEKIT_RETURN_IF_ERROR(check_view(op, "x", x, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "x", x.dtype));
   MOEKIT_RETURN_IF_ERROR(check_config(op, c, x.shape[0], d));
@@ -339,6 +403,7 @@ Status check_inputs(const char* op, const ConstTensorView& x, const MoeLayerWeig
   }
   d.El = d.E / ranks;
   d.dt = x.dtype;
+  d.dev = exec.device;
   return check_weights(op, w, d);
 }
 
@@ -358,21 +423,15 @@ RaggedDotOptions gemm(const MoeLayerConfig& config, bool accumulate = false) {
   return o;
 }
 
-// A [rows, cols] matrix as the one group [1, rows, cols] that ragged_dot multiplies by.
-template <class View>
-View as_group(View g) {
-  g.rank = 3;
-  g.shape = {1, g.shape[0], g.shape[1], 0};
-  g.stride = {g.shape[1] * g.stride[0], g.stride[0], g.stride[1], 0};
-  return g;
-}
-
-// Runs one step, adding its wall time to the profile when there is one.
+// Runs one step, adding its wall time to the profile when there is one (on CUDA the time from
+// an idle stream to the step's end: the stream is waited for on both sides).
 template <class Fn>
-Status timed(MoeLayerProfile* profile, MoeStep step, Fn fn) {
+Status timed(MoeLayerProfile* profile, const Exec& exec, MoeStep step, Fn fn) {
   if (!profile) return fn();
+  MOEKIT_RETURN_IF_ERROR(detail::synchronize(exec));
   const auto t0 = std::chrono::steady_clock::now();
   Status s = fn();
+  if (s.ok()) s = detail::synchronize(exec);
   profile->ms[static_cast<int>(step)] +=
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return s;
@@ -383,28 +442,12 @@ std::span<const int32_t> group_sizes(const TensorView& tokens_per_expert) {
           static_cast<size_t>(tokens_per_expert.shape[0])};
 }
 
-// The routed rows: the sum of the group sizes.
-int64_t used_rows(std::span<const int32_t> sizes) {
+// The rows the expert side computes, of the `rows` it holds: on the CPU the sum of the group
+// sizes (the host reads them), on CUDA all of them (the sizes are on the device; the rows past
+// the groups are zero, and stay zero through the activation).
+int64_t used_rows(std::span<const int32_t> sizes, int64_t rows, const Exec& exec) {
+  if (exec.device != Device::kCpu) return rows;
   return std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-}
-
-// acc += v, both contiguous f32 of the same shape.
-void add_into(const TensorView& acc, const TensorView& v) {
-  auto* a = static_cast<float*>(acc.data);
-  const auto* b = static_cast<const float*>(v.data);
-  const int64_t n = acc.numel();
-#pragma omp parallel for simd schedule(static) if (n >= (1 << 16))
-  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
-}
-
-// The rows of a contiguous f32 [rows, cols] matrix into a (strided) view of any float dtype.
-void store_rows(const TensorView& in, const TensorView& out) {
-  const int64_t rows = in.shape[0], cols = in.shape[1];
-#pragma omp parallel for schedule(static) if (rows * cols >= (1 << 16))
-  for (int64_t r = 0; r < rows; ++r) {
-    detail::store_row_from_float(static_cast<const float*>(in.data) + r * cols, cols,
-                                 detail::row_ptr(out, r), out.dtype);
-  }
 }
 
 LoadBalancingOptions lb_options(const MoeLayerConfig& c) {
@@ -433,29 +476,31 @@ struct Group {
 };
 
 // Router GEMM, route, the losses (the group's, the same on every rank) and permute: this rank's
-// tokens, up to x_perm and the rows per expert.
+// tokens, up to x_perm and the rows per expert. The losses go to losses[0] (aux) and losses[1]
+// (z), in the pass's memory (f.losses on CUDA, the host's on the CPU).
 Status forward_tokens(const ConstTensorView& x, const MoeLayerWeights& weights,
                       const MoeLayerConfig& config, const Dims& d, const Saved& s,
-                      const ForwardScratch& f, const Group& g, float* aux_loss, float* z,
+                      const ForwardScratch& f, const Group& g, float* losses,
                       MoeLayerProfile* profile) {
-  const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
+  const Exec& exec = f.exec;
   // logits [T, E] f32 = x @ router.
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRouterGemm, [&] {
-    return ragged_dot(x, as_group(weights.router), all_tokens, s.logits, gemm(config));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kRouterGemm, [&] {
+    return detail::dense_dot(x, weights.router, s.logits, gemm(config), exec);
   }));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRoute, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(route(s.logits, config.route, {{}, {}, s.topk_indices, s.topk_weights}));
-    float losses[2] = {0.0f, 0.0f};  // aux, z
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kRoute, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(
+        route(s.logits, config.route, {{}, {}, s.topk_indices, s.topk_weights}, exec));
+    MOEKIT_RETURN_IF_ERROR(detail::zero_bytes(losses, 2 * sizeof(float), exec));
     if (config.aux_loss_coeff != 0.0f) {
-      MOEKIT_RETURN_IF_ERROR(
-          aux_loss_scores(s.logits, config.route.k, config.route.score, f.scores, f.aux_map));
+      MOEKIT_RETURN_IF_ERROR(aux_loss_scores(s.logits, config.route.k, config.route.score, f.scores,
+                                             f.aux_map, RouterImpl::kAuto, exec));
       const TensorView counts = d.B > 1 ? s.counts : TensorView(s.counts.data, DType::kI32, {d.E});
-      MOEKIT_RETURN_IF_ERROR(count_tokens_per_expert(f.aux_map, counts));
+      MOEKIT_RETURN_IF_ERROR(count_tokens_per_expert(f.aux_map, counts, exec));
       if (d.B > 1) {
         if (d.T > 0) {
           MOEKIT_RETURN_IF_ERROR(
-              seq_load_balancing_loss(f.scores, counts, lb_options(config), &losses[0]));
-          losses[0] *= g.seq_weight();
+              seq_load_balancing_loss(f.scores, counts, lb_options(config), &losses[0], exec));
+          if (g.comm) losses[0] *= g.seq_weight();
         }
       } else {
         LoadBalancingOptions o = lb_options(config);
@@ -464,61 +509,59 @@ Status forward_tokens(const ConstTensorView& x, const MoeLayerWeights& weights,
           o.total_tokens = g.total_tokens;
         }
         if (g.batch_loss_defined()) {
-          MOEKIT_RETURN_IF_ERROR(load_balancing_loss(f.scores, counts, o, &losses[0]));
+          MOEKIT_RETURN_IF_ERROR(load_balancing_loss(f.scores, counts, o, &losses[0], exec));
         }
       }
     }
     if (config.z_loss_coeff != 0.0f) {
-      MOEKIT_RETURN_IF_ERROR(z_loss(s.logits, config.z_loss_coeff, &losses[1]));
-      losses[1] *= g.z_weight(d.T);
+      MOEKIT_RETURN_IF_ERROR(z_loss(s.logits, config.z_loss_coeff, &losses[1], exec));
+      if (g.comm) losses[1] *= g.z_weight(d.T);
     }
     if (g.comm) MOEKIT_RETURN_IF_ERROR(g.comm->all_reduce_sum(losses, 2, DType::kF32));
-    *aux_loss = losses[0];
-    *z = losses[1];
     return {};
   }));
   // x_perm [N, H]: expert-major rows; the capacity's probs policy ranks by the routing weights.
   const bool by_probs = config.capacity_factor > 0.0 && config.drop_policy == DropPolicy::kProbs;
-  return timed(profile, MoeStep::kPermute, [&] {
-    return permute(x, s.topk_indices,
-                   by_probs ? ConstTensorView(s.topk_weights) : ConstTensorView{},
-                   permute_options(config), {f.x_perm, {}, s.tokens_per_expert, s.row_map, {}});
+  return timed(profile, exec, MoeStep::kPermute, [&] {
+    return permute(
+        x, s.topk_indices, by_probs ? ConstTensorView(s.topk_weights) : ConstTensorView{},
+        permute_options(config), {f.x_perm, {}, s.tokens_per_expert, s.row_map, {}}, exec);
   });
 }
 
 // gmm_up, the activation and gmm_down on the rows of the experts this call holds, grouped by
-// `sizes`: x_rows [R, H] -> y_rows [R, H].
+// `sizes` (in the memory of exec's device): x_rows [R, H] -> y_rows [R, H].
 Status forward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& config,
                        std::span<const int32_t> sizes, const Saved& s, const TensorView& y_rows,
-                       MoeLayerProfile* profile) {
-  const int64_t rows = used_rows(sizes);
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmUp, [&] {
-    return ragged_dot(s.x_rows, weights.w_in, sizes, s.h, gemm(config));
+                       const Exec& exec, MoeLayerProfile* profile) {
+  const int64_t rows = used_rows(sizes, s.x_rows.shape[0], exec);
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kGmmUp, [&] {
+    return ragged_dot(s.x_rows, weights.w_in, sizes, s.h, gemm(config), exec);
   }));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kActivation, [&] {
-    return activation(first_rows(s.h, rows), config.activation, first_rows(s.a, rows));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kActivation, [&] {
+    return activation(first_rows(s.h, rows), config.activation, first_rows(s.a, rows),
+                      ActivationImpl::kAuto, exec);
   }));
-  return timed(profile, MoeStep::kGmmDown,
-               [&] { return ragged_dot(s.a, weights.w_out, sizes, y_rows, gemm(config)); });
+  return timed(profile, exec, MoeStep::kGmmDown,
+               [&] { return ragged_dot(s.a, weights.w_out, sizes, y_rows, gemm(config), exec); });
 }
 
 // unpermute and the shared expert: y_perm [N, H] back to this rank's tokens.
 Status forward_finish(const ConstTensorView& x, const MoeLayerWeights& weights,
                       const MoeLayerConfig& config, const Dims& d, const Saved& s,
                       const ForwardScratch& f, const TensorView& out, MoeLayerProfile* profile) {
-  const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
+  const Exec& exec = f.exec;
   const TensorView out_acc = f.out_f32.data ? f.out_f32 : out;
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kUnpermute, [&] {
-    return unpermute(s.y_perm, s.row_map, s.topk_weights, out_acc);
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kUnpermute, [&] {
+    return unpermute(s.y_perm, s.row_map, s.topk_weights, out_acc, PermuteImpl::kAuto, exec);
   }));
   if (d.Fs == 0) return {};
-  return timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
+  return timed(profile, exec, MoeStep::kSharedExpert, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(detail::dense_dot(x, weights.shared_in, s.hs, gemm(config), exec));
+    MOEKIT_RETURN_IF_ERROR(activation(s.hs, config.activation, s.as, ActivationImpl::kAuto, exec));
     MOEKIT_RETURN_IF_ERROR(
-        ragged_dot(x, as_group(weights.shared_in), all_tokens, s.hs, gemm(config)));
-    MOEKIT_RETURN_IF_ERROR(activation(s.hs, config.activation, s.as));
-    MOEKIT_RETURN_IF_ERROR(
-        ragged_dot(s.as, as_group(weights.shared_out), all_tokens, out_acc, gemm(config, true)));
-    if (out_acc.data != out.data) store_rows(out_acc, out);
+        detail::dense_dot(s.as, weights.shared_out, out_acc, gemm(config, true), exec));
+    if (out_acc.data != out.data) MOEKIT_RETURN_IF_ERROR(detail::convert_rows(out_acc, out, exec));
     return Status();
   });
 }
@@ -528,18 +571,21 @@ Status forward_finish(const ConstTensorView& x, const MoeLayerWeights& weights,
 Status backward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& config,
                         std::span<const int32_t> sizes, const Saved& s, const BackwardScratch& b,
                         const MoeLayerWeightGrads& grads, MoeLayerProfile* profile) {
-  const int64_t rows = used_rows(sizes);
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kGmmDown, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_rows, weights.w_out, sizes, b.d_a, gemm(config)));
-    return ragged_dot_drhs(s.a, b.d_rows, sizes, grads.w_out, gemm(config));
+  const Exec& exec = b.exec;
+  const int64_t rows = used_rows(sizes, s.x_rows.shape[0], exec);
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kGmmDown, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(
+        ragged_dot_dlhs(b.d_rows, weights.w_out, sizes, b.d_a, gemm(config), exec));
+    return ragged_dot_drhs(s.a, b.d_rows, sizes, grads.w_out, gemm(config), exec);
   }));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kActivation, [&] {
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kActivation, [&] {
     return activation_backward(first_rows(s.h, rows), first_rows(b.d_a, rows), config.activation,
-                               first_rows(b.d_h, rows));
+                               first_rows(b.d_h, rows), ActivationImpl::kAuto, exec);
   }));
-  return timed(profile, MoeStep::kGmmUp, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_h, weights.w_in, sizes, b.d_rows, gemm(config)));
-    return ragged_dot_drhs(s.x_rows, b.d_h, sizes, grads.w_in, gemm(config));
+  return timed(profile, exec, MoeStep::kGmmUp, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(
+        ragged_dot_dlhs(b.d_h, weights.w_in, sizes, b.d_rows, gemm(config), exec));
+    return ragged_dot_drhs(s.x_rows, b.d_h, sizes, grads.w_in, gemm(config), exec);
   });
 }
 
@@ -557,60 +603,60 @@ Status backward_tokens(const ConstTensorView& x, const MoeLayerWeights& weights,
                        const BackwardScratch& b, const Group& g, ConstTensorView d_out,
                        float d_aux_loss, float d_z_loss, const TensorView& d_x,
                        const ReplicatedGrads& grads, MoeLayerProfile* profile) {
-  const int32_t all_tokens[1] = {static_cast<int32_t>(d.T)};
+  const Exec& exec = b.exec;
   // d_x = the sum of each token's k rows; the router and the shared expert add to it below, in
   // f32 (d_x itself, or the scratch rounded into it at the end).
   const TensorView d_x_acc = d_x.dtype == DType::kF32 ? d_x : b.d_x_f32;
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kPermute, [&] {
-    return permute_backward(b.d_y_perm, {}, s.row_map, d_x_acc, {});
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kPermute, [&] {
+    return permute_backward(b.d_y_perm, {}, s.row_map, d_x_acc, {}, PermuteImpl::kAuto, exec);
   }));
   // d_logits [T, E] f32: through the routing weights, the load-balancing loss and the z-loss.
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRoute, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(
-        route_backward(s.logits, s.topk_indices, {}, b.d_topk_weights, config.route, b.d_logits));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kRoute, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(route_backward(s.logits, s.topk_indices, {}, b.d_topk_weights,
+                                          config.route, b.d_logits, exec));
     if (config.aux_loss_coeff != 0.0f && g.batch_loss_defined() && (d.B == 1 || d.T > 0)) {
       const TensorView counts = d.B > 1 ? s.counts : TensorView(s.counts.data, DType::kI32, {d.E});
       LoadBalancingOptions o = lb_options(config);
       if (g.comm && d.B == 1) o.total_tokens = g.total_tokens;
       MOEKIT_RETURN_IF_ERROR(
-          d.B > 1
-              ? seq_load_balancing_loss_backward(counts, o, d_aux_loss * g.seq_weight(), b.d_tmp)
-              : load_balancing_loss_backward(counts, o, d_aux_loss, b.d_tmp));
-      MOEKIT_RETURN_IF_ERROR(
-          aux_loss_scores_backward(s.logits, b.d_tmp, config.route.score, b.d_tmp2));
-      add_into(b.d_logits, b.d_tmp2);
+          d.B > 1 ? seq_load_balancing_loss_backward(counts, o, d_aux_loss * g.seq_weight(),
+                                                     b.d_tmp, exec)
+                  : load_balancing_loss_backward(counts, o, d_aux_loss, b.d_tmp, exec));
+      MOEKIT_RETURN_IF_ERROR(aux_loss_scores_backward(s.logits, b.d_tmp, config.route.score,
+                                                      b.d_tmp2, RouterImpl::kAuto, exec));
+      MOEKIT_RETURN_IF_ERROR(detail::add_rows(b.d_logits, b.d_tmp2, exec));
     }
     if (config.z_loss_coeff != 0.0f) {
-      MOEKIT_RETURN_IF_ERROR(
-          z_loss_backward(s.logits, config.z_loss_coeff, d_z_loss * g.z_weight(d.T), b.d_tmp));
-      add_into(b.d_logits, b.d_tmp);
+      MOEKIT_RETURN_IF_ERROR(z_loss_backward(s.logits, config.z_loss_coeff,
+                                             d_z_loss * g.z_weight(d.T), b.d_tmp, exec));
+      MOEKIT_RETURN_IF_ERROR(detail::add_rows(b.d_logits, b.d_tmp, exec));
     }
-    if (d.dt != DType::kF32) store_rows(b.d_logits, b.d_logits_dt);  // x's dtype for the GEMM
+    if (d.dt != DType::kF32) {  // x's dtype for the GEMM
+      MOEKIT_RETURN_IF_ERROR(detail::convert_rows(b.d_logits, b.d_logits_dt, exec));
+    }
     return {};
   }));
   const RaggedDotOptions add = gemm(config, true);
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kRouterGemm, [&]() -> Status {
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kRouterGemm, [&]() -> Status {
     MOEKIT_RETURN_IF_ERROR(
-        ragged_dot_dlhs(b.d_logits_dt, as_group(weights.router), all_tokens, d_x_acc, add));
-    return ragged_dot_drhs(x, b.d_logits_dt, all_tokens, as_group(grads.router), gemm(config));
+        detail::dense_dot_dlhs(b.d_logits_dt, weights.router, d_x_acc, add, exec));
+    return detail::dense_dot_drhs(x, b.d_logits_dt, grads.router, gemm(config), exec);
   }));
   if (d.Fs > 0) {
-    MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kSharedExpert, [&]() -> Status {
-      const ConstTensorView w_up = as_group(weights.shared_in),
-                            w_down = as_group(weights.shared_out);
-      MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(d_out, w_down, all_tokens, b.d_as, gemm(config)));
+    MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kSharedExpert, [&]() -> Status {
       MOEKIT_RETURN_IF_ERROR(
-          ragged_dot_drhs(s.as, d_out, all_tokens, as_group(grads.shared_out), gemm(config)));
-      MOEKIT_RETURN_IF_ERROR(activation_backward(s.hs, b.d_as, config.activation, b.d_hs));
-      MOEKIT_RETURN_IF_ERROR(ragged_dot_dlhs(b.d_hs, w_up, all_tokens, d_x_acc, add));
-      return ragged_dot_drhs(x, b.d_hs, all_tokens, as_group(grads.shared_in), gemm(config));
+          detail::dense_dot_dlhs(d_out, weights.shared_out, b.d_as, gemm(config), exec));
+      MOEKIT_RETURN_IF_ERROR(
+          detail::dense_dot_drhs(s.as, d_out, grads.shared_out, gemm(config), exec));
+      MOEKIT_RETURN_IF_ERROR(activation_backward(s.hs, b.d_as, config.activation, b.d_hs,
+                                                 ActivationImpl::kAuto, exec));
+      MOEKIT_RETURN_IF_ERROR(detail::dense_dot_dlhs(b.d_hs, weights.shared_in, d_x_acc, add, exec));
+      return detail::dense_dot_drhs(x, b.d_hs, grads.shared_in, gemm(config), exec);
     }));
   }
   if (d_x_acc.data != d_x.data) {  // one rounding of the f32 sum into d_x
-    MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kPermute, [&] {
-      store_rows(d_x_acc, d_x);
-      return Status();
-    }));
+    MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kPermute,
+                                 [&] { return detail::convert_rows(d_x_acc, d_x, exec); }));
   }
   return {};
 }
@@ -716,44 +762,49 @@ int64_t moe_layer_rows(const MoeLayerConfig& config, int64_t tokens) {
   return d.N;
 }
 
-MoeLayerWorkspace moe_layer_workspace(const MoeLayerConfig& config, int64_t tokens, DType dtype) {
+MoeLayerWorkspace moe_layer_workspace(const MoeLayerConfig& config, int64_t tokens, DType dtype,
+                                      Device device) {
   Dims d;
   if (tokens < 0 || !check_config("moe_layer_workspace", config, tokens, d).ok()) return {};
+  if (device != Device::kCpu && device != Device::kCuda) return {};
   d.dt = dtype;
+  d.dev = device;
   return workspace_of(d);
 }
 
 Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
                          const MoeLayerConfig& config, std::span<std::byte> saved_buf,
                          std::span<std::byte> scratch_buf, const MoeLayerOutputs& out,
-                         MoeLayerProfile* profile) {
+                         MoeLayerProfile* profile, const Exec& exec) {
   constexpr const char* op = "moe_layer_forward";
   Dims d;
-  MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d));
+  MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, 1, exec));
   MOEKIT_RETURN_IF_ERROR(check_outputs(op, d, out));
   const MoeLayerWorkspace need = workspace_of(d);
-  MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes));
-  MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.forward_bytes));
+  MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes, d.dev));
+  MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.forward_bytes, d.dev));
   MOEKIT_RETURN_IF_ERROR(
       check_forward_disjoint(op, x, weights, config, out, saved_buf, scratch_buf));
   if (profile) *profile = {};
 
   Arena saved_arena(saved_buf.data()), scratch_arena(scratch_buf.data());
   const Saved s = carve_saved(d, saved_arena);
-  ForwardScratch f = carve_forward(d, scratch_arena);
+  ForwardScratch f = carve_forward(d, scratch_arena, exec);
   f.x_perm = s.x_rows;  // one rank: the experts' rows are x_perm's
-  float aux_loss = 0.0f, z = 0.0f;
-  MOEKIT_RETURN_IF_ERROR(forward_tokens(x, weights, config, d, s, f, {}, &aux_loss, &z, profile));
+  // The losses where the ops write them: the host's on the CPU, the scratch's on CUDA.
+  float host_losses[2] = {0.0f, 0.0f};
+  float* losses = d.dev == Device::kCpu ? host_losses : static_cast<float*>(f.losses.data);
+  MOEKIT_RETURN_IF_ERROR(forward_tokens(x, weights, config, d, s, f, {}, losses, profile));
   const auto sizes = group_sizes(s.tokens_per_expert);
-  MOEKIT_RETURN_IF_ERROR(forward_experts(weights, config, sizes, s, s.y_perm, profile));
+  MOEKIT_RETURN_IF_ERROR(forward_experts(weights, config, sizes, s, s.y_perm, f.exec, profile));
   MOEKIT_RETURN_IF_ERROR(forward_finish(x, weights, config, d, s, f, out.out, profile));
-  if (out.aux_loss) *out.aux_loss = aux_loss;
-  if (out.z_loss) *out.z_loss = z;
+  for (auto [to, from] : {std::pair{out.aux_loss, &losses[0]}, std::pair{out.z_loss, &losses[1]}}) {
+    if (to) MOEKIT_RETURN_IF_ERROR(detail::copy_2d(to, 0, from, 0, sizeof(float), 1, f.exec));
+  }
   if (present(out.tokens_per_expert)) {
-    for (int64_t e = 0; e < d.E; ++e) {
-      static_cast<int32_t*>(out.tokens_per_expert.data)[e * out.tokens_per_expert.stride[0]] =
-          sizes[static_cast<size_t>(e)];
-    }
+    MOEKIT_RETURN_IF_ERROR(detail::copy_2d(
+        out.tokens_per_expert.data, out.tokens_per_expert.stride[0] * sizeof(int32_t),
+        s.tokens_per_expert.data, sizeof(int32_t), sizeof(int32_t), d.E, f.exec));
   }
   return {};
 }
@@ -762,15 +813,16 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
                           const MoeLayerConfig& config, std::span<const std::byte> saved_buf,
                           ConstTensorView d_out, float d_aux_loss, float d_z_loss,
                           std::span<std::byte> scratch_buf, TensorView d_x,
-                          const MoeLayerWeightGrads& grads, MoeLayerProfile* profile) {
+                          const MoeLayerWeightGrads& grads, MoeLayerProfile* profile,
+                          const Exec& exec) {
   constexpr const char* op = "moe_layer_backward";
   Dims d;
-  MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d));
+  MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, 1, exec));
   MOEKIT_RETURN_IF_ERROR(
       check_backward_args(op, d, weights, d_out, d_aux_loss, d_z_loss, d_x, grads));
   const MoeLayerWorkspace need = workspace_of(d);
-  MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes));
-  MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.backward_bytes));
+  MOEKIT_RETURN_IF_ERROR(check_workspace(op, "saved", saved_buf, need.saved_bytes, d.dev));
+  MOEKIT_RETURN_IF_ERROR(check_workspace(op, "scratch", scratch_buf, need.backward_bytes, d.dev));
   MOEKIT_RETURN_IF_ERROR(
       check_backward_disjoint(op, x, weights, config, d_out, d_x, grads, saved_buf, scratch_buf));
   if (profile) *profile = {};
@@ -778,13 +830,13 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
   // The saved buffer is only read here; the arena hands out mutable views of it.
   Arena saved_arena(const_cast<std::byte*>(saved_buf.data())), scratch_arena(scratch_buf.data());
   const Saved s = carve_saved(d, saved_arena);
-  const BackwardScratch b = carve_backward(d, scratch_arena);
+  const BackwardScratch b = carve_backward(d, scratch_arena, exec);
   const auto sizes = group_sizes(s.tokens_per_expert);
 
   // d_y [N, H] and the routing weights' gradient [T, k].
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kUnpermute, [&] {
+  MOEKIT_RETURN_IF_ERROR(timed(profile, b.exec, MoeStep::kUnpermute, [&] {
     return unpermute_backward(d_out, s.y_perm, s.row_map, s.topk_weights, b.d_y_perm,
-                              b.d_topk_weights);
+                              b.d_topk_weights, PermuteImpl::kAuto, b.exec);
   }));
   MOEKIT_RETURN_IF_ERROR(backward_experts(weights, config, sizes, s, b, grads, profile));
   return backward_tokens(x, weights, config, d, s, b, {}, d_out, d_aux_loss, d_z_loss, d_x,
@@ -945,9 +997,9 @@ Status moe_layer_ep_forward(ConstTensorView x, const MoeLayerWeights& weights,
   // The expert side (R rows) is laid out once the plan is known.
   Saved s = st.saved(d, 0, true);
   ForwardScratch f = st.forward_scratch(d, 0);
-  float aux_loss = 0.0f, z = 0.0f;
-  MOEKIT_RETURN_IF_ERROR(forward_tokens(x, weights, config, d, s, f, g, &aux_loss, &z, profile));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kDispatch, [&]() -> Status {
+  float losses[2] = {0.0f, 0.0f};  // aux, z
+  MOEKIT_RETURN_IF_ERROR(forward_tokens(x, weights, config, d, s, f, g, losses, profile));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, f.exec, MoeStep::kDispatch, [&]() -> Status {
     MOEKIT_RETURN_IF_ERROR(ep_plan(s.tokens_per_expert, comm, &st.plan));
     // Now the rows this rank receives are known: the expert side's buffers. The token side's
     // tensors keep their places (the same layout over the same, already large enough, buffers).
@@ -956,12 +1008,12 @@ Status moe_layer_ep_forward(ConstTensorView x, const MoeLayerWeights& weights,
     return ep_dispatch(st.plan, f.x_perm, s.x_rows, comm);
   }));
   const std::span<const int32_t> sizes(st.plan.local_tokens_per_expert);
-  MOEKIT_RETURN_IF_ERROR(forward_experts(weights, config, sizes, s, f.y_rows, profile));
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kCombine,
+  MOEKIT_RETURN_IF_ERROR(forward_experts(weights, config, sizes, s, f.y_rows, f.exec, profile));
+  MOEKIT_RETURN_IF_ERROR(timed(profile, f.exec, MoeStep::kCombine,
                                [&] { return ep_combine(st.plan, f.y_rows, s.y_perm, comm); }));
   MOEKIT_RETURN_IF_ERROR(forward_finish(x, weights, config, d, s, f, out.out, profile));
-  if (out.aux_loss) *out.aux_loss = aux_loss;
-  if (out.z_loss) *out.z_loss = z;
+  if (out.aux_loss) *out.aux_loss = losses[0];
+  if (out.z_loss) *out.z_loss = losses[1];
   if (present(out.tokens_per_expert)) {
     for (int64_t e = 0; e < d.E; ++e) {  // each fits int32: ep_plan checked
       static_cast<int32_t*>(out.tokens_per_expert.data)[e * out.tokens_per_expert.stride[0]] =
@@ -1013,16 +1065,16 @@ Status moe_layer_ep_backward(ConstTensorView x, const MoeLayerWeights& weights,
   const BackwardScratch b = st.backward_scratch(d, st.plan.recv_rows, grads);
   const std::span<const int32_t> sizes(st.plan.local_tokens_per_expert);
 
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kUnpermute, [&] {
+  MOEKIT_RETURN_IF_ERROR(timed(profile, b.exec, MoeStep::kUnpermute, [&] {
     return unpermute_backward(d_out, s.y_perm, s.row_map, s.topk_weights, b.d_y_perm,
                               b.d_topk_weights);
   }));
   // Combine's backward is a dispatch: d_y to the experts' ranks.
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kCombine,
+  MOEKIT_RETURN_IF_ERROR(timed(profile, b.exec, MoeStep::kCombine,
                                [&] { return ep_dispatch(st.plan, b.d_y_perm, b.d_rows, comm); }));
   MOEKIT_RETURN_IF_ERROR(backward_experts(weights, config, sizes, s, b, grads, profile));
   // And dispatch's a combine: d_x of the rows back to their tokens' ranks, into d_x_perm.
-  MOEKIT_RETURN_IF_ERROR(timed(profile, MoeStep::kDispatch,
+  MOEKIT_RETURN_IF_ERROR(timed(profile, b.exec, MoeStep::kDispatch,
                                [&] { return ep_combine(st.plan, b.d_rows, b.d_y_perm, comm); }));
   const ReplicatedGrads replicated{b.d_router_f32.data ? b.d_router_f32 : grads.router,
                                    b.d_shared_in_f32.data ? b.d_shared_in_f32 : grads.shared_in,
@@ -1031,9 +1083,9 @@ Status moe_layer_ep_backward(ConstTensorView x, const MoeLayerWeights& weights,
                                          d_z_loss, d_x, replicated, profile));
   // The replicated weights' gradients: summed over the ranks in f32, then rounded once.
   auto reduce = [&](MoeStep step, const TensorView& f32, const TensorView& grad) {
-    return timed(profile, step, [&]() -> Status {
+    return timed(profile, b.exec, step, [&]() -> Status {
       MOEKIT_RETURN_IF_ERROR(comm.all_reduce_sum(f32.data, f32.numel(), DType::kF32));
-      if (f32.data != grad.data) store_rows(f32, grad);
+      if (f32.data != grad.data) MOEKIT_RETURN_IF_ERROR(detail::convert_rows(f32, grad, b.exec));
       return Status();
     });
   };

@@ -1,6 +1,7 @@
-// Public permutation entry points: validate every argument and every index (nothing is written
-// before this is done), work out the block layout, and run the first implementation the options
-// allow (the reference last).
+// Public permutation entry points: validate every argument and, for host buffers, every index
+// (nothing is written before this is done), work out the block layout there, and run the first
+// implementation of the op's table that takes the call: the CUDA kernels for CUDA buffers where
+// moekit is built with them, the threaded CPU code, the scalar reference last.
 #include "moekit/permute.h"
 
 #include <fmt/format.h>
@@ -13,6 +14,9 @@
 #include "check.h"
 #include "cpu/permute_kernels.h"
 #include "impl_table.h"
+#if MOEKIT_HAS_CUDA
+#include "cuda/permute_cuda.h"
+#endif
 
 namespace moekit {
 namespace {
@@ -25,25 +29,41 @@ using detail::check_output_dtype;
 using detail::check_same_dtype;
 using detail::check_view;
 using detail::Implementation;
+using detail::kCpuNeeds;
+using detail::kCudaNeeds;
+using detail::on_cpu;
+using detail::on_cuda;
 using detail::present;
 using detail::run_implementation;
+#if MOEKIT_HAS_CUDA
+namespace cu = detail::cuda;
+// The first entry of every table where the build has CUDA.
+#define MOEKIT_CUDA_ENTRY(fn) {PermuteImpl::kCuda, cu::fn, on_cuda, kCudaNeeds},
+#else
+#define MOEKIT_CUDA_ENTRY(fn)
+#endif
 
 constexpr Implementation<PermuteImpl, detail::PermuteProblem> kPermuteImpls[] = {
-    {PermuteImpl::kThreaded, detail::permute_threaded},
-    {PermuteImpl::kReference, detail::permute_ref},
+    MOEKIT_CUDA_ENTRY(permute_cuda)  //
+    {PermuteImpl::kThreaded, detail::permute_threaded, on_cpu, kCpuNeeds},
+    {PermuteImpl::kReference, detail::permute_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<PermuteImpl, detail::CombineProblem> kCombineImpls[] = {
-    {PermuteImpl::kThreaded, detail::combine_threaded},
-    {PermuteImpl::kReference, detail::combine_ref},
+    MOEKIT_CUDA_ENTRY(combine_cuda)  //
+    {PermuteImpl::kThreaded, detail::combine_threaded, on_cpu, kCpuNeeds},
+    {PermuteImpl::kReference, detail::combine_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<PermuteImpl, detail::ScatterProblem> kScatterImpls[] = {
-    {PermuteImpl::kThreaded, detail::scatter_threaded},
-    {PermuteImpl::kReference, detail::scatter_ref},
+    MOEKIT_CUDA_ENTRY(scatter_cuda)  //
+    {PermuteImpl::kThreaded, detail::scatter_threaded, on_cpu, kCpuNeeds},
+    {PermuteImpl::kReference, detail::scatter_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<PermuteImpl, detail::SortChunksProblem> kSortChunksImpls[] = {
-    {PermuteImpl::kThreaded, detail::sort_chunks_threaded},
-    {PermuteImpl::kReference, detail::sort_chunks_ref},
+    MOEKIT_CUDA_ENTRY(sort_chunks_cuda)  //
+    {PermuteImpl::kThreaded, detail::sort_chunks_threaded, on_cpu, kCpuNeeds},
+    {PermuteImpl::kReference, detail::sort_chunks_ref, on_cpu, kCpuNeeds},
 };
+#undef MOEKIT_CUDA_ENTRY
 
 // The most rows the permuted tensor can have: row_map indexes them with i32.
 constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
@@ -81,11 +101,13 @@ Status check_options(const char* op, const PermuteOptions& o) {
   return {};
 }
 
-// An i32 [2, T, S] row map whose row indices lie in [-1, N) and experts in [-1, +inf).
-Status check_row_map(const char* op, const ConstTensorView& row_map, int64_t N) {
+// An i32 [2, T, S] row map whose row indices lie in [-1, N) (read where the host can: for host
+// buffers; the CUDA kernels take a row outside as -1).
+Status check_row_map(const char* op, const ConstTensorView& row_map, int64_t N, const Exec& exec) {
   MOEKIT_RETURN_IF_ERROR(check_view(op, "row_map", row_map, 3));
   MOEKIT_RETURN_IF_ERROR(check_dtype(op, "row_map", row_map.dtype, DType::kI32));
   MOEKIT_RETURN_IF_ERROR(check_dim(op, "row_map", row_map, 0, 2, "2 (rows, experts)"));
+  if (exec.device != Device::kCpu) return {};
   const auto* base = static_cast<const int32_t*>(row_map.data);
   for (int64_t t = 0; t < row_map.shape[1]; ++t) {
     const int32_t* rows = base + t * row_map.stride[1];
@@ -161,12 +183,14 @@ int64_t permute_max_rows(int64_t T, int64_t E, int32_t k, const PermuteOptions& 
 }
 
 Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs,
-               const PermuteOptions& options, const PermuteOutputs& out) {
+               const PermuteOptions& options, const PermuteOutputs& out, const Exec& exec) {
   const char* op = "permute";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_options(op, options));
   detail::PermuteProblem p;
   p.options = options;
   p.out = out;
+  p.exec = exec;
 
   // Sizes: E from tokens_per_expert, T and S from the routing.
   MOEKIT_RETURN_IF_ERROR(check_view(op, "tokens_per_expert", out.tokens_per_expert, 1));
@@ -250,6 +274,41 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
     MOEKIT_RETURN_IF_ERROR(check_dim(op, "pad_offsets", out.pad_offsets, 0, p.E, "E"));
   }
 
+  p.capacity = capacity_of(p.T, k, p.E, options.capacity_factor);
+  const detail::Region outputs[] = {{"out.x", out.x},
+                                    {"out.probs", out.probs},
+                                    {"out.tokens_per_expert", out.tokens_per_expert},
+                                    {"out.row_map", out.row_map},
+                                    {"out.pad_offsets", out.pad_offsets}};
+  const detail::Region inputs[] = {{"x", x}, {"routing", routing}, {"probs", probs}};
+  if (exec.device != Device::kCpu) {
+    // The device counts the routing: the buffer must hold the worst case, which a routing map
+    // bounds by options.k ones per row.
+    if (routing.dtype == DType::kBool && k < 1) {
+      return Status::invalid_argument(op, "k", std::to_string(options.k),
+                                      "a routing map on CUDA needs k >= 1 (the most ones of a "
+                                      "row), which sizes the permuted buffer");
+    }
+    int64_t slots = 0;
+    if (!detail::mul_fits(p.T, p.S, &slots) || slots > kMaxRows) {
+      return Status::invalid_argument(op, "routing.shape", detail::shape_str(routing),
+                                      "on CUDA, T * S slots must fit in i32");
+    }
+    const int64_t bound = permute_max_rows(p.T, p.E, static_cast<int32_t>(k), options);
+    if (bound < 0) {
+      return Status::invalid_argument(op, "routing", fmt::format("{} tokens x {} experts", p.T, k),
+                                      "the permuted rows must be indexable by i32 (row_map)");
+    }
+    if (present(out.x) && out.x.shape[0] < bound) {
+      return Status::invalid_argument(
+          op, "out.x.shape", detail::shape_str(out.x),
+          fmt::format("on CUDA needs permute_max_rows = {} rows (the device counts the routing)",
+                      bound));
+    }
+    MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, outputs, inputs));
+    return run_implementation(op, kPermuteImpls, options.impl, p);
+  }
+
   // Every index, and the routed count per expert.
   std::vector<int64_t> routed(p.E, 0);
   for (int64_t t = 0; t < p.T; ++t) {
@@ -264,7 +323,6 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
       ++routed[e];
     }
   }
-  p.capacity = capacity_of(p.T, k, p.E, options.capacity_factor);
   p.layout = detail::block_layout(routed, p.capacity, options.align_size, options.pad_to_capacity);
   if (p.layout.needed > kMaxRows) {
     return Status::invalid_argument(op, "routing", fmt::format("{} rows", p.layout.needed),
@@ -283,23 +341,17 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
                     "a size that always fits)",
                     p.layout.needed));
   }
-  MOEKIT_RETURN_IF_ERROR(
-      detail::check_disjoint(op,
-                             {{"out.x", out.x},
-                              {"out.probs", out.probs},
-                              {"out.tokens_per_expert", out.tokens_per_expert},
-                              {"out.row_map", out.row_map},
-                              {"out.pad_offsets", out.pad_offsets}},
-                             {{"x", x}, {"routing", routing}, {"probs", probs}}));
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, outputs, inputs));
   return run_implementation(op, kPermuteImpls, options.impl, p);
 }
 
 Status unpermute(ConstTensorView y_perm, ConstTensorView row_map, ConstTensorView merging_probs,
-                 TensorView out, PermuteImpl impl) {
+                 TensorView out, PermuteImpl impl, const Exec& exec) {
   const char* op = "unpermute";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "y_perm", y_perm, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "y_perm", y_perm.dtype));
-  MOEKIT_RETURN_IF_ERROR(check_row_map(op, row_map, y_perm.shape[0]));
+  MOEKIT_RETURN_IF_ERROR(check_row_map(op, row_map, y_perm.shape[0], exec));
   const int64_t T = row_map.shape[1], S = row_map.shape[2];
   MOEKIT_RETURN_IF_ERROR(check_slots(op, "merging_probs", merging_probs, T, S));
   MOEKIT_RETURN_IF_ERROR(check_matrix(op, "out", out, T, "T (row_map.shape[1])", y_perm.shape[1],
@@ -308,18 +360,19 @@ Status unpermute(ConstTensorView y_perm, ConstTensorView row_map, ConstTensorVie
   MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
       op, {{"out", out}},
       {{"y_perm", y_perm}, {"row_map", row_map}, {"merging_probs", merging_probs}}));
-  detail::CombineProblem p{y_perm, row_map, merging_probs, out, {}, {}};
+  detail::CombineProblem p{y_perm, row_map, merging_probs, out, {}, {}, exec};
   return run_implementation(op, kCombineImpls, impl, p);
 }
 
 Status permute_backward(ConstTensorView d_x_perm, ConstTensorView d_probs_perm,
                         ConstTensorView row_map, TensorView d_x, TensorView d_probs,
-                        PermuteImpl impl) {
+                        PermuteImpl impl, const Exec& exec) {
   const char* op = "permute_backward";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_x_perm", d_x_perm, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "d_x_perm", d_x_perm.dtype));
   const int64_t N = d_x_perm.shape[0];
-  MOEKIT_RETURN_IF_ERROR(check_row_map(op, row_map, N));
+  MOEKIT_RETURN_IF_ERROR(check_row_map(op, row_map, N, exec));
   const int64_t T = row_map.shape[1], S = row_map.shape[2];
   MOEKIT_RETURN_IF_ERROR(check_matrix(op, "d_x", d_x, T, "T (row_map.shape[1])", d_x_perm.shape[1],
                                       "H (d_x_perm.shape[1])"));
@@ -336,17 +389,18 @@ Status permute_backward(ConstTensorView d_x_perm, ConstTensorView d_probs_perm,
   MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
       op, {{"d_x", d_x}, {"d_probs", d_probs}},
       {{"d_x_perm", d_x_perm}, {"d_probs_perm", d_probs_perm}, {"row_map", row_map}}));
-  detail::CombineProblem p{d_x_perm, row_map, {}, d_x, d_probs_perm, d_probs};
+  detail::CombineProblem p{d_x_perm, row_map, {}, d_x, d_probs_perm, d_probs, exec};
   return run_implementation(op, kCombineImpls, impl, p);
 }
 
 Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTensorView row_map,
                           ConstTensorView merging_probs, TensorView d_y_perm,
-                          TensorView d_merging_probs, PermuteImpl impl) {
+                          TensorView d_merging_probs, PermuteImpl impl, const Exec& exec) {
   const char* op = "unpermute_backward";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_y_perm", d_y_perm, 2));
   const int64_t N = d_y_perm.shape[0];
-  MOEKIT_RETURN_IF_ERROR(check_row_map(op, row_map, N));
+  MOEKIT_RETURN_IF_ERROR(check_row_map(op, row_map, N, exec));
   const int64_t T = row_map.shape[1], S = row_map.shape[2];
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_out", d_out, 2));
   MOEKIT_RETURN_IF_ERROR(check_dim(op, "d_out", d_out, 0, T, "T (row_map.shape[1])"));
@@ -374,7 +428,9 @@ Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTe
                               {"y_perm", y_perm},
                               {"row_map", row_map},
                               {"merging_probs", merging_probs}}));
-  detail::ScatterProblem p{d_out, y_perm, row_map, merging_probs, d_y_perm, d_merging_probs, {}};
+  detail::ScatterProblem p{d_out,    y_perm,          row_map, merging_probs,
+                           d_y_perm, d_merging_probs, {},      exec};
+  if (exec.device != Device::kCpu) return run_implementation(op, kScatterImpls, impl, p);
   // Each row of d_y_perm may be named once: a second writer would race.
   p.used.assign(N, 0);
   const auto* base = static_cast<const int32_t*>(row_map.data);
@@ -395,8 +451,10 @@ Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTe
 
 Status sort_chunks_by_index(ConstTensorView x, ConstTensorView split_sizes,
                             ConstTensorView sorted_index, bool inverse, TensorView out,
-                            ConstTensorView probs, TensorView out_probs, PermuteImpl impl) {
+                            ConstTensorView probs, TensorView out_probs, PermuteImpl impl,
+                            const Exec& exec) {
   const char* op = "sort_chunks_by_index";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "x", x, 2));
   MOEKIT_RETURN_IF_ERROR(check_input_dtype(op, "x", x.dtype));
   const int64_t N = x.shape[0];
@@ -422,9 +480,11 @@ Status sort_chunks_by_index(ConstTensorView x, ConstTensorView split_sizes,
   MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
       op, {{"out", out}, {"out_probs", out_probs}},
       {{"x", x}, {"split_sizes", split_sizes}, {"sorted_index", sorted_index}, {"probs", probs}}));
+  detail::SortChunksProblem p{x,  out, probs,       out_probs,    {},      {},
+                              {}, 0,   split_sizes, sorted_index, inverse, exec};
+  if (exec.device != Device::kCpu) return run_implementation(op, kSortChunksImpls, impl, p);
   const auto* sizes = static_cast<const int32_t*>(split_sizes.data);
   const auto* index = static_cast<const int32_t*>(sorted_index.data);
-  detail::SortChunksProblem p{x, out, probs, out_probs, {}, {}, {}, 0};
   std::vector<int64_t> offset(C);
   for (int64_t c = 0; c < C; ++c) {
     if (sizes[c] < 0) {
@@ -457,6 +517,17 @@ Status sort_chunks_by_index(ConstTensorView x, ConstTensorView split_sizes,
     at += sizes[c];
   }
   return run_implementation(op, kSortChunksImpls, impl, p);
+}
+
+size_t permute_workspace_size(Device device, int64_t tokens, int64_t slots, int64_t experts,
+                              int64_t rows) {
+  if (tokens < 0 || slots < 0 || experts < 0 || rows < 0) return SIZE_MAX;
+  if (device != Device::kCuda) return 0;
+#if MOEKIT_HAS_CUDA
+  return cu::permute_workspace_bytes(tokens, slots, experts, rows);
+#else
+  return 0;
+#endif
 }
 
 }  // namespace moekit

@@ -22,12 +22,11 @@ namespace {
 
 using detail::ContractionGroupedGemm;
 using detail::Implementation;
+using detail::kCpuNeeds;
+using detail::kCudaNeeds;
+using detail::on_cpu;
+using detail::on_cuda;
 using detail::RowGroupedGemm;
-
-template <class Problem>
-bool on_cpu(const Problem& g) {
-  return g.exec.device == Device::kCpu;
-}
 
 #if MOEKIT_HAS_CUDA
 namespace cu = detail::cuda;
@@ -35,11 +34,6 @@ namespace cu = detail::cuda;
 int cuda_arch() {
   cu::DeviceInfo info;
   return cu::device_info(&info).ok() ? info.arch : 0;
-}
-
-template <class Problem>
-bool on_cuda(const Problem& g) {
-  return g.exec.device == Device::kCuda;
 }
 
 template <class Problem>
@@ -65,33 +59,26 @@ constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
 #if MOEKIT_HAS_CUDA
     {RaggedDotImpl::kCudaSm90, cu::row_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::row_grouped_sm80, on_sm80, kSm80Needs},
-    {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, "CUDA buffers"},
+    {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, kCudaNeeds},
 #endif
-    {RaggedDotImpl::kOneDnn, detail::row_grouped_gemm_onednn, on_cpu, "host buffers"},
-    {RaggedDotImpl::kReference, detail::row_grouped_gemm_ref, on_cpu, "host buffers"},
+    {RaggedDotImpl::kOneDnn, detail::row_grouped_gemm_onednn, on_cpu, kCpuNeeds},
+    {RaggedDotImpl::kReference, detail::row_grouped_gemm_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<RaggedDotImpl, ContractionGroupedGemm> kContractionImpls[] = {
 #if MOEKIT_HAS_CUDA
     {RaggedDotImpl::kCudaSm90, cu::contraction_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::contraction_grouped_sm80, on_sm80, kSm80Needs},
-    {RaggedDotImpl::kCudaPortable, cu::contraction_grouped_portable, on_cuda, "CUDA buffers"},
+    {RaggedDotImpl::kCudaPortable, cu::contraction_grouped_portable, on_cuda, kCudaNeeds},
 #endif
-    {RaggedDotImpl::kOneDnn, detail::contraction_grouped_gemm_onednn, on_cpu, "host buffers"},
-    {RaggedDotImpl::kReference, detail::contraction_grouped_gemm_ref, on_cpu, "host buffers"},
+    {RaggedDotImpl::kOneDnn, detail::contraction_grouped_gemm_onednn, on_cpu, kCpuNeeds},
+    {RaggedDotImpl::kReference, detail::contraction_grouped_gemm_ref, on_cpu, kCpuNeeds},
 };
 
 // The backend exists, and the output is apart from the inputs, the groups and the workspace
 // (which a CUDA call also writes).
 Status check_call(const char* op, const detail::Region& out, const detail::Region& a,
-                  const detail::Region& b, const RaggedDotGroups& groups,
-                  const RaggedDotExec& exec) {
-  if (exec.device != Device::kCpu && exec.device != Device::kCuda) {
-    return Status::invalid_argument(op, "exec.device",
-                                    std::to_string(static_cast<int>(exec.device)), "not a Device");
-  }
-  if (exec.device == Device::kCuda && !cuda_built()) {
-    return Status::unimplemented(op, "moekit was built without its CUDA backend");
-  }
+                  const detail::Region& b, const RaggedDotGroups& groups, const Exec& exec) {
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   return detail::check_disjoint(
       op, {out, {"exec.workspace", exec.workspace, exec.workspace_bytes}},
       {a,
@@ -103,8 +90,7 @@ Status check_call(const char* op, const detail::Region& out, const detail::Regio
 // The forward and the input gradient.
 Status row_grouped(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
                    const RaggedDotGroups& groups, const char* c_name, TensorView c,
-                   const RaggedDotOptions& options, const RaggedDotExec& exec,
-                   bool contract_over_rhs_n) {
+                   const RaggedDotOptions& options, const Exec& exec, bool contract_over_rhs_n) {
   RowGroupedGemm g;
   MOEKIT_RETURN_IF_ERROR(
       detail::row_problem(op, a_name, a, rhs, c_name, c, options, exec, contract_over_rhs_n, &g));
@@ -116,21 +102,19 @@ Status row_grouped(const char* op, const char* a_name, ConstTensorView a, ConstT
 }  // namespace
 
 Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroups& groups,
-                  TensorView out, const RaggedDotOptions& options, const RaggedDotExec& exec) {
+                  TensorView out, const RaggedDotOptions& options, const Exec& exec) {
   return row_grouped("ragged_dot", "lhs", lhs, rhs, groups, "out", out, options, exec,
                      /*contract_over_rhs_n=*/false);
 }
 
 Status ragged_dot_dlhs(ConstTensorView d_out, ConstTensorView rhs, const RaggedDotGroups& groups,
-                       TensorView d_lhs, const RaggedDotOptions& options,
-                       const RaggedDotExec& exec) {
+                       TensorView d_lhs, const RaggedDotOptions& options, const Exec& exec) {
   return row_grouped("ragged_dot_dlhs", "d_out", d_out, rhs, groups, "d_lhs", d_lhs, options, exec,
                      /*contract_over_rhs_n=*/true);
 }
 
 Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out, const RaggedDotGroups& groups,
-                       TensorView d_rhs, const RaggedDotOptions& options,
-                       const RaggedDotExec& exec) {
+                       TensorView d_rhs, const RaggedDotOptions& options, const Exec& exec) {
   const char* op = "ragged_dot_drhs";
   ContractionGroupedGemm g;
   MOEKIT_RETURN_IF_ERROR(detail::contraction_problem(op, lhs, d_out, d_rhs, options, exec, &g));

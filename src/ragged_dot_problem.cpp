@@ -8,13 +8,13 @@ namespace moekit::detail {
 namespace {
 
 // f32 and bf16 everywhere; f16 on CUDA only.
-Status check_float_input(const char* op, const char* name, DType t, const RaggedDotExec& exec) {
+Status check_float_input(const char* op, const char* name, DType t, const Exec& exec) {
   if (exec.device == Device::kCuda && t == DType::kF16) return {};
   return check_input_dtype(op, name, t);
 }
 
 // The batch-invariant mode is the CPU's: the CUDA kernels have not been checked for it.
-Status check_mode(const char* op, const RaggedDotOptions& opt, const RaggedDotExec& exec) {
+Status check_mode(const char* op, const RaggedDotOptions& opt, const Exec& exec) {
   if (opt.batch_invariant && exec.device == Device::kCuda) {
     return Status::unimplemented(op,
                                  "options.batch_invariant on CUDA buffers: the batch-invariant "
@@ -26,8 +26,8 @@ Status check_mode(const char* op, const RaggedDotOptions& opt, const RaggedDotEx
 }  // namespace
 
 Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
-                   const char* c_name, TensorView c, const RaggedDotOptions& opt,
-                   const RaggedDotExec& exec, bool contract_over_rhs_n, RowGroupedGemm* out) {
+                   const char* c_name, TensorView c, const RaggedDotOptions& opt, const Exec& exec,
+                   bool contract_over_rhs_n, RowGroupedGemm* out) {
   MOEKIT_RETURN_IF_ERROR(check_view(op, a_name, a, 2));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "rhs", rhs, 3));
   MOEKIT_RETURN_IF_ERROR(check_view(op, c_name, c, 2));
@@ -68,8 +68,8 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
 }
 
 Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView d_out,
-                           TensorView d_rhs, const RaggedDotOptions& options,
-                           const RaggedDotExec& exec, ContractionGroupedGemm* out) {
+                           TensorView d_rhs, const RaggedDotOptions& options, const Exec& exec,
+                           ContractionGroupedGemm* out) {
   MOEKIT_RETURN_IF_ERROR(check_view(op, "lhs", lhs, 2));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_out", d_out, 2));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_rhs", d_rhs, 3));
@@ -105,7 +105,7 @@ Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView 
   return {};
 }
 
-Status check_groups(const char* op, const RaggedDotGroups& groups, const RaggedDotExec& exec,
+Status check_groups(const char* op, const RaggedDotGroups& groups, const Exec& exec,
                     int64_t num_local, int64_t m, Groups* out) {
   const int64_t G = static_cast<int64_t>(groups.sizes.size());
   if (G < num_local) {

@@ -14,7 +14,7 @@
 
 namespace moekit::detail {
 
-// The groups, as the memory of the call holds them (RaggedDotExec::device). Row ranges for all
+// The groups, as the memory of the call holds them (Exec::device). Row ranges for all
 // groups, local or not, follow from the sizes; only the local ones are ever touched.
 struct Groups {
   const int32_t* sizes = nullptr;          // [count]: host memory (CPU) or device memory (CUDA)
@@ -41,7 +41,7 @@ struct RowGroupedGemm {
   Groups groups;
   bool accumulate;
   bool batch_invariant;  // RaggedDotOptions::batch_invariant
-  RaggedDotExec exec;
+  Exec exec;
 };
 
 // Contraction-grouped: for each local group j, C_{j - offset} (+)= X[rows of j]^T @ Y[rows of j].
@@ -62,7 +62,7 @@ struct ContractionGroupedGemm {
   Groups groups;
   bool accumulate;
   bool batch_invariant;  // RaggedDotOptions::batch_invariant
-  RaggedDotExec exec;
+  Exec exec;
 };
 
 // The forward (contract_over_rhs_n = false: a = lhs [m, K], c = out [m, n]) and the input
@@ -70,16 +70,16 @@ struct ContractionGroupedGemm {
 // when options.rhs_transposed). Everything but the groups, which check_groups fills.
 Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
                    const char* c_name, TensorView c, const RaggedDotOptions& options,
-                   const RaggedDotExec& exec, bool contract_over_rhs_n, RowGroupedGemm* out);
+                   const Exec& exec, bool contract_over_rhs_n, RowGroupedGemm* out);
 
 // The weight gradient: lhs [m, K], d_out [m, n] into d_rhs [E_loc, K, n] ([E_loc, n, K]).
 Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView d_out,
-                           TensorView d_rhs, const RaggedDotOptions& options,
-                           const RaggedDotExec& exec, ContractionGroupedGemm* out);
+                           TensorView d_rhs, const RaggedDotOptions& options, const Exec& exec,
+                           ContractionGroupedGemm* out);
 
 // The groups against E_loc local ones and m rows: G >= E_loc, a host offset in [0, G - E_loc],
 // and on the CPU each size >= 0 and their sum <= m (on CUDA the device clamps them).
-Status check_groups(const char* op, const RaggedDotGroups& groups, const RaggedDotExec& exec,
+Status check_groups(const char* op, const RaggedDotGroups& groups, const Exec& exec,
                     int64_t num_local, int64_t m, Groups* out);
 
 }  // namespace moekit::detail

@@ -1,6 +1,8 @@
 // Public router entry points: validate every argument (nothing is written before this is done),
-// build the problem of cpu/router/problems.h, and run the first implementation the options
-// allow (the reference last).
+// build the problem of router_problem.h, and run the first implementation of its table that
+// takes it: the CUDA kernels for CUDA buffers where moekit is built with them, the CPU's
+// vectorised code, the scalar reference last. What only the device holds (indices, counts) is
+// checked on the host for host buffers only.
 #include "moekit/router.h"
 
 #include <fmt/format.h>
@@ -11,6 +13,9 @@
 #include "check.h"
 #include "cpu/router/problems.h"
 #include "impl_table.h"
+#if MOEKIT_HAS_CUDA
+#include "cuda/router_cuda.h"
+#endif
 
 namespace moekit {
 namespace {
@@ -22,26 +27,68 @@ using detail::check_matrix;
 using detail::check_output_dtype;
 using detail::check_view;
 using detail::Implementation;
+using detail::kCpuNeeds;
+using detail::kCudaNeeds;
+using detail::on_cpu;
+using detail::on_cuda;
 using detail::present;
 using detail::run_implementation;
+#if MOEKIT_HAS_CUDA
+namespace cu = detail::cuda;
+// The first entry of every table where the build has CUDA.
+#define MOEKIT_CUDA_ENTRY(fn) {RouterImpl::kCuda, cu::fn, on_cuda, kCudaNeeds},
+#else
+#define MOEKIT_CUDA_ENTRY(fn)
+#endif
 
 // Ordered fastest first, the reference last.
 constexpr Implementation<RouterImpl, detail::RouteProblem> kRouteImpls[] = {
-    {RouterImpl::kVectorized, detail::route_vectorized},
-    {RouterImpl::kReference, detail::route_ref},
+    MOEKIT_CUDA_ENTRY(route_cuda)  //
+    {RouterImpl::kVectorized, detail::route_vectorized, on_cpu, kCpuNeeds},
+    {RouterImpl::kReference, detail::route_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<RouterImpl, detail::RouteBackwardProblem> kRouteBackwardImpls[] = {
-    {RouterImpl::kVectorized, detail::route_backward_vectorized},
-    {RouterImpl::kReference, detail::route_backward_ref},
+    MOEKIT_CUDA_ENTRY(route_backward_cuda)  //
+    {RouterImpl::kVectorized, detail::route_backward_vectorized, on_cpu, kCpuNeeds},
+    {RouterImpl::kReference, detail::route_backward_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<RouterImpl, detail::AuxScoresProblem> kAuxImpls[] = {
-    {RouterImpl::kVectorized, detail::aux_scores_vectorized},
-    {RouterImpl::kReference, detail::aux_scores_ref},
+    MOEKIT_CUDA_ENTRY(aux_scores_cuda)  //
+    {RouterImpl::kVectorized, detail::aux_scores_vectorized, on_cpu, kCpuNeeds},
+    {RouterImpl::kReference, detail::aux_scores_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<RouterImpl, detail::AuxScoresBackwardProblem> kAuxBackwardImpls[] = {
-    {RouterImpl::kVectorized, detail::aux_scores_backward_vectorized},
-    {RouterImpl::kReference, detail::aux_scores_backward_ref},
+    MOEKIT_CUDA_ENTRY(aux_scores_backward_cuda)  //
+    {RouterImpl::kVectorized, detail::aux_scores_backward_vectorized, on_cpu, kCpuNeeds},
+    {RouterImpl::kReference, detail::aux_scores_backward_ref, on_cpu, kCpuNeeds},
 };
+// The losses, the counts and the bias update have one CPU implementation each (it is the
+// reference too: plain loops over rows).
+constexpr Implementation<RouterImpl, detail::BalanceLossProblem> kBalanceImpls[] = {
+    MOEKIT_CUDA_ENTRY(balance_loss_cuda)  //
+    {RouterImpl::kVectorized, detail::balance_loss_cpu, on_cpu, kCpuNeeds},
+};
+constexpr Implementation<RouterImpl, detail::BalanceBackwardProblem> kBalanceBackwardImpls[] = {
+    MOEKIT_CUDA_ENTRY(balance_loss_backward_cuda)  //
+    {RouterImpl::kVectorized, detail::balance_loss_backward_cpu, on_cpu, kCpuNeeds},
+};
+constexpr Implementation<RouterImpl, detail::ZLossProblem> kZLossImpls[] = {
+    MOEKIT_CUDA_ENTRY(z_loss_cuda)  //
+    {RouterImpl::kVectorized, detail::z_loss_cpu, on_cpu, kCpuNeeds},
+};
+constexpr Implementation<RouterImpl, detail::ZLossBackwardProblem> kZLossBackwardImpls[] = {
+    MOEKIT_CUDA_ENTRY(z_loss_backward_cuda)  //
+    {RouterImpl::kVectorized, detail::z_loss_backward_cpu, on_cpu, kCpuNeeds},
+};
+constexpr Implementation<RouterImpl, detail::CountProblem> kCountImpls[] = {
+    MOEKIT_CUDA_ENTRY(count_tokens_cuda)  //
+    {RouterImpl::kVectorized, detail::count_tokens_cpu, on_cpu, kCpuNeeds},
+};
+constexpr Implementation<RouterImpl, detail::BiasUpdateProblem> kBiasImpls[] = {
+    MOEKIT_CUDA_ENTRY(update_expert_bias_cuda)  //
+    {RouterImpl::kVectorized, detail::update_expert_bias_cpu, on_cpu, kCpuNeeds},
+};
+#undef MOEKIT_CUDA_ENTRY
 
 Status check_score(const char* op, RouterScore score) {
   switch (score) {
@@ -126,11 +173,14 @@ Status check_logits(const char* op, const char* name, const ConstTensorView& log
   return check_input_dtype(op, name, logits.dtype);
 }
 
-// tokens_per_expert: [E] (rank 1) or [B, E] (rank 2) i32, every count >= 0.
-Status check_counts(const char* op, const ConstTensorView& tpe, int rank, int64_t E) {
+// tokens_per_expert: [E] (rank 1) or [B, E] (rank 2) i32, every count >= 0 (read where the host
+// can: for host buffers).
+Status check_counts(const char* op, const ConstTensorView& tpe, int rank, int64_t E,
+                    const Exec& exec) {
   MOEKIT_RETURN_IF_ERROR(check_view(op, "tokens_per_expert", tpe, rank));
   MOEKIT_RETURN_IF_ERROR(check_dtype(op, "tokens_per_expert", tpe.dtype, DType::kI32));
   MOEKIT_RETURN_IF_ERROR(check_dim(op, "tokens_per_expert", tpe, rank - 1, E, "E"));
+  if (exec.device != Device::kCpu) return {};
   const int64_t B = rank == 2 ? tpe.shape[0] : 1;
   for (int64_t b = 0; b < B; ++b) {
     const int32_t* row = static_cast<const int32_t*>(tpe.data) + b * tpe.stride[0];
@@ -197,10 +247,11 @@ Status check_sequences(const char* op, const ConstTensorView& tpe, int64_t T,
 //   rows  [T, E] f32 | bf16: scores, or d_scores for a backward
 Status check_balance(const char* op, const char* rows_name, const ConstTensorView& rows,
                      const ConstTensorView& tpe, const LoadBalancingOptions& o, bool per_sequence,
-                     double* scale) {
+                     const Exec& exec, double* scale) {
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_logits(op, rows_name, rows));
   MOEKIT_RETURN_IF_ERROR(check_loss_options(op, o));
-  MOEKIT_RETURN_IF_ERROR(check_counts(op, tpe, per_sequence ? 2 : 1, rows.shape[1]));
+  MOEKIT_RETURN_IF_ERROR(check_counts(op, tpe, per_sequence ? 2 : 1, rows.shape[1], exec));
   int64_t B = 1;
   if (per_sequence) {
     MOEKIT_RETURN_IF_ERROR(check_sequences(op, tpe, rows.shape[0], o));
@@ -213,37 +264,43 @@ Status check_balance(const char* op, const char* rows_name, const ConstTensorVie
 
 // loss = scale * sum_t <scores[t], tokens_per_expert[sequence of t]>.
 Status balance_forward(const char* op, const ConstTensorView& scores, const ConstTensorView& tpe,
-                       const LoadBalancingOptions& o, float* loss, bool per_sequence) {
+                       const LoadBalancingOptions& o, float* loss, bool per_sequence,
+                       const Exec& exec) {
   double scale;
-  MOEKIT_RETURN_IF_ERROR(check_balance(op, "scores", scores, tpe, o, per_sequence, &scale));
+  MOEKIT_RETURN_IF_ERROR(check_balance(op, "scores", scores, tpe, o, per_sequence, exec, &scale));
   MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
   MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"loss", loss, sizeof *loss}},
                                                 {{"scores", scores}, {"tokens_per_expert", tpe}}));
-  *loss = static_cast<float>(scale * detail::balance_loss_sum(scores, tpe));
-  return {};
+  const detail::BalanceLossProblem p{scores, tpe, scale, loss, exec};
+  return run_implementation(op, kBalanceImpls, RouterImpl::kAuto, p);
 }
 
-// d_scores[t, e] = scale * d_loss * tokens_per_expert[sequence of t, e].
+// d_scores[t, e] = scale * d_loss * tokens_per_expert[sequence of t].
 Status balance_backward(const char* op, const ConstTensorView& tpe, const LoadBalancingOptions& o,
-                        float d_loss, const TensorView& d_scores, bool per_sequence) {
+                        float d_loss, const TensorView& d_scores, bool per_sequence,
+                        const Exec& exec) {
   double scale;
-  MOEKIT_RETURN_IF_ERROR(check_balance(op, "d_scores", d_scores, tpe, o, per_sequence, &scale));
+  MOEKIT_RETURN_IF_ERROR(
+      check_balance(op, "d_scores", d_scores, tpe, o, per_sequence, exec, &scale));
   MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
   MOEKIT_RETURN_IF_ERROR(
       detail::check_disjoint(op, {{"d_scores", d_scores}}, {{"tokens_per_expert", tpe}}));
-  detail::balance_loss_backward(tpe, static_cast<float>(scale * d_loss), d_scores);
-  return {};
+  if (d_scores.shape[0] == 0) return {};
+  const detail::BalanceBackwardProblem p{tpe, static_cast<float>(scale * d_loss), d_scores, exec};
+  return run_implementation(op, kBalanceBackwardImpls, RouterImpl::kAuto, p);
 }
 
 }  // namespace
 
-Status route(ConstTensorView logits, const RouteOptions& options, const RouteOutputs& out) {
+Status route(ConstTensorView logits, const RouteOptions& options, const RouteOutputs& out,
+             const Exec& exec) {
   const char* op = "route";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   const int64_t T = logits.shape[0], E = logits.shape[1];
   MOEKIT_RETURN_IF_ERROR(check_route_options(op, options, E));
   const int64_t k = options.k;
-  detail::RouteProblem p{logits, options, out};
+  detail::RouteProblem p{logits, options, out, exec};
   if (present(out.probs)) {
     MOEKIT_RETURN_IF_ERROR(check_matrix(op, "probs", out.probs, T, "T", E, "E"));
     MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "probs", out.probs.dtype, logits.dtype));
@@ -274,8 +331,9 @@ Status route(ConstTensorView logits, const RouteOptions& options, const RouteOut
 
 Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, ConstTensorView d_probs,
                       ConstTensorView d_topk_weights, const RouteOptions& options,
-                      TensorView d_logits) {
+                      TensorView d_logits, const Exec& exec) {
   const char* op = "route_backward";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   const int64_t T = logits.shape[0], E = logits.shape[1];
   MOEKIT_RETURN_IF_ERROR(check_route_options(op, options, E));
@@ -299,12 +357,14 @@ Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, Cons
                                                  {"d_topk_weights", d_topk_weights},
                                                  {"expert_bias", options.expert_bias}}));
   // A branch-free pass first (it vectorises); where it finds a bad index, the first is named.
+  // Host buffers only: on CUDA an index outside [0, E) adds no gradient.
   const auto index_row = [&](int64_t t) {
     return static_cast<const int32_t*>(topk_indices.data) + t * topk_indices.stride[0];
   };
+  const int64_t checked_rows = exec.device == Device::kCpu ? T : 0;
   bool any_bad = false;
 #pragma omp parallel for reduction(|| : any_bad) if (T * k >= (1 << 16))
-  for (int64_t t = 0; t < T; ++t) {
+  for (int64_t t = 0; t < checked_rows; ++t) {
     const int32_t* row = index_row(t);
     bool bad = false;
     for (int64_t i = 0; i < k; ++i) bad |= static_cast<uint32_t>(row[i]) >= E;
@@ -321,13 +381,15 @@ Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, Cons
     }
   }
   if (T == 0) return {};
-  detail::RouteBackwardProblem p{logits, topk_indices, d_probs, d_topk_weights, options, d_logits};
+  detail::RouteBackwardProblem p{logits,  topk_indices, d_probs, d_topk_weights,
+                                 options, d_logits,     exec};
   return run_implementation(op, kRouteBackwardImpls, options.impl, p);
 }
 
 Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, TensorView scores,
-                       TensorView routing_map, RouterImpl impl) {
+                       TensorView routing_map, RouterImpl impl, const Exec& exec) {
   const char* op = "aux_loss_scores";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   const int64_t T = logits.shape[0], E = logits.shape[1];
   MOEKIT_RETURN_IF_ERROR(check_score(op, score));
@@ -343,13 +405,14 @@ Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, Ten
   MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(
       op, {{"scores", scores}, {"routing_map", routing_map}}, {{"logits", logits}}));
   if (T == 0) return {};
-  detail::AuxScoresProblem p{logits, k, score, scores, routing_map};
+  detail::AuxScoresProblem p{logits, k, score, scores, routing_map, exec};
   return run_implementation(op, kAuxImpls, impl, p);
 }
 
 Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores, RouterScore score,
-                                TensorView d_logits, RouterImpl impl) {
+                                TensorView d_logits, RouterImpl impl, const Exec& exec) {
   const char* op = "aux_loss_scores_backward";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   const int64_t T = logits.shape[0], E = logits.shape[1];
   MOEKIT_RETURN_IF_ERROR(check_score(op, score));
@@ -360,12 +423,13 @@ Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores
   MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"d_logits", d_logits}},
                                                 {{"logits", logits}, {"d_scores", d_scores}}));
   if (T == 0) return {};
-  detail::AuxScoresBackwardProblem p{logits, d_scores, score, d_logits};
+  detail::AuxScoresBackwardProblem p{logits, d_scores, score, d_logits, exec};
   return run_implementation(op, kAuxBackwardImpls, impl, p);
 }
 
-Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts) {
+Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts, const Exec& exec) {
   const char* op = "count_tokens_per_expert";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "routing_map", routing_map, 2));
   MOEKIT_RETURN_IF_ERROR(check_dtype(op, "routing_map", routing_map.dtype, DType::kBool));
   const int64_t T = routing_map.shape[0], E = routing_map.shape[1];
@@ -384,60 +448,54 @@ Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts) {
   }
   MOEKIT_RETURN_IF_ERROR(
       detail::check_disjoint(op, {{"counts", counts}}, {{"routing_map", routing_map}}));
-  const int64_t rows_per_seq = T / B;
-  for (int64_t b = 0; b < B; ++b) {
-    int32_t* out =
-        static_cast<int32_t*>(counts.data) + (counts.rank == 2 ? b * counts.stride[0] : 0);
-    for (int64_t e = 0; e < E; ++e) out[e] = 0;
-    for (int64_t t = b * rows_per_seq; t < (b + 1) * rows_per_seq; ++t) {
-      const uint8_t* row =
-          static_cast<const uint8_t*>(routing_map.data) + t * routing_map.stride[0];
-      for (int64_t e = 0; e < E; ++e) out[e] += row[e] != 0;
-    }
-  }
-  return {};
+  if (E == 0) return {};
+  const detail::CountProblem p{routing_map, counts, exec};
+  return run_implementation(op, kCountImpls, RouterImpl::kAuto, p);
 }
 
 Status load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
-                           const LoadBalancingOptions& options, float* loss) {
-  return balance_forward("load_balancing_loss", scores, tokens_per_expert, options, loss, false);
+                           const LoadBalancingOptions& options, float* loss, const Exec& exec) {
+  return balance_forward("load_balancing_loss", scores, tokens_per_expert, options, loss, false,
+                         exec);
 }
 
 Status load_balancing_loss_backward(ConstTensorView tokens_per_expert,
                                     const LoadBalancingOptions& options, float d_loss,
-                                    TensorView d_scores) {
+                                    TensorView d_scores, const Exec& exec) {
   return balance_backward("load_balancing_loss_backward", tokens_per_expert, options, d_loss,
-                          d_scores, false);
+                          d_scores, false, exec);
 }
 
 Status seq_load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
-                               const LoadBalancingOptions& options, float* loss) {
-  return balance_forward("seq_load_balancing_loss", scores, tokens_per_expert, options, loss, true);
+                               const LoadBalancingOptions& options, float* loss, const Exec& exec) {
+  return balance_forward("seq_load_balancing_loss", scores, tokens_per_expert, options, loss, true,
+                         exec);
 }
 
 Status seq_load_balancing_loss_backward(ConstTensorView tokens_per_expert,
                                         const LoadBalancingOptions& options, float d_loss,
-                                        TensorView d_scores) {
+                                        TensorView d_scores, const Exec& exec) {
   return balance_backward("seq_load_balancing_loss_backward", tokens_per_expert, options, d_loss,
-                          d_scores, true);
+                          d_scores, true, exec);
 }
 
-Status z_loss(ConstTensorView logits, float coeff, float* loss) {
+Status z_loss(ConstTensorView logits, float coeff, float* loss, const Exec& exec) {
   const char* op = "z_loss";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   MOEKIT_RETURN_IF_ERROR(check_finite(op, "coeff", coeff));
   MOEKIT_RETURN_IF_ERROR(check_loss_ptr(op, loss));
   MOEKIT_RETURN_IF_ERROR(
       detail::check_disjoint(op, {{"loss", loss, sizeof *loss}}, {{"logits", logits}}));
   const int64_t T = logits.shape[0];
-  *loss = T == 0 || logits.shape[1] == 0
-              ? 0.0f
-              : static_cast<float>(coeff * detail::z_loss_sum(logits) / static_cast<double>(T));
-  return {};
+  const detail::ZLossProblem p{logits, T == 0 ? 0.0 : coeff / static_cast<double>(T), loss, exec};
+  return run_implementation(op, kZLossImpls, RouterImpl::kAuto, p);
 }
 
-Status z_loss_backward(ConstTensorView logits, float coeff, float d_loss, TensorView d_logits) {
+Status z_loss_backward(ConstTensorView logits, float coeff, float d_loss, TensorView d_logits,
+                       const Exec& exec) {
   const char* op = "z_loss_backward";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_logits(op, "logits", logits));
   MOEKIT_RETURN_IF_ERROR(check_finite(op, "coeff", coeff));
   MOEKIT_RETURN_IF_ERROR(check_finite(op, "d_loss", d_loss));
@@ -447,32 +505,35 @@ Status z_loss_backward(ConstTensorView logits, float coeff, float d_loss, Tensor
   MOEKIT_RETURN_IF_ERROR(
       detail::check_disjoint(op, {{"d_logits", d_logits}}, {{"logits", logits}}));
   if (T == 0 || E == 0) return {};
-  detail::z_loss_backward_rows(logits, static_cast<float>(2.0 * coeff * d_loss / T), d_logits);
-  return {};
+  const detail::ZLossBackwardProblem p{logits, static_cast<float>(2.0 * coeff * d_loss / T),
+                                       d_logits, exec};
+  return run_implementation(op, kZLossBackwardImpls, RouterImpl::kAuto, p);
 }
 
-Status update_expert_bias(ConstTensorView tokens_per_expert, float rate, TensorView expert_bias) {
+Status update_expert_bias(ConstTensorView tokens_per_expert, float rate, TensorView expert_bias,
+                          const Exec& exec) {
   const char* op = "update_expert_bias";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
   MOEKIT_RETURN_IF_ERROR(check_view(op, "expert_bias", expert_bias, 1));
   MOEKIT_RETURN_IF_ERROR(check_dtype(op, "expert_bias", expert_bias.dtype, DType::kF32));
   const int64_t E = expert_bias.shape[0];
-  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 1, E));
+  MOEKIT_RETURN_IF_ERROR(check_counts(op, tokens_per_expert, 1, E, exec));
   MOEKIT_RETURN_IF_ERROR(check_finite(op, "rate", rate));
   // expert_bias is updated in place; the counts are read beside it.
   MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"expert_bias", expert_bias}},
                                                 {{"tokens_per_expert", tokens_per_expert}}));
   if (E == 0) return {};
-  const auto* counts = static_cast<const int32_t*>(tokens_per_expert.data);
-  const int64_t cs = tokens_per_expert.stride[0];
-  double mean = 0.0;
-  for (int64_t e = 0; e < E; ++e) mean += counts[e * cs];
-  mean /= static_cast<double>(E);
-  auto* bias = static_cast<float*>(expert_bias.data);
-  for (int64_t e = 0; e < E; ++e) {
-    const double diff = mean - counts[e * cs];
-    bias[e * expert_bias.stride[0]] += rate * static_cast<float>((diff > 0) - (diff < 0));
-  }
-  return {};
+  const detail::BiasUpdateProblem p{tokens_per_expert, rate, expert_bias, exec};
+  return run_implementation(op, kBiasImpls, RouterImpl::kAuto, p);
+}
+
+size_t router_workspace_size(Device device, int64_t tokens, int64_t experts) {
+  if (device != Device::kCuda || tokens <= 0 || experts <= 0) return 0;
+#if MOEKIT_HAS_CUDA
+  return cu::router_workspace_bytes(tokens);
+#else
+  return 0;
+#endif
 }
 
 }  // namespace moekit

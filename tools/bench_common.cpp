@@ -35,24 +35,32 @@ std::string in_units(double bytes) {
 }
 }  // namespace
 
-Buffer::Buffer(size_t bytes) : bytes_(bytes) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-  if (rounded < bytes ||
-      static_cast<double>(g_held.load()) + static_cast<double>(rounded) > g_limit.load()) {
+void hold_bytes(size_t bytes) {
+  if (static_cast<double>(g_held.load()) + static_cast<double>(bytes) > g_limit.load()) {
     throw std::runtime_error(
         fmt::format("a buffer of {} beside the {} held would pass --mem-limit-gib {:.4g} (raise "
                     "it, or lower --tokens)",
                     in_units(static_cast<double>(bytes)), in_units(static_cast<double>(g_held)),
                     g_limit.load() / (1ull << 30)));
   }
+  g_held += bytes;
+}
+void release_bytes(size_t bytes) { g_held -= bytes; }
+
+Buffer::Buffer(size_t bytes) : bytes_(bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  if (rounded < bytes) hold_bytes(SIZE_MAX);  // refused, with the message
+  hold_bytes(rounded);
   p_ = std::unique_ptr<void, Free>(std::aligned_alloc(64, rounded), Free(rounded));
-  if (!p_) throw std::bad_alloc();
-  g_held += rounded;
+  if (!p_) {
+    release_bytes(rounded);
+    throw std::bad_alloc();
+  }
 }
 
 void Buffer::Free::operator()(void* p) const {
   std::free(p);
-  g_held -= bytes;
+  release_bytes(bytes);
 }
 
 namespace {

@@ -27,7 +27,8 @@ struct BenchOptions {
   bool json = false;
   int warmup = 3, reps = 15;
   uint64_t seed = 42;
-  double mem_limit_gib = 16;  // the most the bench's Buffers may hold at once
+  double mem_limit_gib = 16;   // the most the bench's Buffers may hold at once
+  std::string device = "cpu";  // where the bench runs, for those with --device (bench_device.h)
 };
 
 // Adds --preset, --tokens, --dtype, --json, --warmup, --reps, --seed and --mem-limit-gib to cmd,
@@ -65,6 +66,10 @@ class Buffer {
 
 // The limit Buffers share, in GiB (set from --mem-limit-gib when a bench's options are parsed).
 void set_memory_limit_gib(double gib);
+// Counts `bytes` of other memory (a device's) against that limit: a std::runtime_error naming it
+// when they would pass it; release_bytes gives them back.
+void hold_bytes(size_t bytes);
+void release_bytes(size_t bytes);
 
 // n values uniform in [-1, 1), rounded to bf16 so that f32 and bf16 runs see the same numbers.
 // Deterministic for a seed whatever the thread count.

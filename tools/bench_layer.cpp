@@ -1,6 +1,7 @@
 // moekit bench layer: times the MoE layer's forward and backward on a preset's real shapes, step
-// by step, beside dense oneDNN matmuls of its two grouped matmuls' shapes run in the same
-// process (the rate its 6*N*H*F forward and 12*N*H*F backward FLOPs are measured against).
+// by step, beside dense matmuls of its two grouped matmuls' shapes run in the same process (the
+// rate its 6*N*H*F forward and 12*N*H*F backward FLOPs are measured against): oneDNN on the CPU,
+// cuBLAS with --device cuda (bench_device.h).
 #include "bench_layer.h"
 
 #include <fmt/format.h>
@@ -11,8 +12,8 @@
 #include <numeric>
 
 #include "bench_common.h"
+#include "bench_device.h"
 #include "benches.h"
-#include "dense_matmul.h"
 #include "moekit/layer.h"
 #include "presets.h"
 
@@ -47,15 +48,15 @@ struct Result {
   }
 };
 
-// Runs one preset at T tokens; returns false (with the reason) when it does not fit.
-bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
+// Runs one preset at T tokens on dev; returns false (with the reason) when it does not fit.
+bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
              std::string& skipped) {
   std::vector<float> bias;
-  const MoeLayerConfig cfg = preset_config(p, o, bias);
+  MoeLayerConfig cfg = preset_config(p, o, bias);
   const size_t es = dtype_size(dt);
   const int64_t H = p.H, F = p.F, E = p.E, W = 2 * F, Fs = cfg.shared_ffn;
   const int64_t N = moe_layer_rows(cfg, T);
-  const MoeLayerWorkspace ws = moe_layer_workspace(cfg, T, dt);
+  const MoeLayerWorkspace ws = moe_layer_workspace(cfg, T, dt, dev.device());
   const double weights = static_cast<double>(H * E + E * H * W + E * F * H + H * 2 * Fs + Fs * H);
   const double bytes = 2 * weights * es + 4.0 * T * H * es + ws.saved_bytes + ws.forward_bytes +
                        ws.backward_bytes + static_cast<double>(N * (H + W + F + H) * es);
@@ -67,19 +68,24 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
     return false;
   }
 
-  Buffer x(T * H * es), out(T * H * es), d_out(T * H * es), d_x(T * H * es);
-  Buffer router(H * E * es), w_in(E * H * W * es), w_out(E * F * H * es);
-  Buffer shared_in(H * 2 * Fs * es), shared_out(Fs * H * es);
-  Buffer g_router(H * E * es), g_in(E * H * W * es), g_out(E * F * H * es);
-  Buffer g_shared_in(H * 2 * Fs * es), g_shared_out(Fs * H * es);
-  Buffer saved(ws.saved_bytes), fwd_scratch(ws.forward_bytes), bwd_scratch(ws.backward_bytes);
-  fill_uniform(x.data(), dt, T * H, o.seed + 1);
-  fill_uniform(d_out.data(), dt, T * H, o.seed + 2);
-  fill_uniform(router.data(), dt, H * E, o.seed + 3);
-  fill_uniform(w_in.data(), dt, E * H * W, o.seed + 4);
-  fill_uniform(w_out.data(), dt, E * F * H, o.seed + 5);
-  fill_uniform(shared_in.data(), dt, H * 2 * Fs, o.seed + 6);
-  fill_uniform(shared_out.data(), dt, Fs * H, o.seed + 7);
+  const Mem bias_mem = place_expert_bias(dev, cfg.route);
+  Mem x = dev.alloc(T * H * es), out = dev.alloc(T * H * es), d_out = dev.alloc(T * H * es),
+      d_x = dev.alloc(T * H * es);
+  Mem router = dev.alloc(H * E * es), w_in = dev.alloc(E * H * W * es),
+      w_out = dev.alloc(E * F * H * es);
+  Mem shared_in = dev.alloc(H * 2 * Fs * es), shared_out = dev.alloc(Fs * H * es);
+  Mem g_router = dev.alloc(H * E * es), g_in = dev.alloc(E * H * W * es),
+      g_out = dev.alloc(E * F * H * es);
+  Mem g_shared_in = dev.alloc(H * 2 * Fs * es), g_shared_out = dev.alloc(Fs * H * es);
+  Mem saved = dev.alloc(ws.saved_bytes), fwd_scratch = dev.alloc(ws.forward_bytes),
+      bwd_scratch = dev.alloc(ws.backward_bytes);
+  dev.fill(x.data(), dt, T * H, o.seed + 1);
+  dev.fill(d_out.data(), dt, T * H, o.seed + 2);
+  dev.fill(router.data(), dt, H * E, o.seed + 3);
+  dev.fill(w_in.data(), dt, E * H * W, o.seed + 4);
+  dev.fill(w_out.data(), dt, E * F * H, o.seed + 5);
+  dev.fill(shared_in.data(), dt, H * 2 * Fs, o.seed + 6);
+  dev.fill(shared_out.data(), dt, Fs * H, o.seed + 7);
 
   MoeLayerWeights wv{ConstTensorView(router.data(), dt, {H, E}),
                      ConstTensorView(w_in.data(), dt, {E, H, W}),
@@ -98,53 +104,63 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
     gv.shared_out = TensorView(g_shared_out.data(), dt, {Fs, H});
   }
   const ConstTensorView xv(x.data(), dt, {T, H});
-  Buffer tpe(E * 4);
-  float aux = 0;
-  const MoeLayerOutputs outs{TensorView(out.data(), dt, {T, H}), &aux, nullptr,
-                             TensorView(tpe.data(), DType::kI32, {E})};
+  Mem tpe = dev.alloc(E * 4), aux = dev.alloc(4);
+  const MoeLayerOutputs outs{TensorView(out.data(), dt, {T, H}), static_cast<float*>(aux.data()),
+                             nullptr, TensorView(tpe.data(), DType::kI32, {E})};
+  const Exec exec = dev.exec();
   std::vector<MoeLayerProfile> fwd_prof, bwd_prof, fwd_prof_inv, bwd_prof_inv;
   MoeLayerConfig cfg_inv = cfg;
   cfg_inv.batch_invariant = true;
-  // One pass with config c, its profile appended to `profiles`.
-  auto forward_with = [&](const MoeLayerConfig& c, std::vector<MoeLayerProfile>& profiles) {
+  // One pass with config c; with `profiles`, its profile appended there.
+  auto forward_with = [&](const MoeLayerConfig& c, std::vector<MoeLayerProfile>* profiles) {
     MoeLayerProfile prof;
-    check(moe_layer_forward(xv, wv, c, {static_cast<std::byte*>(saved.data()), saved.bytes()},
-                            {static_cast<std::byte*>(fwd_scratch.data()), fwd_scratch.bytes()},
-                            outs, &prof));
-    profiles.push_back(prof);
+    check(moe_layer_forward(xv, wv, c, {saved.bytes_data(), saved.bytes()},
+                            {fwd_scratch.bytes_data(), fwd_scratch.bytes()}, outs,
+                            profiles ? &prof : nullptr, exec));
+    if (profiles) profiles->push_back(prof);
   };
-  auto backward_with = [&](const MoeLayerConfig& c, std::vector<MoeLayerProfile>& profiles) {
+  auto backward_with = [&](const MoeLayerConfig& c, std::vector<MoeLayerProfile>* profiles) {
     MoeLayerProfile prof;
-    check(moe_layer_backward(xv, wv, c,
-                             {static_cast<const std::byte*>(saved.data()), saved.bytes()},
-                             ConstTensorView(d_out.data(), dt, {T, H}), 1.0f, 0.0f,
-                             {static_cast<std::byte*>(bwd_scratch.data()), bwd_scratch.bytes()},
-                             TensorView(d_x.data(), dt, {T, H}), gv, &prof));
-    profiles.push_back(prof);
+    check(moe_layer_backward(
+        xv, wv, c, {saved.bytes_data(), saved.bytes()}, ConstTensorView(d_out.data(), dt, {T, H}),
+        1.0f, 0.0f, {bwd_scratch.bytes_data(), bwd_scratch.bytes()},
+        TensorView(d_x.data(), dt, {T, H}), gv, profiles ? &prof : nullptr, exec));
+    if (profiles) profiles->push_back(prof);
   };
-  auto forward = [&] { forward_with(cfg, fwd_prof); };
-  auto backward = [&] { backward_with(cfg, bwd_prof); };
+  // The per-step profile in the timed runs where it costs nothing there (bench_device.h).
+  const bool profile_timed = dev.profile_in_timed_runs();
+  auto forward = [&] { forward_with(cfg, profile_timed ? &fwd_prof : nullptr); };
+  auto backward = [&] { backward_with(cfg, profile_timed ? &bwd_prof : nullptr); };
   forward();  // the routed rows, for the dense reference's shapes
-  const auto* sizes = static_cast<const int32_t*>(tpe.data());
-  const int64_t rows = std::accumulate(sizes, sizes + E, int64_t{0});
+  std::vector<int32_t> sizes(static_cast<size_t>(E));
+  dev.to_host(sizes.data(), tpe.data(), sizes.size() * sizeof(int32_t));
+  const int64_t rows = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
 
   // Dense references: [rows, H] @ [H, 2F] and [rows, F] @ [F, H], on buffers of their own.
-  Buffer a_up(std::max<int64_t>(rows, 1) * H * es), c_up(std::max<int64_t>(rows, 1) * W * es);
-  Buffer a_down(std::max<int64_t>(rows, 1) * F * es), c_down(std::max<int64_t>(rows, 1) * H * es);
-  fill_uniform(a_up.data(), dt, rows * H, o.seed + 8);
-  fill_uniform(a_down.data(), dt, rows * F, o.seed + 9);
-  DenseMatmul up(dt, dt, rows, H, W, {H, 1}, {W, 1}), down(dt, dt, rows, F, H, {F, 1}, {H, 1});
+  const int64_t dense_rows = std::max<int64_t>(rows, 1);
+  Mem a_up = dev.alloc(dense_rows * H * es), c_up = dev.alloc(dense_rows * W * es);
+  Mem a_down = dev.alloc(dense_rows * F * es), c_down = dev.alloc(dense_rows * H * es);
+  dev.fill(a_up.data(), dt, rows * H, o.seed + 8);
+  dev.fill(a_down.data(), dt, rows * F, o.seed + 9);
+  const std::unique_ptr<DenseRef> up = dev.dense(dt, dt, rows, H, W),
+                                  down = dev.dense(dt, dt, rows, F, H);
 
   fwd_prof.clear();
   // Each rep in order: a backward reads what the forward before it saved.
   std::vector<std::function<void()>> fns{
-      forward, backward, [&] { up.run(a_up.data(), w_in.data(), c_up.data()); },
-      [&] { down.run(a_down.data(), w_out.data(), c_down.data()); }};
+      forward, backward, [&] { up->run(a_up.data(), w_in.data(), c_up.data()); },
+      [&] { down->run(a_down.data(), w_out.data(), c_down.data()); }};
   if (o.invariant) {
-    fns.push_back([&] { forward_with(cfg_inv, fwd_prof_inv); });
-    fns.push_back([&] { backward_with(cfg_inv, bwd_prof_inv); });
+    fns.push_back([&] { forward_with(cfg_inv, &fwd_prof_inv); });
+    fns.push_back([&] { backward_with(cfg_inv, &bwd_prof_inv); });
   }
-  const std::vector<Timing> t = time_interleaved(o.warmup, o.reps, fns);
+  const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
+  if (!profile_timed) {  // the steps in runs of their own, as many
+    for (int i = 0; i < o.warmup + o.reps; ++i) {
+      forward_with(cfg, &fwd_prof);
+      backward_with(cfg, &bwd_prof);
+    }
+  }
   r.preset = p.name, r.tokens = T, r.rows = rows;
   r.fwd = t[0], r.bwd = t[1], r.dense_up = t[2], r.dense_down = t[3];
   if (o.invariant) r.fwd_inv = t[4], r.bwd_inv = t[5];
@@ -172,7 +188,7 @@ bool run_one(const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
   r.gmm_flops_fwd = up_flops + down_flops;
   r.dense_tflops = r.gmm_flops_fwd / ((r.dense_up.median_ms + r.dense_down.median_ms) * 1e9);
   r.dense_ms_fwd = r.dense_up.median_ms + r.dense_down.median_ms;
-  r.dense_impl = up.impl();
+  r.dense_impl = up->impl();
   return true;
 }
 
@@ -210,7 +226,7 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
              1e3 * r.tokens / r.fwd.median_ms,
              1e3 * r.tokens / (r.fwd.median_ms + r.bwd.median_ms));
   fmt::print(f,
-             "dense oneDNN ({}) on the two grouped matmuls' shapes: {:.3f} TFLOP/s; at that rate "
+             "dense {} on the two grouped matmuls' shapes: {:.3f} TFLOP/s; at that rate "
              "the grouped matmuls take {:.1f} ms fwd + {:.1f} ms bwd; the layer takes {:.1f} ms: "
              "{:.1f}% of dense\n",
              r.dense_impl, r.dense_tflops, r.dense_ms_fwd, 2 * r.dense_ms_fwd,
@@ -240,6 +256,7 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
                    {"pass", backward ? "bwd" : "fwd"},
                    {"preset", r.preset},
                    {"tokens", r.tokens},
+                   {"device", o.device},
                    {"rows", r.rows},
                    {"dtype", std::string(dtype_name(dt))},
                    {"capacity_factor", o.capacity_factor},
@@ -260,13 +277,18 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
 }
 
 int run(const Options& o) {
+  if (o.invariant && o.device != "cpu") {
+    throw CLI::ValidationError("--invariant", "the batch-invariant mode runs on the CPU only");
+  }
   if (o.ep > 0) {
     if (o.invariant) throw CLI::ValidationError("--invariant", "not with --ep (yet)");
+    if (o.device != "cpu") throw CLI::ValidationError("--ep", "the layer over ranks runs on CPUs");
     run_layer_ep(o);
     return 0;
   }
   const std::vector<const Preset*> todo = presets_of(o.preset);
   const DType dt = parse_dtype(o.dtype);
+  const std::unique_ptr<BenchDevice> dev = make_bench_device(o.device);
   std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
   fmt::print(text, "moekit bench layer  dtype={}  {}  SwiGLU, aux loss coeff {}, {}  {}  {}\n",
              dtype_name(dt),
@@ -275,7 +297,7 @@ int run(const Options& o) {
              o.aux_loss_coeff,
              "median of " + std::to_string(o.reps) + " runs after " + std::to_string(o.warmup) +
                  " warm-up, interleaved with dense",
-             machine_description(), today_iso());
+             dev->description(), today_iso());
 
   Progress progress(static_cast<int>(todo.size() * o.tokens.size()));
   std::vector<Result> results;
@@ -285,7 +307,7 @@ int run(const Options& o) {
       progress.step(fmt::format("{} T={}: forward, backward, dense (interleaved)", p->name, T));
       Result r;
       std::string why;
-      if (run_one(*p, T, o, dt, r, why)) {
+      if (run_one(*dev, *p, T, o, dt, r, why)) {
         results.push_back(r);
       } else {
         skipped.push_back(why);
@@ -351,7 +373,8 @@ std::vector<const Preset*> presets_of(const std::string& name) {
 void register_bench_layer(CLI::App& bench) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand(
-      "layer", "Time the MoE layer's forward and backward, step by step, against dense oneDNN");
+      "layer",
+      "Time the MoE layer's forward and backward, step by step, against dense oneDNN or cuBLAS");
   opts->preset = "qwen3-30b-a3b";
   opts->tokens = {4096};
   opts->dtype = "bf16";
@@ -359,6 +382,7 @@ void register_bench_layer(CLI::App& bench) {
   opts->reps = 3;
   add_bench_options(*cmd, *opts, "Activation and weight dtype: bf16 | f32",
                     "Skip a preset whose buffers would exceed this");
+  add_device_option(*cmd, opts->device);
   cmd->add_option("--capacity-factor", opts->capacity_factor,
                   "Drop tokens past this capacity factor (0: dropless)")
       ->check(CLI::NonNegativeNumber)

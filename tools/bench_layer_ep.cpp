@@ -320,6 +320,7 @@ nlohmann::json result_json(const EpResult& r, DType dt, const LayerOptions& o, E
           {"ranks", P},
           {"engine", rank.comm.engine()},
           {"tokens", r.tokens},
+          {"device", "cpu"},
           {"global_tokens", P * r.tokens},
           {"dtype", std::string(dtype_name(dt))},
           {"capacity_factor", o.capacity_factor},

@@ -16,8 +16,7 @@
 namespace moekit::tools {
 
 struct RaggedDotBenchOptions : BenchOptions {
-  std::string device = "cpu";  // cpu | cuda
-  std::string out_dtype;       // empty: the input dtype
+  std::string out_dtype;  // empty: the input dtype
   int shards = 1;
   int shard = -1;  // which shard's call to time; -1: the middle one
   double imbalance = 0.25;

@@ -29,6 +29,15 @@
 //   and with a shared expert hs [T, 2Fs | Fs], as [T, Fs].
 // Every call validates all of its arguments, with errors naming the argument and its value,
 // before it writes anything.
+//
+// On one rank the layer runs where its Exec says (moekit/exec.h): the CPU, or the current CUDA
+// device, where every tensor, the saved and scratch buffers (256-byte aligned there, sized by
+// moe_layer_workspace with Device::kCuda: they hold the ops' workspace too), the losses and
+// tokens_per_expert are device memory, config.route.expert_bias too. A CUDA pass is queued on the
+// stream and waits for nothing (the group sizes stay on the device; it can be captured in a CUDA
+// graph), except with a profile, whose per-step times wait for the stream around each step. The
+// router and shared-expert matmuls run on cuBLAS, the grouped ones on ragged_dot's kernels. Not
+// on CUDA: batch_invariant, more than 1024 experts, and the layer over P ranks (CPU ranks).
 #pragma once
 
 #include <array>
@@ -94,9 +103,11 @@ struct MoeLayerWeightGrads {
 };
 
 struct MoeLayerOutputs {
-  TensorView out;                // [T, H] x's dtype
-  float* aux_loss = nullptr;     // or null: the load-balancing loss (0 when its coeff is 0)
-  float* z_loss = nullptr;       // or null: the z-loss (0 when its coeff is 0)
+  TensorView out;  // [T, H] x's dtype
+  // Each or null: the load-balancing loss and the z-loss (0 when its coeff is 0), in the call's
+  // memory (device memory on CUDA).
+  float* aux_loss = nullptr;
+  float* z_loss = nullptr;
   TensorView tokens_per_expert;  // [E] i32, or absent: rows per expert, as permute made them
 };
 
@@ -106,9 +117,10 @@ struct MoeLayerWorkspace {
   size_t backward_bytes = 0;  // the backward's scratch
 };
 
-// The bytes the layer needs for T tokens in dtype `dtype`. All zero when the config is invalid
-// (the layer calls name the problem).
-MoeLayerWorkspace moe_layer_workspace(const MoeLayerConfig& config, int64_t tokens, DType dtype);
+// The bytes the layer needs for T tokens in dtype `dtype` on `device` (on CUDA, for the current
+// device). All zero when the config is invalid (the layer calls name the problem).
+MoeLayerWorkspace moe_layer_workspace(const MoeLayerConfig& config, int64_t tokens, DType dtype,
+                                      Device device = Device::kCpu);
 
 // Rows of the permuted buffer (N above) for T tokens; -1 when the config is invalid.
 int64_t moe_layer_rows(const MoeLayerConfig& config, int64_t tokens);
@@ -137,25 +149,27 @@ struct MoeLayerProfile {
 
 // Forward.
 //   x      [T, H] f32 | bf16
-//   saved  at least saved_bytes, 64-byte aligned: written here, read by the backward
-//   scratch at least forward_bytes, 64-byte aligned
+//   saved  at least saved_bytes, 64-byte aligned (256 on CUDA): written here, read by the
+//          backward
+//   scratch at least forward_bytes, aligned likewise
 // Inference needs saved too (it holds the intermediates); its contents may then be dropped.
 Status moe_layer_forward(ConstTensorView x, const MoeLayerWeights& weights,
                          const MoeLayerConfig& config, std::span<std::byte> saved,
                          std::span<std::byte> scratch, const MoeLayerOutputs& out,
-                         MoeLayerProfile* profile = nullptr);
+                         MoeLayerProfile* profile = nullptr, const Exec& exec = {});
 
 // Backward, from the saved activations of a forward with the same x, weights and config.
 //   d_out         [T, H] x's dtype: the output's cotangent
 //   d_aux_loss, d_z_loss: the losses' cotangents
-//   scratch       at least backward_bytes, 64-byte aligned
+//   scratch       at least backward_bytes, 64-byte aligned (256 on CUDA)
 //   d_x           [T, H] f32 | x's dtype
 //   grads         the weight gradients (overwritten)
 Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
                           const MoeLayerConfig& config, std::span<const std::byte> saved,
                           ConstTensorView d_out, float d_aux_loss, float d_z_loss,
                           std::span<std::byte> scratch, TensorView d_x,
-                          const MoeLayerWeightGrads& grads, MoeLayerProfile* profile = nullptr);
+                          const MoeLayerWeightGrads& grads, MoeLayerProfile* profile = nullptr,
+                          const Exec& exec = {});
 
 // ---------------------------------------------------------------------------------------------
 // The layer over P ranks (SPEC.md section 4): every rank its own T_p tokens (any number, 0

@@ -15,10 +15,28 @@
 //
 // Every call validates all of its arguments, including index values, before it writes
 // anything, and errors name the argument and its value. Row offsets are 64-bit throughout.
+//
+// Every call takes an execution context last (moekit/exec.h): on the CPU by default; with
+// Exec::device = kCuda every tensor is device memory and the call is queued on the stream without
+// waiting for the GPU. Shapes, dtypes and options are checked on the host as on the CPU; the
+// values only the device holds (indices, the row map, chunk sizes) are not, and the kernels clamp
+// them instead, never reading or writing out of bounds:
+//   permute: out.x must have permute_max_rows rows (the worst case: the host cannot count the
+//            routing), k from topk_indices or, with a routing map, options.k >= 1; an index
+//            outside [0, E) is a slot not routed (row -1, expert -1), and a slot whose row would
+//            fall past out.x (a map with more than k ones in a row) is dropped (row -1);
+//   unpermute, permute_backward: a row outside [0, N) counts as -1;
+//   unpermute_backward: a row named twice gets one of its slots' values;
+//   sort_chunks_by_index: a negative size counts as 0, chunks are clipped to the N rows, and an
+//            index outside [0, C) is an empty chunk.
+// permute and unpermute_backward need a workspace there (permute_workspace_size). The results
+// are the CPU's: the same rows in the same places, the same drops, and sums in the same order.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "moekit/exec.h"
 #include "moekit/status.h"
 #include "moekit/view.h"
 
@@ -30,8 +48,9 @@ enum class DropPolicy {
   kPosition,  // the earliest tokens (then the lower slot)
 };
 
-// kAuto takes the threaded implementation; kReference is the scalar one the tests compare with.
-enum class PermuteImpl { kAuto, kThreaded, kReference };
+// kAuto takes the first that takes the call: the CUDA kernels on CUDA buffers, the threaded
+// implementation on host buffers; kReference is the CPU's scalar one the tests compare with.
+enum class PermuteImpl { kAuto, kCuda, kThreaded, kReference };
 
 struct PermuteOptions {
   // Each expert's block of rows is padded with zero rows to a multiple of align_size, in
@@ -77,7 +96,7 @@ int64_t permute_max_rows(int64_t T, int64_t E, int32_t k, const PermuteOptions& 
 //   probs    [T, S] f32 | bf16, or absent
 // Error when out.x has fewer rows than the routing needs: never a write past the buffer.
 Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs,
-               const PermuteOptions& options, const PermuteOutputs& out);
+               const PermuteOptions& options, const PermuteOutputs& out, const Exec& exec = {});
 
 // Combine: out[t] = sum over s with row_map[0, t, s] >= 0 of w[t, s] * y_perm[row_map[0, t, s]],
 // summed in slot order in f32, w = merging_probs or 1. Padding rows are never read.
@@ -86,7 +105,7 @@ Status permute(ConstTensorView x, ConstTensorView routing, ConstTensorView probs
 //   merging_probs  [T, S] f32 | bf16, or absent
 //   out            [T, H] f32 | y_perm's dtype
 Status unpermute(ConstTensorView y_perm, ConstTensorView row_map, ConstTensorView merging_probs,
-                 TensorView out, PermuteImpl impl = PermuteImpl::kAuto);
+                 TensorView out, PermuteImpl impl = PermuteImpl::kAuto, const Exec& exec = {});
 
 // Gradient of permute: d_x[t] = sum of the rows of d_x_perm that hold token t (the k copies);
 // d_probs[t, s] = d_probs_perm[row_map[0, t, s]], 0 where not routed or dropped.
@@ -96,7 +115,7 @@ Status unpermute(ConstTensorView y_perm, ConstTensorView row_map, ConstTensorVie
 //   d_probs       [T, S] f32 | d_probs_perm's dtype, or absent
 Status permute_backward(ConstTensorView d_x_perm, ConstTensorView d_probs_perm,
                         ConstTensorView row_map, TensorView d_x, TensorView d_probs,
-                        PermuteImpl impl = PermuteImpl::kAuto);
+                        PermuteImpl impl = PermuteImpl::kAuto, const Exec& exec = {});
 
 // Gradient of unpermute: d_y_perm[row_map[0, t, s]] = w[t, s] * d_out[t], every other row 0;
 // d_merging_probs[t, s] = <y_perm[row_map[0, t, s]], d_out[t]>, 0 where not routed.
@@ -108,7 +127,8 @@ Status permute_backward(ConstTensorView d_x_perm, ConstTensorView d_probs_perm,
 // A row of d_y_perm named twice in row_map is an error (the map did not come from permute).
 Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTensorView row_map,
                           ConstTensorView merging_probs, TensorView d_y_perm,
-                          TensorView d_merging_probs, PermuteImpl impl = PermuteImpl::kAuto);
+                          TensorView d_merging_probs, PermuteImpl impl = PermuteImpl::kAuto,
+                          const Exec& exec = {});
 
 // Chunk reordering after an all-to-all: the first sum(split_sizes) rows of x form C chunks of
 // split_sizes[c] rows; out holds chunk sorted_index[0], then chunk sorted_index[1], ...; rows
@@ -121,6 +141,15 @@ Status unpermute_backward(ConstTensorView d_out, ConstTensorView y_perm, ConstTe
 Status sort_chunks_by_index(ConstTensorView x, ConstTensorView split_sizes,
                             ConstTensorView sorted_index, bool inverse, TensorView out,
                             ConstTensorView probs = {}, TensorView out_probs = {},
-                            PermuteImpl impl = PermuteImpl::kAuto);
+                            PermuteImpl impl = PermuteImpl::kAuto, const Exec& exec = {});
+
+// Bytes of workspace (Exec::workspace) any call of this file on `device` needs for T = tokens,
+// S = slots per token (k, or E with a routing map), E = experts (for sort_chunks_by_index, its C
+// chunks) and N = rows of the permuted buffer: on CUDA the sort of the slots by expert and the
+// block layout (permute), the rows' owners (unpermute_backward) and the chunks' offsets
+// (sort_chunks_by_index); 0 on the CPU. Negative sizes, or sizes past what a call accepts, give
+// SIZE_MAX, which no workspace satisfies.
+size_t permute_workspace_size(Device device, int64_t tokens, int64_t slots, int64_t experts,
+                              int64_t rows);
 
 }  // namespace moekit

@@ -8,11 +8,11 @@
 // j multiplies by rhs[j - group_offset]. Every other row (non-local groups, and rows at or past
 // sum(group_sizes)) is written as exactly 0 and never read, so NaN there cannot leak out.
 //
-// Where a call runs is where its buffers live, which RaggedDotExec::device says: the CPU (every
-// buffer in host memory), or the current CUDA device (every tensor and the group sizes in device
-// memory, and a workspace; the group offset a host value or a device pointer). A CUDA call never
-// synchronises with the host and launches the same kernels every time (it can be captured in a
-// CUDA graph).
+// Where a call runs is where its buffers live, which Exec::device says (moekit/exec.h): the CPU
+// (every buffer in host memory), or the current CUDA device (every tensor and the group sizes in
+// device memory, and a workspace; the group offset a host value or a device pointer). A CUDA call
+// never synchronises with the host and launches the same kernels every time (it can be captured in
+// a CUDA graph).
 //
 // Dtypes: lhs and rhs both f32 or both bf16 (on CUDA also both f16); out f32 or the input dtype.
 // Products accumulate in f32 whatever the storage type.
@@ -31,15 +31,11 @@
 #include <cstdint>
 #include <span>
 
+#include "moekit/exec.h"
 #include "moekit/status.h"
 #include "moekit/view.h"
 
-struct CUstream_st;  // cudaStream_t is CUstream_st*
-
 namespace moekit {
-
-// Where a call's buffers live, and so which backend runs it.
-enum class Device { kCpu, kCuda };
 
 // The groups: G sizes and the first local group. Built from anything that views as a span of
 // int32 (a span, a vector, an array) and an offset, so that a call reads
@@ -56,16 +52,6 @@ struct RaggedDotGroups {
   // CUDA only: [1] int32 in device memory holding the offset, read (and clamped) on the device
   // in place of `offset`; null: `offset`.
   const int32_t* device_offset = nullptr;
-};
-
-// Where and with what scratch a call runs. On CUDA the workspace is device memory of at least
-// ragged_dot_workspace_size(Device::kCuda, E_loc) bytes, 256-byte aligned, owned by the caller;
-// calls on one stream may share it. The CPU takes neither stream nor workspace.
-struct RaggedDotExec {
-  Device device = Device::kCpu;
-  CUstream_st* stream = nullptr;  // CUDA; null: the legacy default stream
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
 };
 
 // Which implementation runs. kAuto takes the first one in order of preference that takes the
@@ -99,8 +85,7 @@ struct RaggedDotOptions {
 //   out          [m, n]                                  f32 | lhs dtype
 // With offset 0 and E_loc = G this is jax.lax.ragged_dot(lhs, rhs, group_sizes).
 Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroups& groups,
-                  TensorView out, const RaggedDotOptions& options = {},
-                  const RaggedDotExec& exec = {});
+                  TensorView out, const RaggedDotOptions& options = {}, const Exec& exec = {});
 
 // Input gradient: d_lhs = ragged_dot(d_out, rhs^T) with the same groups and offset; 0 on
 // non-local rows (untouched with accumulate).
@@ -109,7 +94,7 @@ Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroup
 //   d_lhs        [m, K]                                  f32 | d_out dtype
 Status ragged_dot_dlhs(ConstTensorView d_out, ConstTensorView rhs, const RaggedDotGroups& groups,
                        TensorView d_lhs, const RaggedDotOptions& options = {},
-                       const RaggedDotExec& exec = {});
+                       const Exec& exec = {});
 
 // Weight gradient ("ragged contracting"): for each local group j,
 // d_rhs[j - offset] = lhs[rows of j]^T @ d_out[rows of j]; exactly 0 for an empty group.
@@ -118,10 +103,10 @@ Status ragged_dot_dlhs(ConstTensorView d_out, ConstTensorView rhs, const RaggedD
 //   d_rhs        [E_loc, K, n]  ([E_loc, n, K] if rhs_transposed)   f32 | lhs dtype
 Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out, const RaggedDotGroups& groups,
                        TensorView d_rhs, const RaggedDotOptions& options = {},
-                       const RaggedDotExec& exec = {});
+                       const Exec& exec = {});
 
-// Bytes of workspace any call on `device` with E_loc = num_local_groups needs (on CUDA, for the
-// current device; 0 on the CPU, or on CUDA in a build without it).
+// Bytes of workspace (Exec::workspace) any call on `device` with E_loc = num_local_groups needs (on
+// CUDA, for the current device; 0 on the CPU, or on CUDA in a build without it).
 size_t ragged_dot_workspace_size(Device device, int64_t num_local_groups);
 
 // 2 * (rows of the local groups) * K * n: the useful FLOPs of any of the three calls. Local
@@ -129,11 +114,5 @@ size_t ragged_dot_workspace_size(Device device, int64_t num_local_groups);
 // a count past int64.
 int64_t ragged_dot_flops(std::span<const int32_t> group_sizes, int32_t group_offset,
                          int64_t num_local_groups, int64_t K, int64_t n);
-
-// Whether this build has the CUDA backend (MOEKIT_CUDA=ON, or AUTO where nvcc and CUTLASS were
-// found; without it a CUDA call returns kUnimplemented), and how many devices it sees (0 when
-// none, or when built without CUDA). Never fail.
-bool cuda_built();
-int cuda_device_count();
 
 }  // namespace moekit

@@ -7,11 +7,22 @@
 //
 // Optional tensors: a default-constructed view (rank 0, no data) means "absent". route writes
 // only the outputs that are present; the backward passes sum the cotangents that are present.
+//
+// Every call takes an execution context last (moekit/exec.h): on the CPU by default; with
+// Exec::device = kCuda every tensor, the expert bias and each loss result are device memory, and
+// the call is queued on the stream without waiting for the GPU. What only the device holds is not
+// checked on the host: route_backward's topk_indices (an index outside [0, E) adds no gradient)
+// and the counts of the losses and of update_expert_bias (used as they are). The losses need a
+// workspace there (router_workspace_size). Results on the GPU equal the CPU's up to f32 rounding
+// (the same formulas; sums in another order); routing decisions are the same except where two
+// selection scores differ by a rounding.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
+#include "moekit/exec.h"
 #include "moekit/status.h"
 #include "moekit/view.h"
 
@@ -23,9 +34,10 @@ enum class RouterScore {
   kSqrtSoftplus,  // s = sqrt(softplus(x)) = sqrt(log(1 + exp(x)))
 };
 
-// Which implementation runs. kAuto takes the vectorised, threaded one; kReference is the scalar
-// reference the tests compare against.
-enum class RouterImpl { kAuto, kVectorized, kReference };
+// Which implementation runs. kAuto takes the first that takes the call: on CUDA buffers the CUDA
+// kernels (one warp per token; E <= 1024), on host buffers the vectorised, threaded one;
+// kReference is the CPU's scalar reference the tests compare against.
+enum class RouterImpl { kAuto, kCuda, kVectorized, kReference };
 
 struct RouteOptions {
   int32_t k = 1;  // experts per token, in [1, E]
@@ -43,7 +55,7 @@ struct RouteOptions {
   float scaling_factor = 1.0f;  // multiplies the final weights
   // [E] f32, sigmoid and sqrtsoftplus only; empty = no bias. Added to the scores to choose the
   // experts, never used as a weight, and not differentiated (update it with
-  // update_expert_bias).
+  // update_expert_bias). In the call's memory (device memory on CUDA).
   std::span<const float> expert_bias = {};
   RouterImpl impl = RouterImpl::kAuto;
 };
@@ -71,7 +83,8 @@ struct RouteOutputs {
 //
 // Difference from top_k-based implementations: topk_indices are ordered by the final weight, not
 // by the selection score; they differ only when an expert bias reorders the choice.
-Status route(ConstTensorView logits, const RouteOptions& options, const RouteOutputs& out);
+Status route(ConstTensorView logits, const RouteOptions& options, const RouteOutputs& out,
+             const Exec& exec = {});
 
 // Gradient of route's weights with respect to the logits.
 //   logits          [T, E] f32 | bf16, as given to route
@@ -83,7 +96,7 @@ Status route(ConstTensorView logits, const RouteOptions& options, const RouteOut
 // the softmax). The group choice and the bias are not differentiated.
 Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, ConstTensorView d_probs,
                       ConstTensorView d_topk_weights, const RouteOptions& options,
-                      TensorView d_logits);
+                      TensorView d_logits, const Exec& exec = {});
 
 // Scores for the auxiliary loss: dense, always normalised over all E. softmax: softmax(x);
 // sigmoid / sqrtsoftplus: s / (sum(s) + 1e-20) with s = act(x). Plus their own routing map: the
@@ -92,20 +105,23 @@ Status route_backward(ConstTensorView logits, ConstTensorView topk_indices, Cons
 //   scores       [T, E] f32, or absent
 //   routing_map  [T, E] bool, or absent
 Status aux_loss_scores(ConstTensorView logits, int32_t k, RouterScore score, TensorView scores,
-                       TensorView routing_map, RouterImpl impl = RouterImpl::kAuto);
+                       TensorView routing_map, RouterImpl impl = RouterImpl::kAuto,
+                       const Exec& exec = {});
 
 // Gradient of aux_loss_scores: every one of the E logits receives gradient.
 //   logits    [T, E] f32 | bf16
 //   d_scores  [T, E] f32 | bf16
 //   d_logits  [T, E] f32 | logits dtype
 Status aux_loss_scores_backward(ConstTensorView logits, ConstTensorView d_scores, RouterScore score,
-                                TensorView d_logits, RouterImpl impl = RouterImpl::kAuto);
+                                TensorView d_logits, RouterImpl impl = RouterImpl::kAuto,
+                                const Exec& exec = {});
 
 // Column sums of a routing map: how many tokens chose each expert.
 //   routing_map  [T, E] bool
 //   counts       [E] i32, or [B, E] i32: per sequence, token t in sequence t / (T / B)
 //                (tokens batch-major; T must be a multiple of B)
-Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts);
+Status count_tokens_per_expert(ConstTensorView routing_map, TensorView counts,
+                               const Exec& exec = {});
 
 struct LoadBalancingOptions {
   int32_t k = 1;             // experts per token
@@ -117,36 +133,45 @@ struct LoadBalancingOptions {
 //   loss = E * coeff / (k * T_total^2) * sum_e (sum_t scores[t, e]) * tokens_per_expert[e]
 //   scores             [T, E] f32 | bf16 (from aux_loss_scores)
 //   tokens_per_expert  [E] i32 (counts of the whole batch; no gradient)
-//   loss               one f32, written
+//   loss               one f32, written (device memory on CUDA)
 Status load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
-                           const LoadBalancingOptions& options, float* loss);
+                           const LoadBalancingOptions& options, float* loss, const Exec& exec = {});
 // d_scores[t, e] = E * coeff / (k * T_total^2) * tokens_per_expert[e] * d_loss
 //   d_scores  [T, E] f32 | bf16
 Status load_balancing_loss_backward(ConstTensorView tokens_per_expert,
                                     const LoadBalancingOptions& options, float d_loss,
-                                    TensorView d_scores);
+                                    TensorView d_scores, const Exec& exec = {});
 
 // Sequence-level variant: the same loss per sequence, T_total = S = T / B, averaged over the B
 // sequences. options.total_tokens must be 0 (each sequence is its own batch).
 //   scores             [T, E] f32 | bf16, tokens batch-major (sequence b holds rows b*S ..)
 //   tokens_per_expert  [B, E] i32, counts per sequence
 Status seq_load_balancing_loss(ConstTensorView scores, ConstTensorView tokens_per_expert,
-                               const LoadBalancingOptions& options, float* loss);
+                               const LoadBalancingOptions& options, float* loss,
+                               const Exec& exec = {});
 Status seq_load_balancing_loss_backward(ConstTensorView tokens_per_expert,
                                         const LoadBalancingOptions& options, float d_loss,
-                                        TensorView d_scores);
+                                        TensorView d_scores, const Exec& exec = {});
 
 // z-loss: coeff * mean_t(logsumexp(logits[t])^2); 0 when T = 0.
 //   logits  [T, E] f32 | bf16
-Status z_loss(ConstTensorView logits, float coeff, float* loss);
+//   loss    one f32, written (device memory on CUDA)
+Status z_loss(ConstTensorView logits, float coeff, float* loss, const Exec& exec = {});
 // d_logits[t] = coeff * 2 * logsumexp(logits[t]) * softmax(logits[t]) / T * d_loss
 //   d_logits  [T, E] f32 | logits dtype
-Status z_loss_backward(ConstTensorView logits, float coeff, float d_loss, TensorView d_logits);
+Status z_loss_backward(ConstTensorView logits, float coeff, float d_loss, TensorView d_logits,
+                       const Exec& exec = {});
 
 // Loss-free balancing (DeepSeek-V3): bias[e] += rate * sign(mean(tokens_per_expert) -
 // tokens_per_expert[e]); sign(0) = 0.
 //   tokens_per_expert  [E] i32
 //   expert_bias        [E] f32, updated in place
-Status update_expert_bias(ConstTensorView tokens_per_expert, float rate, TensorView expert_bias);
+Status update_expert_bias(ConstTensorView tokens_per_expert, float rate, TensorView expert_bias,
+                          const Exec& exec = {});
+
+// Bytes of workspace (Exec::workspace) any router call on `device` with at most `tokens` rows of
+// `experts` logits needs: on CUDA the losses' partial sums (the other calls need none); 0 on the
+// CPU, and for T = 0.
+size_t router_workspace_size(Device device, int64_t tokens, int64_t experts);
 
 }  // namespace moekit

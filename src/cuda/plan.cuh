@@ -12,19 +12,14 @@
 #include <string>
 
 #include "cuda/grouped_gemm_cuda.h"
+#include "cuda/launch.cuh"
 #include "cuda/plan_math.h"
 #include "moekit/status.h"
 
 namespace moekit::detail::cuda {
 
-inline constexpr size_t kWorkspaceAlign = 256;
-
 // Per-device caches (device_info, occupancy) hold this many devices; others query every call.
 inline constexpr int kMaxCachedDevices = 64;
-
-constexpr size_t align_up(size_t bytes, size_t a = kWorkspaceAlign) {
-  return (bytes + a - 1) / a * a;
-}
 
 // The plan in the workspace, first thing in it:
 //   bounds [2]      the local row range [local_begin, local_end), clipped to m
@@ -47,44 +42,14 @@ inline Plan plan_in(void* workspace, int64_t num_local) {
 }
 
 // Hands out the implementation's arrays, 256-byte aligned one after the other from
-// plan_bytes() on. Addresses are computed as integers, so a null workspace gives the offsets
-// (for sizing).
-class WorkspaceCursor {
+// plan_bytes() on (a null workspace gives the offsets, for sizing).
+class WorkspaceCursor : public Carve {
  public:
-  WorkspaceCursor(void* workspace, int64_t num_local)
-      : at_(reinterpret_cast<uintptr_t>(workspace) + plan_bytes(num_local)) {}
-  template <class T>
-  T* take(int64_t count) {
-    const uintptr_t at = at_;
-    at_ += align_up(sizeof(T) * static_cast<size_t>(count));
-    return reinterpret_cast<T*>(at);
-  }
-  uintptr_t position() const { return at_; }
-
- private:
-  uintptr_t at_;
+  WorkspaceCursor(void* workspace, int64_t num_local) : Carve(workspace, plan_bytes(num_local)) {}
 };
 
-// "op: CUDA error in what: message" for the last launch or call, ok when there was none.
-inline Status cuda_status(const char* op, const char* what, cudaError_t e) {
-  if (e == cudaSuccess) return {};
-  return Status::internal(op, std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
-}
-inline Status launch_status(const char* op, const char* what) {
-  return cuda_status(op, what, cudaGetLastError());
-}
-
-inline Status check_workspace(const char* op, const RaggedDotExec& exec, size_t need) {
-  if (exec.workspace_bytes < need || (need > 0 && exec.workspace == nullptr)) {
-    return Status::invalid_argument(
-        op, "exec.workspace_bytes", std::to_string(exec.workspace_bytes),
-        "smaller than ragged_dot_workspace_size(Device::kCuda, E_loc) = " + std::to_string(need));
-  }
-  if (reinterpret_cast<uintptr_t>(exec.workspace) % kWorkspaceAlign != 0) {
-    return Status::invalid_argument(op, "exec.workspace", "misaligned",
-                                    "must be 256-byte aligned (cudaMalloc gives that)");
-  }
-  return {};
+inline Status check_workspace(const char* op, const Exec& exec, size_t need) {
+  return check_workspace(op, exec, need, "ragged_dot_workspace_size(Device::kCuda, E_loc)");
 }
 
 inline constexpr int kPlanThreads = 256;

@@ -193,7 +193,7 @@ size_t portable_workspace_size(int64_t num_local) { return plan_bytes(num_local)
 
 Status row_grouped_portable(const RowGroupedGemm& g) {
   const Groups& groups = g.groups;
-  const RaggedDotExec& exec = g.exec;
+  const Exec& exec = g.exec;
   MOEKIT_RETURN_IF_ERROR(check_workspace(kOp, exec, portable_workspace_size(groups.num_local)));
   MOEKIT_RETURN_IF_ERROR(plan_and_zero(kOp, g, groups, exec.workspace, EmitNothing{}, exec.stream));
   if (g.m == 0 || g.n == 0 || groups.num_local == 0) return {};
@@ -209,7 +209,7 @@ Status row_grouped_portable(const RowGroupedGemm& g) {
 
 Status contraction_grouped_portable(const ContractionGroupedGemm& g) {
   const Groups& groups = g.groups;
-  const RaggedDotExec& exec = g.exec;
+  const Exec& exec = g.exec;
   MOEKIT_RETURN_IF_ERROR(check_workspace(kOp, exec, portable_workspace_size(groups.num_local)));
   MOEKIT_RETURN_IF_ERROR(plan_and_zero(kOp, g, groups, exec.workspace, EmitNothing{}, exec.stream));
   if (g.p == 0 || g.q == 0 || groups.num_local == 0) return {};

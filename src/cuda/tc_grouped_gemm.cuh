@@ -89,8 +89,8 @@ struct ContractionEmit {
 
 // Plan, zeros and the grouped GEMM of kernel K, with the emitter make_emit(arrays) builds.
 template <class K, class Problem, class MakeEmit>
-Status run(const Problem& g, const Groups& groups, const RaggedDotExec& exec,
-           const DeviceInfo& info, MakeEmit make_emit) {
+Status run(const Problem& g, const Groups& groups, const Exec& exec, const DeviceInfo& info,
+           MakeEmit make_emit) {
   MOEKIT_RETURN_IF_ERROR(check_workspace(K::kOp, exec, K::workspace_size(groups.num_local, info)));
   const typename K::Arrays w = K::arrays_in(exec.workspace, groups.num_local);
   MOEKIT_RETURN_IF_ERROR(
@@ -100,7 +100,7 @@ Status run(const Problem& g, const Groups& groups, const RaggedDotExec& exec,
 }
 
 template <template <class, class, class, class> class KernelT, class TIn, class TOut, class LayoutB>
-Status row_grouped_as(const RowGroupedGemm& g, const Groups& groups, const RaggedDotExec& exec,
+Status row_grouped_as(const RowGroupedGemm& g, const Groups& groups, const Exec& exec,
                       const DeviceInfo& info, int64_t ldb) {
   using K = KernelT<TIn, TOut, cutlass::layout::RowMajor, LayoutB>;
   return run<K>(g, groups, exec, info, [&](const typename K::Arrays& w) {
@@ -119,7 +119,7 @@ Status row_grouped_as(const RowGroupedGemm& g, const Groups& groups, const Ragge
 
 template <template <class, class, class, class> class KernelT, class TIn, class TOut>
 Status contraction_grouped_as(const ContractionGroupedGemm& g, const Groups& groups,
-                              const RaggedDotExec& exec, const DeviceInfo& info) {
+                              const Exec& exec, const DeviceInfo& info) {
   using K = KernelT<TIn, TOut, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   return run<K>(g, groups, exec, info, [&](const typename K::Arrays& w) {
     return ContractionEmit<K>{w,
@@ -138,7 +138,7 @@ Status contraction_grouped_as(const ContractionGroupedGemm& g, const Groups& gro
 // The entry points of one family and input dtype (CUTLASS's bfloat16_t or half_t); the output
 // dtype and the layout of rhs pick the kernel.
 template <template <class, class, class, class> class KernelT, class TIn>
-Status row_grouped(const RowGroupedGemm& g, const Groups& groups, const RaggedDotExec& exec,
+Status row_grouped(const RowGroupedGemm& g, const Groups& groups, const Exec& exec,
                    const DeviceInfo& info) {
   using cutlass::layout::ColumnMajor;
   using cutlass::layout::RowMajor;
@@ -155,8 +155,8 @@ Status row_grouped(const RowGroupedGemm& g, const Groups& groups, const RaggedDo
 }
 
 template <template <class, class, class, class> class KernelT, class TIn>
-Status contraction_grouped(const ContractionGroupedGemm& g, const Groups& groups,
-                           const RaggedDotExec& exec, const DeviceInfo& info) {
+Status contraction_grouped(const ContractionGroupedGemm& g, const Groups& groups, const Exec& exec,
+                           const DeviceInfo& info) {
   if (g.out_type == DType::kF32) {
     return contraction_grouped_as<KernelT, TIn, float>(g, groups, exec, info);
   }
@@ -179,11 +179,11 @@ size_t workspace_size(int64_t num_local, const DeviceInfo& info) {
 // Explicit instantiation (in the family's per-dtype file) and its extern declaration (in the
 // file of the family's entry points), so that each dtype compiles in a file of its own. Used
 // inside namespace moekit::detail::cuda::tc.
-#define MOEKIT_TC_TEMPLATES(prefix, KernelT, TIn)                                             \
-  prefix template Status row_grouped<KernelT, TIn>(const RowGroupedGemm&, const Groups&,      \
-                                                   const RaggedDotExec&, const DeviceInfo&);  \
-  prefix template Status contraction_grouped<KernelT, TIn>(                                   \
-      const ContractionGroupedGemm&, const Groups&, const RaggedDotExec&, const DeviceInfo&); \
+#define MOEKIT_TC_TEMPLATES(prefix, KernelT, TIn)                                        \
+  prefix template Status row_grouped<KernelT, TIn>(const RowGroupedGemm&, const Groups&, \
+                                                   const Exec&, const DeviceInfo&);      \
+  prefix template Status contraction_grouped<KernelT, TIn>(                              \
+      const ContractionGroupedGemm&, const Groups&, const Exec&, const DeviceInfo&);     \
   prefix template size_t workspace_size<KernelT, TIn>(int64_t, const DeviceInfo&);
 #define MOEKIT_TC_INSTANTIATE(KernelT, TIn) MOEKIT_TC_TEMPLATES(, KernelT, TIn)
 #define MOEKIT_TC_EXTERN(KernelT, TIn) MOEKIT_TC_TEMPLATES(extern, KernelT, TIn)
@@ -196,7 +196,7 @@ size_t workspace_size_any(int64_t num_local, const DeviceInfo& info) {
 }
 
 template <template <class, class, class, class> class KernelT>
-Status row_grouped_any(const RowGroupedGemm& g, const Groups& groups, const RaggedDotExec& exec,
+Status row_grouped_any(const RowGroupedGemm& g, const Groups& groups, const Exec& exec,
                        const DeviceInfo& info) {
   if (g.in_type == DType::kBF16) {
     return row_grouped<KernelT, cutlass::bfloat16_t>(g, groups, exec, info);
@@ -207,7 +207,7 @@ Status row_grouped_any(const RowGroupedGemm& g, const Groups& groups, const Ragg
 
 template <template <class, class, class, class> class KernelT>
 Status contraction_grouped_any(const ContractionGroupedGemm& g, const Groups& groups,
-                               const RaggedDotExec& exec, const DeviceInfo& info) {
+                               const Exec& exec, const DeviceInfo& info) {
   if (g.in_type == DType::kBF16) {
     return contraction_grouped<KernelT, cutlass::bfloat16_t>(g, groups, exec, info);
   }

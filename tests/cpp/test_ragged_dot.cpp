@@ -491,7 +491,7 @@ TEST(BatchInvariant, RefusedOnCudaBuffers) {
   std::vector<int32_t> sizes{2, 2};
   RaggedDotOptions opt;
   opt.batch_invariant = true;
-  RaggedDotExec exec;
+  Exec exec;
   exec.device = Device::kCuda;
   const Status st = ragged_dot(ConstTensorView(lhs.data(), DType::kF32, {4, 3}),
                                ConstTensorView(rhs.data(), DType::kF32, {2, 3, 5}), sizes,
@@ -601,7 +601,7 @@ TEST_F(BadInput, DeviceAndImplementationMustMatchTheBuffers) {
   const int32_t offset = 0;
   on_device.device_offset = &offset;  // a device offset with host buffers
   expect_error(ragged_dot(L(), R(), on_device, O()), "groups.device_offset");
-  RaggedDotExec bogus;
+  Exec bogus;
   bogus.device = static_cast<Device>(7);
   expect_error(ragged_dot(L(), R(), sizes, O(), {}, bogus), "exec.device");
   // A CUDA implementation named for host buffers says what it needs; nothing is written.

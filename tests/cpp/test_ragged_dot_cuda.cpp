@@ -23,7 +23,7 @@
 #include "moekit/ragged_dot.h"
 
 #if MOEKIT_HAS_CUDA
-#include <cuda_runtime_api.h>
+#include "device_tensor.h"
 #endif
 
 namespace moekit {
@@ -67,7 +67,7 @@ RaggedDotGroups device_groups(const int32_t* sizes, int64_t count, const int32_t
   return g;
 }
 
-RaggedDotExec on_device(CUstream_st* stream, void* workspace, size_t workspace_bytes) {
+Exec on_device(CUstream_st* stream, void* workspace, size_t workspace_bytes) {
   return {Device::kCuda, stream, workspace, workspace_bytes};
 }
 
@@ -77,17 +77,17 @@ RaggedDotOptions with_impl(RaggedDotOptions options, RaggedDotImpl impl) {
 }
 
 Status ragged_dot_on_device(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroups& g,
-                            TensorView out, const RaggedDotOptions& options,
-                            const RaggedDotExec& exec, RaggedDotImpl impl = RaggedDotImpl::kAuto) {
+                            TensorView out, const RaggedDotOptions& options, const Exec& exec,
+                            RaggedDotImpl impl = RaggedDotImpl::kAuto) {
   return ragged_dot(lhs, rhs, g, out, with_impl(options, impl), exec);
 }
 Status dlhs_on_device(ConstTensorView d_out, ConstTensorView rhs, const RaggedDotGroups& g,
-                      TensorView d_lhs, const RaggedDotOptions& options, const RaggedDotExec& exec,
+                      TensorView d_lhs, const RaggedDotOptions& options, const Exec& exec,
                       RaggedDotImpl impl = RaggedDotImpl::kAuto) {
   return ragged_dot_dlhs(d_out, rhs, g, d_lhs, with_impl(options, impl), exec);
 }
 Status drhs_on_device(ConstTensorView lhs, ConstTensorView d_out, const RaggedDotGroups& g,
-                      TensorView d_rhs, const RaggedDotOptions& options, const RaggedDotExec& exec,
+                      TensorView d_rhs, const RaggedDotOptions& options, const Exec& exec,
                       RaggedDotImpl impl = RaggedDotImpl::kAuto) {
   return ragged_dot_drhs(lhs, d_out, g, d_rhs, with_impl(options, impl), exec);
 }
@@ -99,7 +99,7 @@ TEST(CudaBadInput, ShapesDtypesAndGroupsAreCheckedOnTheHost) {
   int32_t fake_sizes[4] = {};
   const RaggedDotGroups groups = device_groups(fake_sizes, 4, nullptr, 1);
   RaggedDotOptions opt;
-  const RaggedDotExec exec = on_device(nullptr, nullptr, 0);
+  const Exec exec = on_device(nullptr, nullptr, 0);
 
   HostTensor bad_out(DType::kF32, {8, 23});
   Status s = ragged_dot_on_device(lhs.in(), rhs.in(), groups, bad_out.mut(), opt, exec);
@@ -153,45 +153,6 @@ TEST(CudaBadInput, BuiltWithoutCudaSaysSo) {
 #if MOEKIT_HAS_CUDA
 
 // --- On the GPU ---------------------------------------------------------------------------------
-
-// Skips the calling test unless a device is present.
-#define MOEKIT_REQUIRE_GPU()                                                                 \
-  do {                                                                                       \
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the GPU test is skipped"; \
-  } while (0)
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
-
-// A failed CUDA call fails the test (and says which call).
-void expect_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) ADD_FAILURE() << what << ": " << cudaGetErrorString(e);
-}
-
-// Device memory; a copy of a host tensor (same strides, padding included) or of plain values.
-struct DeviceTensor {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceTensor(size_t n) : bytes(std::max<size_t>(n, 1)) {
-    expect_cuda(cudaMalloc(&ptr, bytes), "cudaMalloc");
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-  ~DeviceTensor() { cudaFree(ptr); }
-  void upload(const void* src, size_t n) {
-    expect_cuda(cudaMemcpy(ptr, src, n, cudaMemcpyHostToDevice), "upload");
-  }
-  void upload(const HostTensor& h) { upload(h.bytes.data(), h.bytes.size()); }
-  void download(HostTensor& h) const {
-    expect_cuda(cudaMemcpy(h.bytes.data(), ptr, h.bytes.size(), cudaMemcpyDeviceToHost),
-                "download");
-  }
-  template <class View>
-  View view_as(HostTensor& h) const {
-    View v = h.view<View>();
-    v.data = ptr;
-    return v;
-  }
-};
 
 struct GpuCase {
   int64_t m, K, n;
@@ -320,7 +281,7 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
     }
     DeviceTensor dx(x.bytes.size()), dy(y.bytes.size()), dr(r.bytes.size());
     dx.upload(x), dy.upload(y), dr.upload(r);
-    run_on_device([&](const RaggedDotGroups& g, const RaggedDotExec& e) {
+    run_on_device([&](const RaggedDotGroups& g, const Exec& e) {
       return gpu(dx.view_as<ConstTensorView>(x), dy.view_as<ConstTensorView>(y), g,
                  dr.view_as<TensorView>(r), e);
     });
@@ -336,7 +297,7 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
         [&](auto lhs, auto rhs, auto out) {
           return ragged_dot(lhs, rhs, {clean.sizes, clean.offset}, out, ref_opt);
         },
-        [&](auto lhs, auto rhs, const RaggedDotGroups& g, auto out, const RaggedDotExec& e) {
+        [&](auto lhs, auto rhs, const RaggedDotGroups& g, auto out, const Exec& e) {
           return ragged_dot_on_device(lhs, rhs, g, out, opt, e, impl);
         },
         poison_nonlocal_rows);
@@ -362,7 +323,7 @@ TEST_P(RaggedDotCuda, InputGradient) {
       [&](auto d_out, auto rhs, auto d_lhs) {
         return ragged_dot_dlhs(d_out, rhs, {clean.sizes, clean.offset}, d_lhs, ref_opt);
       },
-      [&](auto d_out, auto rhs, const RaggedDotGroups& g, auto d_lhs, const RaggedDotExec& e) {
+      [&](auto d_out, auto rhs, const RaggedDotGroups& g, auto d_lhs, const Exec& e) {
         return dlhs_on_device(d_out, rhs, g, d_lhs, opt, e, impl);
       });
 }
@@ -375,7 +336,7 @@ TEST_P(RaggedDotCuda, WeightGradient) {
       [&](auto lhs, auto d_out, auto d_rhs) {
         return ragged_dot_drhs(lhs, d_out, {clean.sizes, clean.offset}, d_rhs, ref_opt);
       },
-      [&](auto lhs, auto d_out, const RaggedDotGroups& g, auto d_rhs, const RaggedDotExec& e) {
+      [&](auto lhs, auto d_out, const RaggedDotGroups& g, auto d_rhs, const Exec& e) {
         return drhs_on_device(lhs, d_out, g, d_rhs, opt, e, impl);
       });
 }
@@ -507,7 +468,7 @@ TEST(RaggedDotCudaGraph, ReplaysFollowTheDeviceSizes) {
     SCOPED_TRACE(impl_name(impl));
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    const RaggedDotExec exec = on_device(stream, ws.ptr, ws_bytes);
+    const Exec exec = on_device(stream, ws.ptr, ws_bytes);
     // Warm up outside the capture (first-call attribute queries, kernel attributes).
     std::vector<int32_t> first = random_sizes(rng, G, m);
     int32_t first_offset = 0;

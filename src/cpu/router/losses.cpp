@@ -1,5 +1,6 @@
 // The load-balancing and z-loss kernels: row loops split over the OpenMP threads, per-row
-// reductions in vector code, the per-row results summed in double.
+// reductions in vector code, the per-row results summed in double. And the two small ops beside
+// them: the counts of a routing map and the loss-free bias update.
 #include <cmath>
 #include <vector>
 
@@ -37,8 +38,7 @@ float logsumexp(const float* x, int64_t E, float* exps, float* shift, float* sum
   return *shift + std::log(*sum);
 }
 
-}  // namespace
-
+// sum_b sum_{t in b} <scores[t], tokens_per_expert[b]>
 double balance_loss_sum(const ConstTensorView& scores, const ConstTensorView& tpe) {
   const int64_t T = scores.shape[0], E = scores.shape[1];
   const int64_t B = tpe.rank == 2 ? tpe.shape[0] : 1;
@@ -57,10 +57,21 @@ double balance_loss_sum(const ConstTensorView& scores, const ConstTensorView& tp
   return total;
 }
 
-void balance_loss_backward(const ConstTensorView& tpe, float scale, const TensorView& d_scores) {
+}  // namespace
+
+Status balance_loss_cpu(const BalanceLossProblem& p) {
+  *p.loss = static_cast<float>(p.scale * balance_loss_sum(p.scores, p.tokens_per_expert));
+  return {};
+}
+
+// d_scores[t] = scale * tokens_per_expert[b(t)]
+Status balance_loss_backward_cpu(const BalanceBackwardProblem& p) {
+  const ConstTensorView& tpe = p.tokens_per_expert;
+  const TensorView& d_scores = p.d_scores;
+  const float scale = p.scale;
   const int64_t T = d_scores.shape[0], E = d_scores.shape[1];
   const int64_t B = tpe.rank == 2 ? tpe.shape[0] : 1;
-  if (T == 0) return;
+  if (T == 0) return {};
   const std::vector<float> rows = counts_as_float(tpe, scale);
   const int64_t rows_per_seq = T / B;
 #pragma omp parallel for schedule(static) if (T * E >= kMinElementsForThreads)
@@ -68,10 +79,16 @@ void balance_loss_backward(const ConstTensorView& tpe, float scale, const Tensor
     store_row_from_float(rows.data() + (t / rows_per_seq) * E, E, row_ptr(d_scores, t),
                          d_scores.dtype);
   }
+  return {};
 }
 
-double z_loss_sum(const ConstTensorView& logits) {
+Status z_loss_cpu(const ZLossProblem& p) {
+  const ConstTensorView& logits = p.logits;
   const int64_t T = logits.shape[0], E = logits.shape[1];
+  if (T == 0 || E == 0) {
+    *p.loss = 0.0f;
+    return {};
+  }
   double total = 0.0;
 #pragma omp parallel reduction(+ : total) if (T * E >= kMinElementsForThreads)
   {
@@ -83,10 +100,15 @@ double z_loss_sum(const ConstTensorView& logits) {
       total += lse * lse;
     }
   }
-  return total;
+  *p.loss = static_cast<float>(p.scale * total);
+  return {};
 }
 
-void z_loss_backward_rows(const ConstTensorView& logits, float scale, const TensorView& d_logits) {
+// d_logits[t] = scale * logsumexp(logits[t]) * softmax(logits[t])
+Status z_loss_backward_cpu(const ZLossBackwardProblem& p) {
+  const ConstTensorView& logits = p.logits;
+  const TensorView& d_logits = p.d_logits;
+  const float scale = p.scale;
   const int64_t T = logits.shape[0], E = logits.shape[1];
 #pragma omp parallel if (T * E >= kMinElementsForThreads)
   {
@@ -101,6 +123,40 @@ void z_loss_backward_rows(const ConstTensorView& logits, float scale, const Tens
       store_row_from_float(exps.data(), E, row_ptr(d_logits, t), d_logits.dtype);
     }
   }
+  return {};
+}
+
+Status count_tokens_cpu(const CountProblem& p) {
+  const ConstTensorView& map = p.routing_map;
+  const TensorView& counts = p.counts;
+  const int64_t T = map.shape[0], E = map.shape[1];
+  const int64_t B = counts.rank == 2 ? counts.shape[0] : 1;
+  const int64_t rows_per_seq = T / B;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t* out =
+        static_cast<int32_t*>(counts.data) + (counts.rank == 2 ? b * counts.stride[0] : 0);
+    for (int64_t e = 0; e < E; ++e) out[e] = 0;
+    for (int64_t t = b * rows_per_seq; t < (b + 1) * rows_per_seq; ++t) {
+      const auto* row = reinterpret_cast<const uint8_t*>(row_ptr(map, t));
+      for (int64_t e = 0; e < E; ++e) out[e] += row[e] != 0;
+    }
+  }
+  return {};
+}
+
+Status update_expert_bias_cpu(const BiasUpdateProblem& p) {
+  const int64_t E = p.expert_bias.shape[0];
+  const auto* counts = static_cast<const int32_t*>(p.tokens_per_expert.data);
+  const int64_t cs = p.tokens_per_expert.stride[0];
+  double mean = 0.0;
+  for (int64_t e = 0; e < E; ++e) mean += counts[e * cs];
+  mean /= static_cast<double>(E);
+  auto* bias = static_cast<float*>(p.expert_bias.data);
+  for (int64_t e = 0; e < E; ++e) {
+    const double diff = mean - counts[e * cs];
+    bias[e * p.expert_bias.stride[0]] += p.rate * static_cast<float>((diff > 0) - (diff < 0));
+  }
+  return {};
 }
 
 }  // namespace moekit::detail

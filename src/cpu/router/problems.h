@@ -1,12 +1,12 @@
-// Internal: the router problems after validation (src/router.cpp), and the CPU kernels that
-// solve them, one file per role in this directory:
+// Internal: the CPU kernels that solve the router problems (router_problem.h), one file per role
+// in this directory:
 //   reference.cpp     the scalar reference of every router op, read against SPEC.md section 2
 //   route.cpp         the fast route, its backward and the aux-loss scores: rows over threads
 //   token_blocks.cpp  the route forward for 16 tokens at a time, the tokens in the vector lanes
 //   row_ops.cpp       vector ops over one row: score maps and sums, top-k, output rows
 //   scores-inl.h      the score functions on one vector, shared by row_ops and token_blocks
 //   losses.cpp        the load-balancing and z losses
-// Absent optional tensors have data == nullptr here.
+// The problems themselves are router_problem.h's, shared with the CUDA implementation.
 #pragma once
 
 #include <cstddef>
@@ -14,41 +14,9 @@
 
 #include "cpu/stream.h"
 #include "moekit/router.h"
+#include "router_problem.h"
 
 namespace moekit::detail {
-
-// The 1e-20 that keeps a normalisation by a sum of sigmoid scores finite (SPEC section 2).
-inline constexpr float kNormEps = 1e-20f;
-
-struct RouteProblem {
-  ConstTensorView logits;  // [T, E]
-  RouteOptions options;    // validated; expert_bias empty or [E]
-  RouteOutputs out;        // absent outputs: data == nullptr
-};
-
-struct RouteBackwardProblem {
-  ConstTensorView logits;          // [T, E]
-  ConstTensorView topk_indices;    // [T, k] i32, every index in [0, E)
-  ConstTensorView d_probs;         // [T, E] or absent
-  ConstTensorView d_topk_weights;  // [T, k] or absent
-  RouteOptions options;
-  TensorView d_logits;  // [T, E]
-};
-
-struct AuxScoresProblem {
-  ConstTensorView logits;  // [T, E]
-  int32_t k;
-  RouterScore score;
-  TensorView scores;       // [T, E] f32 or absent
-  TensorView routing_map;  // [T, E] bool or absent
-};
-
-struct AuxScoresBackwardProblem {
-  ConstTensorView logits;    // [T, E]
-  ConstTensorView d_scores;  // [T, E]
-  RouterScore score;
-  TensorView d_logits;  // [T, E]
-};
 
 Status route_ref(const RouteProblem& p);
 // One row of route_ref: logits [E] (f32) to the k experts and their weights, in output order
@@ -88,18 +56,14 @@ uint32_t route_lanes(const RouteProblem& p, int64_t t0, int32_t rows, const floa
 // gradient. Rows past the caller's last are computed too (from whatever g and xc hold there).
 void route_backward_chosen(const RouteOptions& o, const float* g, const float* xc, float* dxc);
 
-// Loss kernels (losses.cpp), one implementation each: threaded row loops on the vector
-// math below. Arguments are validated; tokens_per_expert is [B, E] i32 (B = 1 for the batch
-// form), sequence b holding rows [b * T / B, (b + 1) * T / B).
-//   sum_b sum_{t in b} <scores[t], tokens_per_expert[b]>
-double balance_loss_sum(const ConstTensorView& scores, const ConstTensorView& tokens_per_expert);
-//   d_scores[t] = scale * tokens_per_expert[b(t)]
-void balance_loss_backward(const ConstTensorView& tokens_per_expert, float scale,
-                           const TensorView& d_scores);
-//   sum_t logsumexp(logits[t])^2
-double z_loss_sum(const ConstTensorView& logits);
-//   d_logits[t] = scale * logsumexp(logits[t]) * softmax(logits[t])
-void z_loss_backward_rows(const ConstTensorView& logits, float scale, const TensorView& d_logits);
+// The losses, the counts and the bias update on the CPU (losses.cpp), one implementation each:
+// threaded row loops on the vector math below, per-row results summed in double.
+Status balance_loss_cpu(const BalanceLossProblem& p);
+Status balance_loss_backward_cpu(const BalanceBackwardProblem& p);
+Status z_loss_cpu(const ZLossProblem& p);
+Status z_loss_backward_cpu(const ZLossBackwardProblem& p);
+Status count_tokens_cpu(const CountProblem& p);
+Status update_expert_bias_cpu(const BiasUpdateProblem& p);
 
 // Vector math over one row of n floats (row_ops.cpp, Highway, dispatched to the widest
 // instruction set the CPU has). `out` may alias `x`.

@@ -1,0 +1,92 @@
+// Where a bench runs (--device cpu | cuda): its memory, its clock and its references. The router,
+// permute and layer benches are written once over this; only what differs by device is here:
+//   cpu   host buffers, wall clock; references: a copy and a read of the same bytes split over
+//         all threads, a dense oneDNN matmul;
+//   cuda  device buffers, CUDA events on one stream; references: cudaMemcpyAsync of the same
+//         bytes (device to device), a dense cuBLAS matmul (bench_device_cuda.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "moekit/dtype.h"
+#include "moekit/exec.h"
+#include "moekit/router.h"
+
+namespace moekit::tools {
+
+// Memory of a device, freed with the last copy of its handle.
+class Mem {
+ public:
+  Mem() = default;
+  Mem(std::shared_ptr<void> owner, size_t bytes)
+      : data_(owner.get()), bytes_(bytes), owner_(std::move(owner)) {}
+  void* data() const { return data_; }
+  std::byte* bytes_data() const { return static_cast<std::byte*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::shared_ptr<void> owner_;
+};
+
+// A dense matmul C [M, N] = op(A) [M, K] @ op(B) [K, N], row-major, A stored [K, M] when
+// a_transposed and B stored [N, K] when b_transposed: the grouped matmuls' reference.
+class DenseRef {
+ public:
+  virtual ~DenseRef() = default;
+  virtual void run(const void* a, const void* b, void* c) = 0;
+  virtual const std::string& impl() const = 0;
+};
+
+class BenchDevice {
+ public:
+  virtual ~BenchDevice() = default;
+  virtual Device device() const = 0;
+  // The machine, for a table's heading: "AMD EPYC (2 cores, ...)", "NVIDIA H100 (132 SMs, ...)".
+  virtual std::string description() const = 0;
+  // `bytes` of this device's memory (at least 1), counted against --mem-limit-gib as Buffers are.
+  virtual Mem alloc(size_t bytes) = 0;
+  // n values of fill_uniform(seed) in dtype t, into this device's memory at dst.
+  virtual void fill(void* dst, DType t, int64_t n, uint64_t seed) = 0;
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;
+  virtual void to_host(void* host, const void* src, size_t bytes) = 0;
+  // The ops' execution context here, with `workspace` as their scratch.
+  virtual Exec exec(const Mem& workspace = {}) const = 0;
+  // Times fns run by run, alternating, after `warmup` rounds; the median and minimum of each.
+  virtual std::vector<Timing> time(int warmup, int reps,
+                                   const std::vector<std::function<void()>>& fns) = 0;
+  // The memory-bound references: a copy of `bytes` from src to dst; a read of `bytes` at src
+  // where the device has one (has_read).
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual bool has_read() const = 0;
+  virtual void read(const void* src, size_t bytes) = 0;
+  virtual std::string copy_description() const = 0;
+  virtual std::unique_ptr<DenseRef> dense(DType in, DType out, int64_t M, int64_t K, int64_t N,
+                                          bool a_transposed = false, bool b_transposed = false) = 0;
+  // Whether the layer's per-step profile may be taken in its timed runs: on the CPU it costs a
+  // clock read per step; on a GPU it waits for the stream around every step, so it is taken in
+  // runs of its own.
+  virtual bool profile_in_timed_runs() const = 0;
+};
+
+// "cpu" or "cuda" (a CLI::ValidationError naming --device otherwise; a std::runtime_error for
+// cuda without a device, or in a build without CUDA).
+std::unique_ptr<BenchDevice> make_bench_device(const std::string& name);
+std::unique_ptr<BenchDevice> make_cpu_bench_device();
+std::unique_ptr<BenchDevice> make_cuda_bench_device();  // bench_device_cuda.cpp (or its stub)
+
+// Adds --device (cpu | cuda) to cmd, bound to `device`.
+void add_device_option(CLI::App& cmd, std::string& device);
+
+// The expert bias of router options moved into dev's memory (held by the returned Mem), the
+// options pointing at it; nothing without a bias.
+Mem place_expert_bias(BenchDevice& dev, RouteOptions& ro);
+
+}  // namespace moekit::tools
