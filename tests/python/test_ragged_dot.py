@@ -391,7 +391,12 @@ def test_every_transformation_equals_the_dense_reference(offset):
             lambda a: f(a, b))(jnp.stack([lhs, lhs + 1]))))(rhs),
     }
     for name, check in checks.items():
-        np.testing.assert_allclose(check(mine), check(ref), err_msg=name, **tol)
+        want = check(ref)
+        # f32 sums in another order (oneDNN's, XLA's), relative to the largest value: a small
+        # element of a second derivative is a difference of large terms.
+        scale = max(1.0, float(jnp.abs(want).max()))
+        np.testing.assert_allclose(check(mine), want, err_msg=name, rtol=tol["rtol"],
+                                   atol=tol["atol"] * scale)
 
 
 def _in_fresh_process(devices, code):
@@ -487,14 +492,16 @@ for offset in (1, 3):
     np.testing.assert_array_equal(jax.jit(f, in_shardings=dp_tp)(*args), f(*args))
 # The batch-invariant mode is data-parallel invariant too: rows sharded over dp give each row
 # the bits of the one-device call, forward and input gradient (f32, K = 160, n = 136: sizes at
-# which the default mode's rows differ).
+# which the default mode's rows differ). Rows only: the mode promises nothing over a split of the
+# columns (on an AVX2 CPU oneDNN's column tiles round differently at another n).
 f_inv = lambda a, b, s, o: mj.ragged_dot(a, b, s, group_offset=o, batch_invariant=True)
 lhs32 = jnp.asarray(rng.standard_normal((14, 160)), jnp.float32)
 rhs32 = jnp.asarray(rng.standard_normal((2, 160, 136)), jnp.float32)
 sizes_inv = jnp.asarray([1, 0, 7, 4, 2], jnp.int32)  # group 2 split 6 | 1 over the row shards
 for offset in (0, 2):
     args = (lhs32, rhs32, sizes_inv, jnp.int32(offset))
-    np.testing.assert_array_equal(jax.jit(f_inv, in_shardings=dp_tp)(*args), f_inv(*args))
+    dp = (S("dp"), S(), S(), S())
+    np.testing.assert_array_equal(jax.jit(f_inv, in_shardings=dp)(*args), f_inv(*args))
     d_lhs = lambda a: jax.grad(lambda a: jnp.sum(f_inv(a, rhs32, sizes_inv, offset) ** 2))(a)
     np.testing.assert_array_equal(jax.jit(d_lhs, in_shardings=S("dp"))(lhs32), d_lhs(lhs32))
 try:
