@@ -34,8 +34,11 @@ python: deps
 	scripts/python-env $(VENV)
 	$(VENV)/bin/pip install -q --no-build-isolation .
 
+# The GPU tests of the other ops skip without a GPU; their comparisons also run CPU against CPU
+# (MOEKIT_GPU_TEST_ON_CPU=1), which checks the tests' own code and traces every CUDA branch.
 test-python: python
 	$(VENV)/bin/python -m pytest -q tests/python
+	MOEKIT_GPU_TEST_ON_CPU=1 $(VENV)/bin/python -m pytest -q tests/python/test_ops_gpu.py
 
 # What a new JAX user does, away from this checkout's .deps/, build dirs and .venv/: `pip install .`
 # from a `git archive` of HEAD into a fresh virtual environment, then a smoke test (CI runs it).

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ffi_common.h"
+#include "ffi_ops.h"
 #include "moekit/ep.h"
 #include "moekit/layer.h"
 #include "moekit/permute.h"
@@ -60,266 +61,96 @@ XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, cpu_binding());
 XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, cpu_binding());
 
 // ---------------------------------------------------------------------------------------------
-// Router. Options arrive as attributes, decoded into these structs (registered below, outside the
-// namespace); score is RouterScore's value.
+// The router, the permutation and the activation on the CPU: ffi_ops.h's bodies with the CPU's
+// Exec, the losses' cotangents and the activation's row count read from their buffers.
 
-struct RouteAttrs {
-  int32_t k, score;
-  bool pre_softmax;
-  int32_t num_groups, group_topk;
-  float scaling_factor;
-};
+constexpr Exec kCpu{};
 
-RouteOptions route_options(const RouteAttrs& a, std::span<const float> bias) {
-  RouteOptions o;
-  o.k = a.k;
-  o.score = static_cast<RouterScore>(a.score);
-  o.pre_softmax = a.pre_softmax;
-  o.num_groups = a.num_groups;
-  o.group_topk = a.group_topk;
-  o.scaling_factor = a.scaling_factor;
-  o.expert_bias = bias;
-  return o;
+ffi::Error route_fwd(AnyBuffer logits, F32 bias, Ret<AnyBuffer> probs, Ret<AnyBuffer> map,
+                     Ret<AnyBuffer> idx, Ret<AnyBuffer> weights, RouteAttrs a) {
+  return route_body(kCpu, logits, bias, *probs, *map, *idx, *weights, a);
+}
+ffi::Error route_bwd(AnyBuffer logits, AnyBuffer idx, AnyBuffer d_probs, AnyBuffer d_weights,
+                     Ret<AnyBuffer> d_logits, RouteAttrs a) {
+  return route_backward_body(kCpu, logits, idx, d_probs, d_weights, *d_logits, a);
+}
+ffi::Error aux_fwd(AnyBuffer logits, Ret<AnyBuffer> scores, Ret<AnyBuffer> map, AuxAttrs a) {
+  return aux_body(kCpu, logits, *scores, *map, a);
+}
+ffi::Error aux_bwd(AnyBuffer logits, AnyBuffer d_scores, Ret<AnyBuffer> d_logits, AuxAttrs a) {
+  return aux_backward_body(kCpu, logits, d_scores, *d_logits, a);
+}
+ffi::Error balance_fwd(AnyBuffer scores, AnyBuffer tpe, Ret<F32> loss, BalanceAttrs a) {
+  return balance_body(kCpu, scores, tpe, *loss, a);
+}
+ffi::Error balance_bwd(AnyBuffer tpe, F32 d_loss, Ret<AnyBuffer> d_scores, BalanceAttrs a) {
+  return balance_backward_body(kCpu, tpe, scalar_of(d_loss), *d_scores, a);
+}
+ffi::Error z_fwd(AnyBuffer logits, Ret<F32> loss, float coeff) {
+  return z_body(kCpu, logits, *loss, coeff);
+}
+ffi::Error z_bwd(AnyBuffer logits, F32 d_loss, Ret<AnyBuffer> d_logits, float coeff) {
+  return z_backward_body(kCpu, logits, scalar_of(d_loss), *d_logits, coeff);
+}
+ffi::Error permute_fwd(AnyBuffer x, AnyBuffer routing, AnyBuffer probs, Ret<AnyBuffer> x_perm,
+                       Ret<AnyBuffer> probs_perm, Ret<AnyBuffer> tpe, Ret<AnyBuffer> row_map,
+                       Ret<AnyBuffer> pad_offsets, PermuteAttrs a) {
+  return permute_body(kCpu, x, routing, probs, *x_perm, *probs_perm, *tpe, *row_map, *pad_offsets,
+                      a);
+}
+ffi::Error permute_bwd(AnyBuffer d_x_perm, AnyBuffer d_probs_perm, AnyBuffer row_map,
+                       Ret<AnyBuffer> d_x, Ret<AnyBuffer> d_probs, bool has_probs) {
+  return permute_backward_body(kCpu, d_x_perm, d_probs_perm, row_map, *d_x, *d_probs, has_probs);
+}
+ffi::Error unpermute_fwd(AnyBuffer y_perm, AnyBuffer row_map, AnyBuffer probs, Ret<AnyBuffer> out,
+                         bool has_probs) {
+  return unpermute_body(kCpu, y_perm, row_map, probs, *out, has_probs);
+}
+ffi::Error unpermute_bwd(AnyBuffer d_out, AnyBuffer y_perm, AnyBuffer row_map, AnyBuffer probs,
+                         Ret<AnyBuffer> d_y_perm, Ret<AnyBuffer> d_probs, bool has_probs) {
+  return unpermute_backward_body(kCpu, d_out, y_perm, row_map, probs, *d_y_perm, *d_probs,
+                                 has_probs);
+}
+ffi::Error sort_chunks(AnyBuffer x, AnyBuffer split_sizes, AnyBuffer sorted_index, AnyBuffer probs,
+                       Ret<AnyBuffer> out, Ret<AnyBuffer> out_probs, SortAttrs a) {
+  return sort_chunks_body(kCpu, x, split_sizes, sorted_index, probs, *out, *out_probs, a);
 }
 
-// probs [T, E], routing_map [T, E] bool, topk_indices [T, k] i32, topk_weights [T, k] =
-// route(logits [T, E]); expert_bias [E] f32 or [0] (none).
-ffi::Error route_fwd(ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> bias,
-                     ffi::Result<ffi::AnyBuffer> probs, ffi::Result<ffi::AnyBuffer> map,
-                     ffi::Result<ffi::AnyBuffer> idx, ffi::Result<ffi::AnyBuffer> weights,
-                     RouteAttrs a) {
-  ConstTensorView x;
-  RouteOutputs out;
-  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
-  MOEKIT_FFI_TRY(view_of(*probs, "probs", &out.probs));
-  MOEKIT_FFI_TRY(view_of(*map, "routing_map", &out.routing_map));
-  MOEKIT_FFI_TRY(view_of(*idx, "topk_indices", &out.topk_indices));
-  MOEKIT_FFI_TRY(view_of(*weights, "topk_weights", &out.topk_weights));
-  const std::span<const float> b(bias.typed_data(), bias.element_count());
-  return to_error(route(x, route_options(a, b), out));
+// The activation's row count: one int32 in [0, h.shape[0]] (h of rank 2).
+ffi::Error activation_rows(AnyBuffer h, ffi::Buffer<ffi::S32> rows, int64_t* n) {
+  if (h.dimensions().size() != 2)
+    return ffi::Error::InvalidArgument("activation: h must have rank 2");
+  if (rows.element_count() != 1) {
+    return ffi::Error::InvalidArgument("activation: rows must hold one value");
+  }
+  *n = rows.typed_data()[0];
+  if (*n < 0 || *n > h.dimensions()[0]) {
+    return ffi::Error::InvalidArgument(
+        "activation: rows = " + std::to_string(*n) +
+        ": must be in [0, h.shape[0] = " + std::to_string(h.dimensions()[0]) + "]");
+  }
+  return ffi::Error::Success();
 }
 
-// d_logits [T, E] from the cotangents of probs [T, E] and topk_weights [T, k].
-ffi::Error route_bwd(ffi::AnyBuffer logits, ffi::AnyBuffer idx, ffi::AnyBuffer d_probs,
-                     ffi::AnyBuffer d_weights, ffi::Result<ffi::AnyBuffer> d_logits, RouteAttrs a) {
-  ConstTensorView x, i, dp, dw;
-  TensorView dx;
-  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
-  MOEKIT_FFI_TRY(view_of(idx, "topk_indices", &i));
-  MOEKIT_FFI_TRY(view_of(d_probs, "d_probs", &dp));
-  MOEKIT_FFI_TRY(view_of(d_weights, "d_topk_weights", &dw));
-  MOEKIT_FFI_TRY(view_of(*d_logits, "d_logits", &dx));
-  return to_error(route_backward(x, i, dp, dw, route_options(a, {}), dx));
+// a [N, F] = act(h [N, 2F | F]) on rows < rows; the rest of a is 0, as the activation of
+// ragged_dot's zero rows past its groups would be.
+ffi::Error activation_fwd(AnyBuffer h, ffi::Buffer<ffi::S32> rows, Ret<AnyBuffer> a, int32_t kind) {
+  int64_t n = 0;
+  MOEKIT_FFI_TRY(activation_rows(h, rows, &n));
+  MOEKIT_FFI_TRY(activation_body(kCpu, h, n, *a, kind));
+  zero_rows_from(*a, n);
+  return ffi::Error::Success();
 }
 
-struct AuxAttrs {
-  int32_t k, score;
-};
-
-// scores [T, E] f32 and their routing_map [T, E] bool = aux_loss_scores(logits [T, E]).
-ffi::Error aux_fwd(ffi::AnyBuffer logits, ffi::Result<ffi::AnyBuffer> scores,
-                   ffi::Result<ffi::AnyBuffer> map, AuxAttrs a) {
-  ConstTensorView x;
-  TensorView q, m;
-  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
-  MOEKIT_FFI_TRY(view_of(*scores, "scores", &q));
-  MOEKIT_FFI_TRY(view_of(*map, "routing_map", &m));
-  return to_error(aux_loss_scores(x, a.k, static_cast<RouterScore>(a.score), q, m));
+// d_h [N, 2F | F] = d_a * act'(h) on rows < rows, 0 past them.
+ffi::Error activation_bwd(AnyBuffer h, AnyBuffer d_a, ffi::Buffer<ffi::S32> rows,
+                          Ret<AnyBuffer> d_h, int32_t kind) {
+  int64_t n = 0;
+  MOEKIT_FFI_TRY(activation_rows(h, rows, &n));
+  MOEKIT_FFI_TRY(activation_backward_body(kCpu, h, d_a, n, *d_h, kind));
+  zero_rows_from(*d_h, n);
+  return ffi::Error::Success();
 }
-
-ffi::Error aux_bwd(ffi::AnyBuffer logits, ffi::AnyBuffer d_scores,
-                   ffi::Result<ffi::AnyBuffer> d_logits, AuxAttrs a) {
-  ConstTensorView x, dq;
-  TensorView dx;
-  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
-  MOEKIT_FFI_TRY(view_of(d_scores, "d_scores", &dq));
-  MOEKIT_FFI_TRY(view_of(*d_logits, "d_logits", &dx));
-  return to_error(aux_loss_scores_backward(x, dq, static_cast<RouterScore>(a.score), dx));
-}
-
-struct BalanceAttrs {
-  int32_t k;
-  float coeff;
-  int64_t total_tokens;
-  bool per_sequence;  // tokens_per_expert [B, E]: the sequence-level loss
-};
-
-LoadBalancingOptions balance_options(const BalanceAttrs& a) {
-  LoadBalancingOptions o;
-  o.k = a.k;
-  o.coeff = a.coeff;
-  o.total_tokens = a.total_tokens;
-  return o;
-}
-
-// loss [] f32 = load_balancing_loss(scores [T, E], tokens_per_expert [E] | [B, E]).
-ffi::Error balance_fwd(ffi::AnyBuffer scores, ffi::AnyBuffer tpe,
-                       ffi::Result<ffi::Buffer<ffi::F32>> loss, BalanceAttrs a) {
-  ConstTensorView q, n;
-  MOEKIT_FFI_TRY(view_of(scores, "scores", &q));
-  MOEKIT_FFI_TRY(view_of(tpe, "tokens_per_expert", &n));
-  const auto fn = a.per_sequence ? seq_load_balancing_loss : load_balancing_loss;
-  return to_error(fn(q, n, balance_options(a), loss->typed_data()));
-}
-
-// d_scores [T, E] from the loss's cotangent d_loss [] f32.
-ffi::Error balance_bwd(ffi::AnyBuffer tpe, ffi::Buffer<ffi::F32> d_loss,
-                       ffi::Result<ffi::AnyBuffer> d_scores, BalanceAttrs a) {
-  ConstTensorView n;
-  TensorView dq;
-  MOEKIT_FFI_TRY(view_of(tpe, "tokens_per_expert", &n));
-  MOEKIT_FFI_TRY(view_of(*d_scores, "d_scores", &dq));
-  const auto fn = a.per_sequence ? seq_load_balancing_loss_backward : load_balancing_loss_backward;
-  return to_error(fn(n, balance_options(a), scalar_of(d_loss), dq));
-}
-
-// loss [] f32 = z_loss(logits [T, E]).
-ffi::Error z_fwd(ffi::AnyBuffer logits, ffi::Result<ffi::Buffer<ffi::F32>> loss, float coeff) {
-  ConstTensorView x;
-  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
-  return to_error(z_loss(x, coeff, loss->typed_data()));
-}
-
-ffi::Error z_bwd(ffi::AnyBuffer logits, ffi::Buffer<ffi::F32> d_loss,
-                 ffi::Result<ffi::AnyBuffer> d_logits, float coeff) {
-  ConstTensorView x;
-  TensorView dx;
-  MOEKIT_FFI_TRY(view_of(logits, "logits", &x));
-  MOEKIT_FFI_TRY(view_of(*d_logits, "d_logits", &dx));
-  return to_error(z_loss_backward(x, coeff, scalar_of(d_loss), dx));
-}
-
-// ---------------------------------------------------------------------------------------------
-// Permutation. Optional tensors arrive as placeholders with has_* = false.
-
-struct PermuteAttrs {
-  int64_t align_size;
-  double capacity_factor;
-  int32_t drop_policy;  // DropPolicy's value
-  bool pad_to_capacity;
-  int32_t k;
-  bool has_probs;
-};
-
-// x_perm [N_out, H], probs_perm [N_out], tokens_per_expert [E], row_map [2, T, S],
-// pad_offsets [E] = permute(x [T, H], routing [T, k] i32 | [T, E] bool, probs [T, S]).
-ffi::Error permute_fwd(ffi::AnyBuffer x, ffi::AnyBuffer routing, ffi::AnyBuffer probs,
-                       ffi::Result<ffi::AnyBuffer> x_perm, ffi::Result<ffi::AnyBuffer> probs_perm,
-                       ffi::Result<ffi::AnyBuffer> tpe, ffi::Result<ffi::AnyBuffer> row_map,
-                       ffi::Result<ffi::AnyBuffer> pad_offsets, PermuteAttrs a) {
-  ConstTensorView vx, vr, vp;
-  PermuteOutputs out;
-  MOEKIT_FFI_TRY(view_of(x, "x", &vx));
-  MOEKIT_FFI_TRY(view_of(routing, "routing", &vr));
-  MOEKIT_FFI_TRY(view_of(probs, "probs", &vp, a.has_probs));
-  MOEKIT_FFI_TRY(view_of(*x_perm, "x_perm", &out.x));
-  MOEKIT_FFI_TRY(view_of(*probs_perm, "probs_perm", &out.probs, a.has_probs));
-  MOEKIT_FFI_TRY(view_of(*tpe, "tokens_per_expert", &out.tokens_per_expert));
-  MOEKIT_FFI_TRY(view_of(*row_map, "row_map", &out.row_map));
-  MOEKIT_FFI_TRY(view_of(*pad_offsets, "pad_offsets", &out.pad_offsets));
-  PermuteOptions o;
-  o.align_size = a.align_size;
-  o.capacity_factor = a.capacity_factor;
-  o.drop_policy = static_cast<DropPolicy>(a.drop_policy);
-  o.pad_to_capacity = a.pad_to_capacity;
-  o.k = a.k;
-  return to_error(permute(vx, vr, vp, o, out));
-}
-
-// d_x [T, H] and d_probs [T, S] from d_x_perm [N_out, H] and d_probs_perm [N_out].
-ffi::Error permute_bwd(ffi::AnyBuffer d_x_perm, ffi::AnyBuffer d_probs_perm, ffi::AnyBuffer row_map,
-                       ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_probs,
-                       bool has_probs) {
-  ConstTensorView dxp, dpp, rm;
-  TensorView dx, dp;
-  MOEKIT_FFI_TRY(view_of(d_x_perm, "d_x_perm", &dxp));
-  MOEKIT_FFI_TRY(view_of(d_probs_perm, "d_probs_perm", &dpp, has_probs));
-  MOEKIT_FFI_TRY(view_of(row_map, "row_map", &rm));
-  MOEKIT_FFI_TRY(view_of(*d_x, "d_x", &dx));
-  MOEKIT_FFI_TRY(view_of(*d_probs, "d_probs", &dp, has_probs));
-  return to_error(permute_backward(dxp, dpp, rm, dx, dp));
-}
-
-// out [T, H] = unpermute(y_perm [N_out, H], row_map, merging_probs [T, S]).
-ffi::Error unpermute_fwd(ffi::AnyBuffer y_perm, ffi::AnyBuffer row_map, ffi::AnyBuffer probs,
-                         ffi::Result<ffi::AnyBuffer> out, bool has_probs) {
-  ConstTensorView y, rm, w;
-  TensorView o;
-  MOEKIT_FFI_TRY(view_of(y_perm, "y_perm", &y));
-  MOEKIT_FFI_TRY(view_of(row_map, "row_map", &rm));
-  MOEKIT_FFI_TRY(view_of(probs, "merging_probs", &w, has_probs));
-  MOEKIT_FFI_TRY(view_of(*out, "out", &o));
-  return to_error(unpermute(y, rm, w, o));
-}
-
-// d_y_perm [N_out, H] and d_merging_probs [T, S] from d_out [T, H].
-ffi::Error unpermute_bwd(ffi::AnyBuffer d_out, ffi::AnyBuffer y_perm, ffi::AnyBuffer row_map,
-                         ffi::AnyBuffer probs, ffi::Result<ffi::AnyBuffer> d_y_perm,
-                         ffi::Result<ffi::AnyBuffer> d_probs, bool has_probs) {
-  ConstTensorView g, y, rm, w;
-  TensorView dy, dw;
-  MOEKIT_FFI_TRY(view_of(d_out, "d_out", &g));
-  MOEKIT_FFI_TRY(view_of(y_perm, "y_perm", &y, has_probs));
-  MOEKIT_FFI_TRY(view_of(row_map, "row_map", &rm));
-  MOEKIT_FFI_TRY(view_of(probs, "merging_probs", &w, has_probs));
-  MOEKIT_FFI_TRY(view_of(*d_y_perm, "d_y_perm", &dy));
-  MOEKIT_FFI_TRY(view_of(*d_probs, "d_merging_probs", &dw, has_probs));
-  return to_error(unpermute_backward(g, y, rm, w, dy, dw));
-}
-
-struct SortAttrs {
-  bool inverse, has_probs;
-};
-
-// out [N, H] (and out_probs [N]) = x's chunks reordered by sorted_index.
-ffi::Error sort_chunks(ffi::AnyBuffer x, ffi::AnyBuffer split_sizes, ffi::AnyBuffer sorted_index,
-                       ffi::AnyBuffer probs, ffi::Result<ffi::AnyBuffer> out,
-                       ffi::Result<ffi::AnyBuffer> out_probs, SortAttrs a) {
-  ConstTensorView vx, vs, vi, vp;
-  TensorView o, op;
-  MOEKIT_FFI_TRY(view_of(x, "x", &vx));
-  MOEKIT_FFI_TRY(view_of(split_sizes, "split_sizes", &vs));
-  MOEKIT_FFI_TRY(view_of(sorted_index, "sorted_index", &vi));
-  MOEKIT_FFI_TRY(view_of(probs, "probs", &vp, a.has_probs));
-  MOEKIT_FFI_TRY(view_of(*out, "out", &o));
-  MOEKIT_FFI_TRY(view_of(*out_probs, "out_probs", &op, a.has_probs));
-  return to_error(sort_chunks_by_index(vx, vs, vi, a.inverse, o, vp, op));
-}
-
-}  // namespace
-}  // namespace moekit::python
-
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::RouteAttrs,
-                                      xla::ffi::StructMember<int32_t>("k"),
-                                      xla::ffi::StructMember<int32_t>("score"),
-                                      xla::ffi::StructMember<bool>("pre_softmax"),
-                                      xla::ffi::StructMember<int32_t>("num_groups"),
-                                      xla::ffi::StructMember<int32_t>("group_topk"),
-                                      xla::ffi::StructMember<float>("scaling_factor"));
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::AuxAttrs,
-                                      xla::ffi::StructMember<int32_t>("k"),
-                                      xla::ffi::StructMember<int32_t>("score"));
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::BalanceAttrs,
-                                      xla::ffi::StructMember<int32_t>("k"),
-                                      xla::ffi::StructMember<float>("coeff"),
-                                      xla::ffi::StructMember<int64_t>("total_tokens"),
-                                      xla::ffi::StructMember<bool>("per_sequence"));
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::PermuteAttrs,
-                                      xla::ffi::StructMember<int64_t>("align_size"),
-                                      xla::ffi::StructMember<double>("capacity_factor"),
-                                      xla::ffi::StructMember<int32_t>("drop_policy"),
-                                      xla::ffi::StructMember<bool>("pad_to_capacity"),
-                                      xla::ffi::StructMember<int32_t>("k"),
-                                      xla::ffi::StructMember<bool>("has_probs"));
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(moekit::python::SortAttrs,
-                                      xla::ffi::StructMember<bool>("inverse"),
-                                      xla::ffi::StructMember<bool>("has_probs"));
-
-namespace moekit::python {
-namespace {
-
-using ffi::AnyBuffer;
-using F32 = ffi::Buffer<ffi::F32>;
 
 // The layouts around an exchange of fixed-size blocks (moekit/ep.h): each takes one tensor and
 // the counts and writes the other tensor; `names` are the three's names in the errors.
@@ -351,73 +182,6 @@ ffi::Error ep_ungroup_fwd(ffi::AnyBuffer x_local, ffi::AnyBuffer rtpe,
                           ffi::Result<ffi::AnyBuffer> recv) {
   return call_layout(ep_ungroup, {"x_local", "recv_tokens_per_expert", "recv"}, x_local, rtpe,
                      *recv);
-}
-
-// The expert FFN's activation over the first `rows` rows of h (an int32 scalar): a buffer whose
-// static shape is a worst case holds its routed rows first (ragged_dot's groups). The rest of
-// the result is 0, as the activation of ragged_dot's zero rows would be.
-ffi::Error activation_args(ffi::AnyBuffer h, ffi::Buffer<ffi::S32> rows, int32_t kind,
-                           ConstTensorView* vh, int64_t* n, Activation* act) {
-  MOEKIT_FFI_TRY(view_of(h, "h", vh));
-  if (vh->rank != 2) return ffi::Error::InvalidArgument("activation: h must have rank 2");
-  if (rows.element_count() != 1) {
-    return ffi::Error::InvalidArgument("activation: rows must hold one value");
-  }
-  *n = rows.typed_data()[0];
-  if (*n < 0 || *n > vh->shape[0]) {
-    return ffi::Error::InvalidArgument(
-        "activation: rows = " + std::to_string(*n) +
-        ": must be in [0, h.shape[0] = " + std::to_string(vh->shape[0]) + "]");
-  }
-  if (kind < 0 || kind > static_cast<int32_t>(Activation::kRelu)) {
-    return ffi::Error::InvalidArgument("activation: kind = " + std::to_string(kind));
-  }
-  *act = static_cast<Activation>(kind);
-  vh->shape[0] = *n;
-  return ffi::Error::Success();
-}
-
-// A result or cotangent of the activation has h's rows (then it is cut to the computed ones).
-template <class View>
-ffi::Error cut_to_rows(const char* name, int64_t h_rows, int64_t n, View* v) {
-  if (v->rank < 1 || v->shape[0] != h_rows) {
-    return ffi::Error::InvalidArgument(std::string("activation: ") + name +
-                                       " must have h's rows, " + std::to_string(h_rows));
-  }
-  v->shape[0] = n;
-  return ffi::Error::Success();
-}
-
-// a [N, F] = act(h [N, 2F | F]) on rows < rows.
-ffi::Error activation_fwd(ffi::AnyBuffer h, ffi::Buffer<ffi::S32> rows,
-                          ffi::Result<ffi::AnyBuffer> a, int32_t kind) {
-  ConstTensorView vh;
-  TensorView va;
-  int64_t n = 0;
-  Activation act{};
-  MOEKIT_FFI_TRY(activation_args(h, rows, kind, &vh, &n, &act));
-  MOEKIT_FFI_TRY(view_of(*a, "a", &va));
-  MOEKIT_FFI_TRY(cut_to_rows("a", h.dimensions()[0], n, &va));
-  MOEKIT_FFI_TRY(to_error(activation(vh, act, va)));
-  zero_rows_from(*a, n);
-  return ffi::Error::Success();
-}
-
-// d_h [N, 2F | F] = d_a * act'(h) on rows < rows.
-ffi::Error activation_bwd(ffi::AnyBuffer h, ffi::AnyBuffer d_a, ffi::Buffer<ffi::S32> rows,
-                          ffi::Result<ffi::AnyBuffer> d_h, int32_t kind) {
-  ConstTensorView vh, vd;
-  TensorView vg;
-  int64_t n = 0;
-  Activation act{};
-  MOEKIT_FFI_TRY(activation_args(h, rows, kind, &vh, &n, &act));
-  MOEKIT_FFI_TRY(view_of(d_a, "d_a", &vd));
-  MOEKIT_FFI_TRY(view_of(*d_h, "d_h", &vg));
-  MOEKIT_FFI_TRY(cut_to_rows("d_a", h.dimensions()[0], n, &vd));
-  MOEKIT_FFI_TRY(cut_to_rows("d_h", h.dimensions()[0], n, &vg));
-  MOEKIT_FFI_TRY(to_error(activation_backward(vh, vd, act, vg)));
-  zero_rows_from(*d_h, n);
-  return ffi::Error::Success();
 }
 
 // x of a wider integer type (int64, uint32, uint64: jax_enable_x64's sizes, offsets and
@@ -455,29 +219,6 @@ ffi::Error to_int32(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::S32>> out,
     default:
       return ffi::Error::InvalidArgument(std::string(name) + ": expected int64, uint32 or uint64");
   }
-}
-
-// Binding b followed by kArgs buffer arguments, then kRets buffer results, of any element type
-// (the C++ calls check each dtype and name the argument). A Binding cannot be copied or moved
-// outside XLA's code, only extended, so the recursion ends on the last extension.
-template <size_t kArgs, size_t kRets, class Binding>
-auto buffers(Binding&& b) {
-  static_assert(kArgs + kRets > 0);
-  if constexpr (kArgs == 0) {
-    if constexpr (kRets == 1) {
-      return std::move(b).template Ret<AnyBuffer>();
-    } else {
-      return buffers<0, kRets - 1>(std::move(b).template Ret<AnyBuffer>());
-    }
-  } else if constexpr (kArgs + kRets == 1) {
-    return std::move(b).template Arg<AnyBuffer>();
-  } else {
-    return buffers<kArgs - 1, kRets>(std::move(b).template Arg<AnyBuffer>());
-  }
-}
-template <size_t kArgs, size_t kRets>
-auto buffers() {
-  return buffers<kArgs, kRets>(ffi::Ffi::Bind());
 }
 
 // The losses' values and their cotangents are f32 scalars. (Bindings are parenthesized: the
@@ -590,6 +331,28 @@ MOEKIT_FFI_EXPORT int64_t moekit_ffi_cuda_workspace_bytes(int64_t num_local) {
   if (num_local < 0 || !moekit::cuda_built()) return 0;
   return static_cast<int64_t>(moekit::ragged_dot_workspace_size(moekit::Device::kCuda, num_local) +
                               moekit::python::kCudaWorkspaceAlign - 1);
+}
+
+namespace {
+// A workspace size with the alignment slack of kCudaWorkspaceAlign; -1 for SIZE_MAX (sizes no
+// call accepts), 0 in a build without CUDA.
+int64_t cuda_workspace_result(size_t bytes) {
+  if (!moekit::cuda_built()) return 0;
+  if (bytes > static_cast<size_t>(INT64_MAX) - moekit::python::kCudaWorkspaceAlign) return -1;
+  return static_cast<int64_t>(bytes + moekit::python::kCudaWorkspaceAlign - 1);
+}
+}  // namespace
+
+// Bytes of the workspace result of a CUDA router handler (the losses) for T tokens of E experts.
+MOEKIT_FFI_EXPORT int64_t moekit_ffi_cuda_router_workspace_bytes(int64_t T, int64_t E) {
+  return cuda_workspace_result(moekit::router_workspace_size(moekit::Device::kCuda, T, E));
+}
+
+// Bytes of the workspace result of a CUDA permutation handler for T tokens, S slots per token,
+// E experts (C chunks for sort_chunks_by_index) and N rows of the permuted buffer.
+MOEKIT_FFI_EXPORT int64_t moekit_ffi_cuda_permute_workspace_bytes(int64_t T, int64_t S, int64_t E,
+                                                                  int64_t N) {
+  return cuda_workspace_result(moekit::permute_workspace_size(moekit::Device::kCuda, T, S, E, N));
 }
 
 // The rows permute needs at most for any routing: the static N_out of its outputs.

@@ -30,8 +30,8 @@ struct Target {
 std::span<const Target> cuda_targets();
 
 // The CUDA handlers take their workspace as a result buffer. XLA aligns buffers less than the
-// kernels need, so that result holds kCudaWorkspaceAlign - 1 bytes more than
-// ragged_dot_workspace_size(Device::kCuda, E_loc), and a handler starts at its first aligned byte.
+// kernels need, so that result holds kCudaWorkspaceAlign - 1 bytes more than the op's
+// *_workspace_size(Device::kCuda, ...), and a handler starts at its first aligned byte.
 inline constexpr size_t kCudaWorkspaceAlign = 256;
 
 inline ffi::Error to_error(const Status& s) {
@@ -137,7 +137,7 @@ inline void zero_rows_from(ffi::AnyBuffer b, int64_t from) {
 
 // The three calls of ragged_dot.h, as the handlers take them.
 using RaggedDotCall = Status (*)(ConstTensorView, ConstTensorView, const RaggedDotGroups&,
-                                 TensorView, const RaggedDotOptions&, const RaggedDotExec&);
+                                 TensorView, const RaggedDotOptions&, const Exec&);
 
 // One ragged_dot call from its XLA buffers: the float tensors a, b and the result (`names` name
 // them in the errors), group_sizes and group_offset, and the batch_invariant attribute. The CPU
@@ -145,7 +145,7 @@ using RaggedDotCall = Status (*)(ConstTensorView, ConstTensorView, const RaggedD
 inline ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], ffi::AnyBuffer a,
                               ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes,
                               ffi::Buffer<ffi::S32> offset, ffi::AnyBuffer result,
-                              bool batch_invariant, const RaggedDotExec& exec = {}) {
+                              bool batch_invariant, const Exec& exec = {}) {
   ConstTensorView va, vb;
   TensorView out;
   MOEKIT_FFI_TRY(view_of(a, names[0], &va));

@@ -9,6 +9,7 @@ import functools
 import os
 import pathlib
 import sys
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +34,10 @@ def _load(path):
     lib.moekit_ffi_cuda_built.restype = ctypes.c_bool
     lib.moekit_ffi_cuda_workspace_bytes.restype = ctypes.c_int64
     lib.moekit_ffi_cuda_workspace_bytes.argtypes = [ctypes.c_int64]
+    lib.moekit_ffi_cuda_router_workspace_bytes.restype = ctypes.c_int64
+    lib.moekit_ffi_cuda_router_workspace_bytes.argtypes = [ctypes.c_int64] * 2
+    lib.moekit_ffi_cuda_permute_workspace_bytes.restype = ctypes.c_int64
+    lib.moekit_ffi_cuda_permute_workspace_bytes.argtypes = [ctypes.c_int64] * 4
     lib.moekit_ffi_permute_max_rows.restype = ctypes.c_int64
     lib.moekit_ffi_permute_max_rows.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
                                                 ctypes.c_int64, ctypes.c_double, ctypes.c_bool]
@@ -75,7 +80,7 @@ if _version(jax.lib.__version__) < _version(BUILT_WITH_JAXLIB):
 def targets(table_fn=None):
     """[(name, platform, handler address)] of every handler in a library's table: its
     moekit_ffi_*targets function (default: libmoekit_jax.so's, the CPU handlers and, in a build
-    with CUDA, ragged_dot's CUDA ones)."""
+    with CUDA, the CUDA ones)."""
     table_fn = table_fn or _lib.moekit_ffi_targets
     table_fn.restype = ctypes.c_int64
     table_fn.argtypes = [ctypes.POINTER(ctypes.POINTER(_Target))]
@@ -97,7 +102,8 @@ register()
 
 
 def cuda_built():
-    """Whether this build of moekit has the CUDA handlers (ragged_dot on JAX's GPU platform)."""
+    """Whether this build of moekit has the CUDA handlers (every op of the layer on JAX's GPU
+    platform)."""
     return bool(_lib.moekit_ffi_cuda_built())
 
 
@@ -110,6 +116,28 @@ def cuda_workspace_bytes(num_local):
     return int(_lib.moekit_ffi_cuda_workspace_bytes(num_local))
 
 
+def _checked_bytes(fn, bytes_, sizes):
+    if bytes_ < 0:
+        raise ValueError(f"{fn}: sizes {sizes}: past what the CUDA kernels accept")
+    return bytes_
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_router_workspace_bytes(T, E):
+    """Bytes of the workspace result of a CUDA router loss call on T tokens of E experts."""
+    return _checked_bytes("router", int(_lib.moekit_ffi_cuda_router_workspace_bytes(T, E)),
+                          (T, E))
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_permute_workspace_bytes(T, S, E, N):
+    """Bytes of the workspace result of a CUDA permutation call: T tokens, S slots per token, E
+    experts (C chunks for sort_chunks_by_index), N rows of the permuted buffer."""
+    return _checked_bytes("permute",
+                          int(_lib.moekit_ffi_cuda_permute_workspace_bytes(T, S, E, N)),
+                          (T, S, E, N))
+
+
 def permute_max_rows(T, E, k, align_size, capacity_factor, pad_to_capacity):
     """The rows permute needs at most for any routing: the static N_out of its outputs."""
     return int(_lib.moekit_ffi_permute_max_rows(T, E, k, align_size, capacity_factor,
@@ -119,17 +147,62 @@ def permute_max_rows(T, E, k, align_size, capacity_factor, pad_to_capacity):
 FLOAT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))
 
 
-def call(name, results, *args, has_side_effect=False, **attrs):
+class Cuda(NamedTuple):
+    """How a handler's call differs on CUDA from the CPU's, for `call`'s cuda argument.
+
+    workspace: bytes of the workspace result the CUDA handler takes after its own results
+      (allocated by XLA beside them, so that the call allocates nothing and can be replayed in a
+      CUDA graph; dropped from what `call` returns); 0: none.
+    args: which of the call's arguments the CUDA handler takes (indices; None: all of them).
+    attrs: attributes added on CUDA (e.g. a cotangent the CPU handler reads from a buffer).
+    results: the CUDA handler's (shape, dtype) results, where they differ from the CPU's.
+    finish: f(results, args) -> the call's results, applied to the CUDA handler's (e.g. scaling
+      by a cotangent that the handler took as 1).
+    """
+    workspace: int = 0
+    args: Optional[tuple] = None
+    attrs: Optional[dict] = None
+    results: Any = None
+    finish: Optional[Callable] = None
+
+
+def call(name, results, *args, has_side_effect=False, cuda=None, **attrs):
     """One FFI call. `results` is one (shape, dtype) pair or a list of them (then a list comes
     back); attrs become the handler's attributes. Under vmap the batch runs as a loop of calls;
     inside shard_map the results vary over the axes the operands vary over. has_side_effect: XLA
-    must neither drop the call nor merge it with an equal one (a collective)."""
-    single = isinstance(results, tuple)
-    typed = _varying_type(args)
-    structs = [jax.ShapeDtypeStruct(s, d, **typed) for s, d in ([results] if single else results)]
-    out = jax.ffi.ffi_call(name, structs, vmap_method="sequential",
-                           has_side_effect=has_side_effect)(*args, **attrs)
-    return out[0] if single else list(out)
+    must neither drop the call nor merge it with an equal one (a collective).
+
+    cuda: None for a handler of the CPU only; a `Cuda` for one that CUDA has too, under the same
+    name. Then, in a build with CUDA, the call is `jax.lax.platform_dependent` on the CPU and
+    CUDA handlers: only the branch of the platform compiled for is lowered."""
+    def on(platform_results, platform_args, platform_attrs):
+        single = isinstance(platform_results, tuple)
+        typed = _varying_type(platform_args)
+        structs = [jax.ShapeDtypeStruct(s, d, **typed)
+                   for s, d in ([platform_results] if single else platform_results)]
+        out = jax.ffi.ffi_call(name, structs, vmap_method="sequential",
+                               has_side_effect=has_side_effect)(*platform_args, **platform_attrs)
+        return out[0] if single else list(out)
+
+    def on_cpu(*a):
+        return on(results, a, attrs)
+
+    if cuda is None or not cuda_built():
+        return on_cpu(*args)
+
+    def on_cuda(*a):
+        own = cuda.results if cuda.results is not None else results
+        single = isinstance(own, tuple)
+        own = [own] if single else list(own)
+        if cuda.workspace:
+            own.append(((cuda.workspace,), np.uint8))
+        handler_args = a if cuda.args is None else tuple(a[i] for i in cuda.args)
+        out = on(own, handler_args, {**attrs, **(cuda.attrs or {})})
+        out = out[:len(own) - (1 if cuda.workspace else 0)]
+        out = out[0] if single else out
+        return cuda.finish(out, a) if cuda.finish else out
+
+    return jax.lax.platform_dependent(*args, cuda=on_cuda, default=on_cpu)
 
 
 def _varying_type(args):

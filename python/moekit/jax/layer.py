@@ -50,7 +50,8 @@ def activation(h, kind="swiglu", *, rows=None):
     ``[N, F]``. rows: None (every row), or an int32 scalar, traced or not: only rows below it
     are computed and the rest of the result is 0 (for a buffer whose static shape is a worst
     case, such as ragged_dot's output past its groups, whose rows are 0 and map to 0). A rows
-    outside [0, N] raises when the result is computed.
+    outside [0, N] raises when the result is computed on the CPU; on a GPU, where the kernel
+    computes every row (the count is on the device), the rows from `rows` on are set to 0 after.
     """
     if kind not in _ACTIVATIONS:
         raise ValueError(f"activation: kind = {kind!r}: must be one of {sorted(_ACTIVATIONS)}")
@@ -60,26 +61,39 @@ def activation(h, kind="swiglu", *, rows=None):
     if _ACTIVATIONS[kind][0] and h.shape[-1] % 2:
         raise ValueError(f"activation: a gated activation needs [gate | up], an even width; "
                          f"got {h.shape[-1]}")
+    masked = rows is not None
     rows = jnp.asarray(h.shape[0] if rows is None else rows, jnp.int32).reshape(())
-    return _activation(h, rows, kind)
+    return _activation(h, rows, kind, not masked)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _activation(h, rows, kind):
+def _every_row(tensors, tail_zero):
+    """The CUDA activation handlers take the tensors (the first `tensors` arguments) and no row
+    count: they compute every row. Unless the rows past the count are known to map to 0
+    (tail_zero: h is 0 there, or every row counts), they are set to 0 after."""
+    def mask(out, args):
+        rows = args[-1]
+        return jnp.where(jnp.arange(out.shape[0])[:, None] < rows, out, jnp.zeros((), out.dtype))
+    return _ffi.Cuda(args=tuple(range(tensors)), finish=None if tail_zero else mask)
+
+
+# tail_zero: h's rows from `rows` on are 0 (ragged_dot's rows past its groups), as is the
+# cotangent there, so computing them gives the 0 the result must hold.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _activation(h, rows, kind, tail_zero):
     gated, code = _ACTIVATIONS[kind]
     width = h.shape[1] // 2 if gated else h.shape[1]
     return _ffi.call("moekit_activation_fwd", ((h.shape[0], width), h.dtype), h, rows,
-                     kind=np.int32(code))
+                     cuda=_every_row(1, tail_zero), kind=np.int32(code))
 
 
-def _activation_fwd(h, rows, kind):
-    return _activation(h, rows, kind), (h, rows)
+def _activation_fwd(h, rows, kind, tail_zero):
+    return _activation(h, rows, kind, tail_zero), (h, rows)
 
 
-def _activation_bwd(kind, res, ct):
+def _activation_bwd(kind, tail_zero, res, ct):
     h, rows = res
     d_h = _ffi.call("moekit_activation_bwd", (h.shape, h.dtype), h, ct.astype(h.dtype), rows,
-                    kind=np.int32(_ACTIVATIONS[kind][1]))
+                    cuda=_every_row(2, tail_zero), kind=np.int32(_ACTIVATIONS[kind][1]))
     return d_h, None
 
 
@@ -220,7 +234,8 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         sizes = exchange.local_tokens_per_expert  # [E_loc]
     # [rows, 2F | F]; 0 past the groups
     h = ragged_dot(rows, w_in, sizes, batch_invariant=batch_invariant)
-    a = activation(h, activation_kind, rows=jnp.sum(sizes))  # computes the groups' rows only
+    # The groups' rows only (on a GPU every row: those past the groups are 0 and map to 0).
+    a = _activation(h, jnp.sum(sizes).astype(jnp.int32), activation_kind, True)
     y = ragged_dot(a, w_out, sizes, batch_invariant=batch_invariant)  # [rows, H]
     if ep_axis is not None:
         y = combine(y, exchange, ep_axis)  # [N, H], back in p.x's order

@@ -35,7 +35,8 @@ def _permute(x, routing, probs, num_rows, num_experts, attrs):
     shapes = [((num_rows, H), x.dtype),
               ((num_rows,), probs.dtype) if has_probs else ((0,), jnp.float32),
               ((num_experts,), jnp.int32), ((2, T, S), jnp.int32), ((num_experts,), jnp.int32)]
-    out = _ffi.call("moekit_permute_fwd", shapes, x, routing, probs, **dict(attrs))
+    cuda = _ffi.Cuda(workspace=_ffi.cuda_permute_workspace_bytes(T, S, num_experts, num_rows))
+    out = _ffi.call("moekit_permute_fwd", shapes, x, routing, probs, cuda=cuda, **dict(attrs))
     return Permuted(out[0], out[1] if has_probs else None, out[2], out[3], out[4])
 
 
@@ -50,7 +51,7 @@ def _permute_bwd(num_rows, num_experts, attrs, residuals, ct):
     results = [(x.shape, x.dtype), (probs.shape, probs.dtype)]
     d_x, d_probs = _ffi.call("moekit_permute_bwd", results, ct.x.astype(x.dtype),
                              ct.probs if has_probs else _ffi.placeholder(), row_map,
-                             has_probs=np.bool_(has_probs))
+                             cuda=_ffi.Cuda(), has_probs=np.bool_(has_probs))
     d_x, d_probs = _ffi.match_vma((d_x, d_probs), (x, probs))
     return d_x, None, d_probs
 
@@ -155,7 +156,7 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
 def _unpermute(y, row_map, probs, has_probs):
     T = row_map.shape[1]
     return _ffi.call("moekit_unpermute_fwd", ((T, y.shape[1]), y.dtype), y, row_map, probs,
-                     has_probs=np.bool_(has_probs))
+                     cuda=_ffi.Cuda(), has_probs=np.bool_(has_probs))
 
 
 def _unpermute_fwd(y, row_map, probs, has_probs):
@@ -165,8 +166,10 @@ def _unpermute_fwd(y, row_map, probs, has_probs):
 def _unpermute_bwd(has_probs, residuals, d_out):
     y, row_map, probs = residuals
     results = [(y.shape, y.dtype), (probs.shape, jnp.float32)]
+    T, S = row_map.shape[1:]
+    cuda = _ffi.Cuda(workspace=_ffi.cuda_permute_workspace_bytes(T, S, 0, y.shape[0]))
     d_y, d_probs = _ffi.call("moekit_unpermute_bwd", results, d_out.astype(y.dtype),
-                             y if has_probs else _ffi.placeholder(), row_map, probs,
+                             y if has_probs else _ffi.placeholder(), row_map, probs, cuda=cuda,
                              has_probs=np.bool_(has_probs))
     d_y, d_probs = _ffi.match_vma((d_y, d_probs.astype(probs.dtype)), (y, probs))
     return d_y, None, d_probs
@@ -208,8 +211,11 @@ def unpermute(y, perm, merging_probs=None):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _sort(x, split_sizes, sorted_index, probs, inverse, has_probs):
     results = [(x.shape, x.dtype), (probs.shape, probs.dtype)]
+    cuda = _ffi.Cuda(workspace=_ffi.cuda_permute_workspace_bytes(0, 0, split_sizes.shape[0],
+                                                                 x.shape[0]))
     return tuple(_ffi.call("moekit_sort_chunks_by_index", results, x, split_sizes, sorted_index,
-                           probs, inverse=np.bool_(inverse), has_probs=np.bool_(has_probs)))
+                           probs, cuda=cuda, inverse=np.bool_(inverse),
+                           has_probs=np.bool_(has_probs)))
 
 
 def _sort_fwd(x, split_sizes, sorted_index, probs, inverse, has_probs):

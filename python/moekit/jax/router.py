@@ -41,7 +41,7 @@ def _route_outputs(logits, k):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _route(logits, bias, attrs):
     return Route(*_ffi.call("moekit_route_fwd", _route_outputs(logits, attrs[0][1]), logits, bias,
-                            **dict(attrs)))
+                            cuda=_ffi.Cuda(), **dict(attrs)))
 
 
 def _route_fwd(logits, bias, attrs):
@@ -52,7 +52,7 @@ def _route_fwd(logits, bias, attrs):
 def _route_bwd(attrs, residuals, ct):
     logits, bias, idx = residuals
     d_logits = _ffi.call("moekit_route_bwd", (logits.shape, logits.dtype), logits, idx,
-                         ct.probs, ct.topk_weights, **dict(attrs))
+                         ct.probs, ct.topk_weights, cuda=_ffi.Cuda(), **dict(attrs))
     # The bias chooses; it is not differentiated.
     return _ffi.match_vma((d_logits, jnp.zeros_like(bias)), (logits, bias))
 
@@ -128,7 +128,7 @@ def route(logits, k, *, score="softmax", pre_softmax=False, num_groups=None, gro
 def _aux(logits, attrs):
     T, E = logits.shape
     return tuple(_ffi.call("moekit_aux_scores_fwd", [((T, E), jnp.float32), ((T, E), jnp.bool_)],
-                           logits, **dict(attrs)))
+                           logits, cuda=_ffi.Cuda(), **dict(attrs)))
 
 
 def _aux_fwd(logits, attrs):
@@ -138,7 +138,7 @@ def _aux_fwd(logits, attrs):
 def _aux_bwd(attrs, logits, ct):
     d_scores, _ = ct
     d_logits = _ffi.call("moekit_aux_scores_bwd", (logits.shape, logits.dtype), logits, d_scores,
-                         **dict(attrs))
+                         cuda=_ffi.Cuda(), **dict(attrs))
     return _ffi.match_vma((d_logits,), (logits,))
 
 
@@ -168,10 +168,22 @@ def aux_loss_scores(logits, k, *, score="softmax"):
     return _aux(logits, (("k", np.int32(k)), ("score", np.int32(_score_code(fn, score)))))
 
 
+def _unit_cotangent(shape, dtype):
+    """A loss backward on CUDA, whose handler cannot read the cotangent d_loss (the second and
+    last argument) from device memory without waiting for the GPU: it takes the first argument
+    alone and d_loss = 1 as an attribute, and gives the gradient in float32, scaled here by the
+    traced cotangent and rounded once."""
+    def scale(d, args):
+        return (d * args[-1]).astype(dtype)
+    return _ffi.Cuda(args=(0,), attrs={"d_loss": np.float32(1)}, results=(shape, jnp.float32),
+                     finish=scale)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _balance(scores, tokens_per_expert, attrs):
+    cuda = _ffi.Cuda(workspace=_ffi.cuda_router_workspace_bytes(*scores.shape))
     return _ffi.call("moekit_load_balancing_loss_fwd", ((), jnp.float32), scores,
-                     tokens_per_expert, **dict(attrs))
+                     tokens_per_expert, cuda=cuda, **dict(attrs))
 
 
 def _balance_fwd(scores, tokens_per_expert, attrs):
@@ -181,7 +193,8 @@ def _balance_fwd(scores, tokens_per_expert, attrs):
 def _balance_bwd(attrs, residuals, d_loss):
     scores, tokens_per_expert = residuals
     d_scores = _ffi.call("moekit_load_balancing_loss_bwd", (scores.shape, scores.dtype),
-                         tokens_per_expert, d_loss.astype(jnp.float32), **dict(attrs))
+                         tokens_per_expert, d_loss.astype(jnp.float32),
+                         cuda=_unit_cotangent(scores.shape, scores.dtype), **dict(attrs))
     return _ffi.match_vma((d_scores,), (scores,)) + (None,)
 
 
@@ -226,7 +239,8 @@ def load_balancing_loss(scores, tokens_per_expert, *, k, coeff=1.0, total_tokens
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _z(logits, coeff):
-    return _ffi.call("moekit_z_loss_fwd", ((), jnp.float32), logits, coeff=coeff)
+    cuda = _ffi.Cuda(workspace=_ffi.cuda_router_workspace_bytes(*logits.shape))
+    return _ffi.call("moekit_z_loss_fwd", ((), jnp.float32), logits, cuda=cuda, coeff=coeff)
 
 
 def _z_fwd(logits, coeff):
@@ -235,7 +249,8 @@ def _z_fwd(logits, coeff):
 
 def _z_bwd(coeff, logits, d_loss):
     d_logits = _ffi.call("moekit_z_loss_bwd", (logits.shape, logits.dtype), logits,
-                         d_loss.astype(jnp.float32), coeff=coeff)
+                         d_loss.astype(jnp.float32),
+                         cuda=_unit_cotangent(logits.shape, logits.dtype), coeff=coeff)
     return _ffi.match_vma((d_logits,), (logits,))
 
 
