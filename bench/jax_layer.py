@@ -1,0 +1,290 @@
+"""Times moekit.jax.moe_layer on one device beside the C++ layer and beside the same layer
+written with jax.lax.ragged_dot and jnp, forward and forward + backward, on a preset's shapes.
+
+    .venv/bin/python bench/jax_layer.py --preset qwen3-30b-a3b --tokens 4096 [--dtype bf16] \
+        [--impls moekit,lax,cpp] [--rounds 3] [--reps 3] [--warmup 1] [--inner N] \
+        [--moekit build/moekit] [--json]
+
+It runs on JAX's default device: the CPU, or a GPU where jax has one (moekit's CUDA handlers;
+the C++ layer then runs with --device cuda).
+
+Implementations:
+  moekit  moekit.jax.moe_layer (route, permute, ragged_dot, activation, unpermute: moekit's
+          kernels through XLA FFI), the preset's routing and shared experts, SwiGLU, the
+          load-balancing loss (coefficient 0.01).
+  lax     the same layer in jax.lax.ragged_dot and jnp, as MaxText's sparse path writes it: top-k
+          routing in jnp, an argsort of the chosen experts as the permutation, a gather of the
+          rows, jax.lax.ragged_dot for both grouped matmuls, the inverse gather and a weighted
+          sum as the combine, the load-balancing loss from the routing's counts.
+  cpp     the C++ layer: `moekit bench layer --json` with the same preset, tokens, dtype and
+          loss, in a process of its own (its forward and backward, each its median of --reps).
+Forward + backward is jax.value_and_grad of sum(out * ct) + the loss, to x and every weight
+(the C++ layer: its forward plus its backward). Compilation is not timed. Each round runs every
+implementation in turn, --reps timed runs each after --warmup untimed ones, each run --inner
+calls issued back to back and waited for once (default 1 on the CPU, 10 on a GPU); the table
+gives the median over the rounds of each round's median, and the ratios to the C++ layer.
+XLA_PYTHON_CLIENT_PREALLOCATE=false unless set, so that the C++ process finds GPU memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+PRESETS = pathlib.Path(__file__).with_name("presets.json")
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def preset(name):
+    presets = json.loads(PRESETS.read_text())["presets"]
+    for p in presets:
+        if p["name"] == name:
+            return p
+    raise SystemExit(f"unknown --preset {name!r}; known: {', '.join(p['name'] for p in presets)}")
+
+
+def routing_kw(p):
+    kw = dict(k=p["k"], score=p["score"], pre_softmax=p["pre_softmax"])
+    if p.get("num_groups"):
+        kw.update(num_groups=p["num_groups"], group_topk=p["group_topk"])
+    kw["scaling_factor"] = p.get("scaling_factor", 1.0)
+    return kw
+
+
+def lax_layer(x, params, *, k, score, pre_softmax, num_groups=None, group_topk=None,
+              scaling_factor=1.0, expert_bias=None, aux_loss_coeff=0.0):
+    """The reference: the layer in jax.lax.ragged_dot and jnp (argsort permutation)."""
+    import jax
+    import jax.numpy as jnp
+    f32 = jnp.float32
+    T, H = x.shape
+    E = params.router.shape[1]
+    logits = jnp.dot(x, params.router, preferred_element_type=f32)  # [T, E]
+    if score == "softmax":
+        probs = jax.nn.softmax(logits, axis=-1)
+        if pre_softmax:
+            weights, idx = jax.lax.top_k(probs, k)
+        else:
+            top, idx = jax.lax.top_k(logits, k)
+            weights = jax.nn.softmax(top, axis=-1)
+    else:
+        s = jax.nn.sigmoid(logits) if score == "sigmoid" else jnp.sqrt(jax.nn.softplus(logits))
+        sel = s if expert_bias is None else s + expert_bias
+        if num_groups:
+            grouped = sel.reshape(T, num_groups, E // num_groups)
+            group_score = jnp.sum(jax.lax.top_k(grouped, k // group_topk)[0], axis=-1)
+            _, keep = jax.lax.top_k(group_score, group_topk)
+            mask = jnp.zeros((T, num_groups), bool).at[jnp.arange(T)[:, None], keep].set(True)
+            sel = jnp.where(jnp.repeat(mask, E // num_groups, axis=1), sel, -jnp.inf)
+        _, idx = jax.lax.top_k(sel, k)
+        weights = jnp.take_along_axis(s, idx, axis=1)
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+        probs = s / (jnp.sum(s, axis=-1, keepdims=True) + 1e-20)
+    weights = weights * scaling_factor
+    flat = idx.reshape(-1)  # [T * k]
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
+    rows = x[order // k]  # [T * k, H], expert-major
+    h = jax.lax.ragged_dot(rows, params.w_in, sizes)
+    gate, up = jnp.split(h.astype(f32), 2, axis=-1)
+    a = (jax.nn.silu(gate) * up).astype(x.dtype)
+    y = jax.lax.ragged_dot(a, params.w_out, sizes)  # [T * k, H]
+    y = y[jnp.argsort(order)].reshape(T, k, H)
+    out = jnp.einsum("tkh,tk->th", y.astype(f32), weights).astype(x.dtype)
+    if params.shared_in is not None:
+        hs = jnp.dot(x, params.shared_in, preferred_element_type=f32)
+        g, u = jnp.split(hs, 2, axis=-1)
+        a_s = (jax.nn.silu(g) * u).astype(x.dtype)
+        out = out + jnp.dot(a_s, params.shared_out, preferred_element_type=f32).astype(x.dtype)
+    aux = aux_loss_coeff * E / (k * T * T) * jnp.sum(jnp.sum(probs, axis=0) * sizes)
+    return out, aux
+
+
+def setup(args):
+    import jax
+    import jax.numpy as jnp
+    import moekit.jax as mj
+
+    p = preset(args.preset)
+    H, F, E, T = p["H"], p["F"], p["E"], args.tokens
+    Fs = p["shared_experts"] * F
+    dtype = jnp.bfloat16 if args.dtype == "bf16" else jnp.float32
+    ks = jax.random.split(jax.random.key(args.seed), 8)
+    normal = lambda key, shape, scale: (jax.random.normal(key, shape) * scale).astype(dtype)
+    x = normal(ks[0], (T, H), 0.5)
+    ct = normal(ks[1], (T, H), 1.0)
+    params = mj.MoeParams(normal(ks[2], (H, E), H**-0.5), normal(ks[3], (E, H, 2 * F), H**-0.5),
+                          normal(ks[4], (E, F, H), F**-0.5),
+                          normal(ks[5], (H, 2 * Fs), H**-0.5) if Fs else None,
+                          normal(ks[6], (Fs, H), Fs**-0.5) if Fs else None)
+    kw = routing_kw(p)
+    if p.get("expert_bias"):
+        kw["expert_bias"] = jax.random.uniform(ks[7], (E,), minval=-0.1, maxval=0.1)
+
+    def moekit_layer(x, params):
+        out, aux = mj.moe_layer(x, params, aux_loss_coeff=0.01, **kw)
+        return out, aux.aux_loss
+
+    def reference(x, params):
+        return lax_layer(x, params, aux_loss_coeff=0.01, **kw)
+
+    def passes(layer):
+        fwd = jax.jit(lambda x, params: layer(x, params)[0])
+
+        def loss(x, params):
+            out, aux = layer(x, params)
+            return jnp.sum(out.astype(jnp.float32) * ct.astype(jnp.float32)) + aux
+        fwd_bwd = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+        return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+
+    return p, x, params, {"moekit": passes(moekit_layer), "lax": passes(reference)}
+
+
+def time_call(fn, args, warmup, reps, inner):
+    """Median ms per call of `reps` runs of `inner` calls each, after `warmup` runs."""
+    import jax
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = [fn(*args) for _ in range(inner)]
+        jax.block_until_ready(out)
+        times.append(1e3 * (time.perf_counter() - t0) / inner)
+    return statistics.median(times)
+
+
+def cpp_layer(args, device):
+    """The C++ layer's forward and backward ms (its own medians), from `moekit bench layer`."""
+    cmd = [args.moekit, "bench", "layer", "--preset", args.preset, "--tokens", str(args.tokens),
+           "--dtype", args.dtype, "--reps", str(args.reps), "--warmup", str(args.warmup),
+           "--aux-loss-coeff", "0.01", "--device", device, "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr[-3000:]}")
+    cases = {c["pass"]: c["ms"] for c in json.loads(run.stdout)}
+    return {"fwd": cases["fwd"], "fwd+bwd": cases["fwd"] + cases["bwd"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen3-30b-a3b",
+                    help="a preset of bench/presets.json, or 'all'")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16")
+    ap.add_argument("--impls", default=None,
+                    help="default: moekit,lax,cpp on a GPU; moekit,cpp on the CPU, where XLA's "
+                         "ragged_dot computes every row against every group (E times the work)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--inner", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--moekit", default=str(ROOT / "build" / "moekit"),
+                    help="the moekit program, for the C++ layer (impl cpp)")
+    ap.add_argument("--json", action="store_true", help="the results as JSON on stdout")
+    args = ap.parse_args()
+    import jax
+    backend = jax.default_backend()
+    impls = [i for i in (args.impls or ("moekit,lax,cpp" if backend == "gpu" else "moekit,cpp"))
+             .split(",") if i]
+    for i in impls:
+        if i not in ("moekit", "lax", "cpp"):
+            raise SystemExit(f"--impls: unknown {i!r}; known: moekit, lax, cpp")
+    if "cpp" in impls and not os.access(args.moekit, os.X_OK):
+        raise SystemExit(f"--moekit {args.moekit}: not an executable (build it, or drop cpp "
+                         "from --impls)")
+
+    device = "cuda" if backend == "gpu" else "cpu"
+    inner = args.inner or (10 if backend == "gpu" else 1)
+    names = ([p["name"] for p in json.loads(PRESETS.read_text())["presets"]]
+             if args.preset == "all" else [args.preset])
+    text = sys.stderr if args.json else sys.stdout
+    if backend == "gpu":
+        machine = str(jax.devices()[0].device_kind)
+    else:
+        machine = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                        if line.startswith("model name")), platform.processor())
+        machine += f" ({os.cpu_count()} cores)"
+    passes = ("fwd", "fwd+bwd")
+    steps = len(names) * args.rounds
+    rows = []
+    for n, name in enumerate(names):
+        args.preset = name
+        p, x, params, fns = setup(args)
+        outs = {}
+        for impl in impls:  # compiled before anything is timed
+            if impl != "cpp":
+                for ps in passes:
+                    outs[(impl, ps)] = jax.block_until_ready(fns[impl][ps](x, params))
+        # The two JAX layers compute the same function: their outputs, relative to the largest.
+        agree = None
+        if ("moekit", "fwd") in outs and ("lax", "fwd") in outs:
+            a = np.asarray(outs[("moekit", "fwd")], np.float32)
+            b = np.asarray(outs[("lax", "fwd")], np.float32)
+            agree = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+        rounds = {(i, ps): [] for i in impls for ps in passes}
+        for r in range(args.rounds):
+            print(f"[{n * args.rounds + r + 1}/{steps}] {name} {args.tokens} tokens: round "
+                  f"{r + 1} of {', '.join(impls)}", file=sys.stderr, flush=True)
+            for impl in impls:
+                if impl == "cpp":
+                    for ps, ms in cpp_layer(args, device).items():
+                        rounds[(impl, ps)].append(ms)
+                    continue
+                for ps in passes:
+                    rounds[(impl, ps)].append(
+                        time_call(fns[impl][ps], (x, params), args.warmup, args.reps, inner))
+        for ps in passes:
+            row = {"op": "jax_layer", "preset": name, "tokens": args.tokens, "dtype": args.dtype,
+                   "pass": ps, "device": device, "machine": machine, "rounds": args.rounds,
+                   "reps": args.reps, "inner": inner, "lax_vs_moekit_max_rel_diff": agree}
+            for impl in impls:
+                row[f"{impl}_ms"] = statistics.median(rounds[(impl, ps)])
+                row[f"{impl}_rounds_ms"] = rounds[(impl, ps)]
+            rows.append(row)
+
+    print(f"moe_layer on one {device} device: {machine}; {args.dtype}, forward and forward + "
+          f"backward, median over {args.rounds} rounds of each round's median of {args.reps}",
+          file=text)
+    header = f"{'preset':<18} {'tokens':>6} {'pass':>8}" + "".join(
+        f" {i + ' ms':>10}" for i in impls)
+    if "cpp" in impls and "moekit" in impls:
+        header += f" {'moekit/cpp':>11}"
+    if "lax" in impls and "moekit" in impls:
+        header += f" {'lax/moekit':>11}"
+    print(header, file=text)
+    for row in rows:
+        line = f"{row['preset']:<18} {row['tokens']:>6} {row['pass']:>8}" + "".join(
+            f" {row[i + '_ms']:>10.3f}" for i in impls)
+        if "cpp" in impls and "moekit" in impls:
+            line += f" {row['moekit_ms'] / row['cpp_ms']:>10.2f}x"
+        if "lax" in impls and "moekit" in impls:
+            line += f" {row['lax_ms'] / row['moekit_ms']:>10.2f}x"
+        print(line, file=text)
+    diffs = [r["lax_vs_moekit_max_rel_diff"] for r in rows
+             if r["lax_vs_moekit_max_rel_diff"] is not None]
+    if diffs:
+        print(f"the lax layer's output against moekit's: max |difference| / max |output| = "
+              f"{max(diffs):.2g} (rounding, and a routing tie decided otherwise)", file=text)
+    print("moekit/cpp: moekit.jax's time over the C++ layer's (1.00x: the binding costs nothing). "
+          "lax/moekit: the jax.lax.ragged_dot + jnp layer's time over moekit.jax's (how much "
+          "faster moekit is).", file=text)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
