@@ -242,14 +242,37 @@ def test_named_errors():
         mj.moe_layer(x, params._replace(router=params.router[:7]), k=2)
     with pytest.raises(TypeError, match="params.w_out is bfloat16"):
         mj.moe_layer(x, params._replace(w_out=params.w_out.astype(BF16)), k=2)
-    with pytest.raises(TypeError, match="must be a MoeParams"):
+    with pytest.raises(TypeError, match="must be a MoeParams or a mapping"):
         mj.moe_layer(x, tuple(params), k=2)
+    with pytest.raises(KeyError, match=r"params lacks \['w_out'\]"):
+        mj.moe_layer(x, {"router": params.router, "w_in": params.w_in}, k=2)
+    with pytest.raises(KeyError, match=r"params has \['w_up'\], which moe_layer does not take"):
+        mj.moe_layer(x, {**params._asdict(), "w_up": params.w_in}, k=2)
     with pytest.raises(ValueError, match="give both or neither"):
         mj.moe_layer(x, params._replace(shared_in=jnp.zeros((8, 4))), k=2)
     with pytest.raises(ValueError, match="k = 5"):
         mj.moe_layer(x, params, k=5)
     with pytest.raises(ValueError, match="activation_kind"):
         mj.moe_layer(x, params, k=2, activation_kind="tanh")
+
+
+@pytest.mark.parametrize("shared", [0, 6])
+def test_params_as_a_mapping(shared):
+    """A dict with MoeParams' names (as Flax and Equinox hold weights) gives the MoeParams'
+    output bit for bit, and gradients in a dict of the same names."""
+    x, params, _, _ = setup(9, 8, 3, 4, shared, {})
+    as_dict = {name: w for name, w in params._asdict().items() if w is not None}
+
+    def loss(p):
+        out, aux = mj.moe_layer(x, p, k=2, aux_loss_coeff=0.01)
+        return jnp.sum(out * out) + aux.aux_loss
+
+    np.testing.assert_array_equal(mj.moe_layer(x, as_dict, k=2)[0],
+                                  mj.moe_layer(x, params, k=2)[0])
+    got, want = jax.grad(loss)(as_dict), jax.grad(loss)(params)
+    assert isinstance(got, dict) and set(got) == set(as_dict)
+    for name, g in got.items():
+        np.testing.assert_array_equal(g, getattr(want, name), err_msg=name)
 
 
 @pytest.mark.parametrize("dtype,shared", [(F32, 0), (F32, 24), (BF16, 24)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 from typing import NamedTuple, Optional
 
@@ -100,6 +101,25 @@ def _activation_bwd(kind, tail_zero, res, ct):
 _activation.defvjp(_activation_fwd, _activation_bwd)
 
 
+def _as_params(fn, params):
+    """params as a MoeParams: one already, or a mapping with MoeParams' names (a dict, a Flax or
+    Equinox tree), router, w_in and w_out required, shared_in and shared_out optional."""
+    if isinstance(params, MoeParams):
+        return params
+    if not isinstance(params, collections.abc.Mapping):
+        raise TypeError(f"{fn}: params must be a MoeParams or a mapping with its names "
+                        f"{list(MoeParams._fields)}, got {type(params).__name__}")
+    missing = [name for name in ("router", "w_in", "w_out") if name not in params]
+    if missing:
+        raise KeyError(f"{fn}: params lacks {missing} (has {sorted(params)}; MoeParams' names: "
+                       f"{list(MoeParams._fields)})")
+    unknown = sorted(set(params) - set(MoeParams._fields))
+    if unknown:
+        raise KeyError(f"{fn}: params has {unknown}, which moe_layer does not take "
+                       f"(MoeParams' names: {list(MoeParams._fields)})")
+    return MoeParams(**{name: params.get(name) for name in MoeParams._fields})
+
+
 def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=None,
               group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
               capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
@@ -115,7 +135,9 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
 
     Args:
       x: ``[T, H]`` float32 or bfloat16.
-      params: `MoeParams`, every weight in x's dtype.
+      params: `MoeParams`, or a mapping with its names (a dict, as Flax and Equinox hold
+        weights: router, w_in, w_out, and shared_in, shared_out or neither), every weight in
+        x's dtype. Gradients come back in the same structure.
       k, score, pre_softmax, num_groups, group_topk, scaling_factor, expert_bias: the routing,
         as in `route`.
       activation_kind: "swiglu" (default), "geglu", "gelu" or "relu"; also the shared expert's.
@@ -157,8 +179,7 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     fn = "moe_layer"
     x = jnp.asarray(x)
     _ffi.check_rank(fn, "x", x, 2, "[T, H]")
-    if not isinstance(params, MoeParams):
-        raise TypeError(f"{fn}: params must be a MoeParams, got {type(params).__name__}")
+    params = _as_params(fn, params)
     T, H = x.shape
     router, w_in, w_out = (jnp.asarray(w) for w in params[:3])
     if router.ndim != 2 or router.shape[0] != H:
