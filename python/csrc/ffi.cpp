@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_worker.h"
 #include "ffi_common.h"
 #include "ffi_ops.h"
 #include "moekit/ep.h"
@@ -56,9 +57,9 @@ ffi::Error ragged_dot_drhs(ffi::AnyBuffer lhs, ffi::AnyBuffer d_out, ffi::Buffer
 // The CPU handlers: the arguments and result, then the mode.
 auto cpu_binding() { return ragged_binding(ffi::Ffi::Bind()).Attr<bool>("batch_invariant"); }
 
-XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, cpu_binding());
-XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, ragged_dot_dlhs, cpu_binding());
-XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, ragged_dot_drhs, cpu_binding());
+XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, OnWorker<ragged_dot_fwd>::call, cpu_binding());
+XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, OnWorker<ragged_dot_dlhs>::call, cpu_binding());
+XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, OnWorker<ragged_dot_drhs>::call, cpu_binding());
 
 // ---------------------------------------------------------------------------------------------
 // The router, the permutation and the activation on the CPU: ffi_ops.h's bodies with the CPU's
@@ -224,28 +225,34 @@ ffi::Error to_int32(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::S32>> out,
 // The losses' values and their cotangents are f32 scalars. (Bindings are parenthesized: the
 // macro would split them at their template commas.)
 XLA_FFI_DEFINE_HANDLER(
-    kRouteFwd, route_fwd,
+    kRouteFwd, OnWorker<route_fwd>::call,
     (buffers<0, 4>(ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<F32>()).Attrs<RouteAttrs>()));
-XLA_FFI_DEFINE_HANDLER(kRouteBwd, route_bwd, (buffers<4, 1>().Attrs<RouteAttrs>()));
-XLA_FFI_DEFINE_HANDLER(kAuxFwd, aux_fwd, (buffers<1, 2>().Attrs<AuxAttrs>()));
-XLA_FFI_DEFINE_HANDLER(kAuxBwd, aux_bwd, (buffers<2, 1>().Attrs<AuxAttrs>()));
-XLA_FFI_DEFINE_HANDLER(kBalanceFwd, balance_fwd,
+XLA_FFI_DEFINE_HANDLER(kRouteBwd, OnWorker<route_bwd>::call, (buffers<4, 1>().Attrs<RouteAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kAuxFwd, OnWorker<aux_fwd>::call, (buffers<1, 2>().Attrs<AuxAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kAuxBwd, OnWorker<aux_bwd>::call, (buffers<2, 1>().Attrs<AuxAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kBalanceFwd, OnWorker<balance_fwd>::call,
                        (buffers<2, 0>().Ret<F32>().Attrs<BalanceAttrs>()));
-XLA_FFI_DEFINE_HANDLER(kBalanceBwd, balance_bwd,
+XLA_FFI_DEFINE_HANDLER(kBalanceBwd, OnWorker<balance_bwd>::call,
                        (buffers<0, 1>(buffers<1, 0>().Arg<F32>()).Attrs<BalanceAttrs>()));
-XLA_FFI_DEFINE_HANDLER(kZFwd, z_fwd, (buffers<1, 0>().Ret<F32>().Attr<float>("coeff")));
-XLA_FFI_DEFINE_HANDLER(kZBwd, z_bwd,
+XLA_FFI_DEFINE_HANDLER(kZFwd, OnWorker<z_fwd>::call,
+                       (buffers<1, 0>().Ret<F32>().Attr<float>("coeff")));
+XLA_FFI_DEFINE_HANDLER(kZBwd, OnWorker<z_bwd>::call,
                        (buffers<0, 1>(buffers<1, 0>().Arg<F32>()).Attr<float>("coeff")));
-XLA_FFI_DEFINE_HANDLER(kPermuteFwd, permute_fwd, (buffers<3, 5>().Attrs<PermuteAttrs>()));
-XLA_FFI_DEFINE_HANDLER(kPermuteBwd, permute_bwd, (buffers<3, 2>().Attr<bool>("has_probs")));
-XLA_FFI_DEFINE_HANDLER(kUnpermuteFwd, unpermute_fwd, (buffers<3, 1>().Attr<bool>("has_probs")));
-XLA_FFI_DEFINE_HANDLER(kUnpermuteBwd, unpermute_bwd, (buffers<4, 2>().Attr<bool>("has_probs")));
-XLA_FFI_DEFINE_HANDLER(kSortChunks, sort_chunks, (buffers<4, 2>().Attrs<SortAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kPermuteFwd, OnWorker<permute_fwd>::call,
+                       (buffers<3, 5>().Attrs<PermuteAttrs>()));
+XLA_FFI_DEFINE_HANDLER(kPermuteBwd, OnWorker<permute_bwd>::call,
+                       (buffers<3, 2>().Attr<bool>("has_probs")));
+XLA_FFI_DEFINE_HANDLER(kUnpermuteFwd, OnWorker<unpermute_fwd>::call,
+                       (buffers<3, 1>().Attr<bool>("has_probs")));
+XLA_FFI_DEFINE_HANDLER(kUnpermuteBwd, OnWorker<unpermute_bwd>::call,
+                       (buffers<4, 2>().Attr<bool>("has_probs")));
+XLA_FFI_DEFINE_HANDLER(kSortChunks, OnWorker<sort_chunks>::call,
+                       (buffers<4, 2>().Attrs<SortAttrs>()));
 XLA_FFI_DEFINE_HANDLER(
-    kActivationFwd, activation_fwd,
+    kActivationFwd, OnWorker<activation_fwd>::call,
     (ffi::Ffi::Bind().Arg<AnyBuffer>().Arg<ffi::Buffer<ffi::S32>>().Ret<AnyBuffer>().Attr<int32_t>(
         "kind")));
-XLA_FFI_DEFINE_HANDLER(kActivationBwd, activation_bwd,
+XLA_FFI_DEFINE_HANDLER(kActivationBwd, OnWorker<activation_bwd>::call,
                        (ffi::Ffi::Bind()
                             .Arg<AnyBuffer>()
                             .Arg<AnyBuffer>()
@@ -253,13 +260,13 @@ XLA_FFI_DEFINE_HANDLER(kActivationBwd, activation_bwd,
                             .Ret<AnyBuffer>()
                             .Attr<int32_t>("kind")));
 XLA_FFI_DEFINE_HANDLER(
-    kToInt32, to_int32,
+    kToInt32, OnWorker<to_int32>::call,
     (ffi::Ffi::Bind().Arg<AnyBuffer>().Ret<ffi::Buffer<ffi::S32>>().Attr<std::string_view>(
         "what")));
-XLA_FFI_DEFINE_HANDLER(kEpPack, ep_pack_fwd, (buffers<2, 1>()));
-XLA_FFI_DEFINE_HANDLER(kEpUnpack, ep_unpack_fwd, (buffers<2, 1>()));
-XLA_FFI_DEFINE_HANDLER(kEpRegroup, ep_regroup_fwd, (buffers<2, 1>()));
-XLA_FFI_DEFINE_HANDLER(kEpUngroup, ep_ungroup_fwd, (buffers<2, 1>()));
+XLA_FFI_DEFINE_HANDLER(kEpPack, OnWorker<ep_pack_fwd>::call, (buffers<2, 1>()));
+XLA_FFI_DEFINE_HANDLER(kEpUnpack, OnWorker<ep_unpack_fwd>::call, (buffers<2, 1>()));
+XLA_FFI_DEFINE_HANDLER(kEpRegroup, OnWorker<ep_regroup_fwd>::call, (buffers<2, 1>()));
+XLA_FFI_DEFINE_HANDLER(kEpUngroup, OnWorker<ep_ungroup_fwd>::call, (buffers<2, 1>()));
 
 }  // namespace
 

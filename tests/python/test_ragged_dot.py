@@ -522,10 +522,13 @@ def test_large_blocks_stay_in_the_heap_unless_told_otherwise():
     """moekit.jax raises glibc's mmap threshold at import (fresh XLA buffers then reuse the
     heap), not where the program set it or opted out."""
     code = "import moekit.jax._ffi as f; print(f.KEPT_LARGE_BLOCKS)"
+    variables = ("MOEKIT_KEEP_MALLOC", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX",
+                 "MALLOC_TRIM_THRESHOLD_")
     for env, want in (({}, "True"), ({"MOEKIT_KEEP_MALLOC": "0"}, "False"),
-                      ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "False")):
-        clean = {k: v for k, v in os.environ.items()
-                 if k not in ("MOEKIT_KEEP_MALLOC", "MALLOC_MMAP_THRESHOLD_")}
+                      ({"MALLOC_MMAP_THRESHOLD_": "65536"}, "False"),
+                      ({"MALLOC_ARENA_MAX": "4"}, "False"),
+                      ({"MALLOC_TRIM_THRESHOLD_": "131072"}, "False")):
+        clean = {k: v for k, v in os.environ.items() if k not in variables}
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**clean, **env}, timeout=120)
         assert run.stdout.strip() == want, (env, run.stdout, run.stderr)

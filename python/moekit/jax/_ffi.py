@@ -49,22 +49,32 @@ def _version(v):
 
 
 def keep_large_blocks_in_the_heap():
-    """XLA:CPU allocates every result anew, and glibc serves blocks past its mmap threshold with
-    fresh mmaps whose pages fault in on first touch: at qwen3 shapes a third of a ragged_dot
-    forward + backward (bench/results/jax_ragged_dot-cpu-2026-11-24). Raising the threshold keeps
-    them in the heap for reuse, as MALLOC_MMAP_THRESHOLD_ would. Done once, at import, with glibc
-    only, and not where the program set the threshold itself (MALLOC_MMAP_THRESHOLD_, or
-    MOEKIT_KEEP_MALLOC=0 to leave the allocator alone). The cost: freed large blocks stay in the
-    process's heap instead of going back to the system at once. Returns whether it was set."""
-    if (not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ
+    """XLA:CPU allocates every result anew, and glibc serves large blocks with fresh mmaps whose
+    pages fault in on first touch: at qwen3 shapes a third of a ragged_dot forward + backward
+    (bench/results/jax_ragged_dot-cpu-2026-11-24), 300 MB of faults per moe_layer forward and
+    1.7 GB per forward + backward (bench/results/jax_layer-cpu-2026-11-25). Three settings keep
+    them in the heap for reuse, as the MALLOC_*_ environment variables would: the mmap threshold
+    raised to its maximum; one arena (M_ARENA_MAX = 1: XLA allocates on its worker threads, and
+    a thread's own arena is at most 64 MiB, so a larger block there is mmapped whatever the
+    threshold); and a trim threshold at its maximum, so that the freed top of the heap is not
+    handed back to be faulted in again. Done once, at import, with glibc only, and not where the
+    program set any of them itself (MALLOC_MMAP_THRESHOLD_, MALLOC_ARENA_MAX,
+    MALLOC_TRIM_THRESHOLD_), or with MOEKIT_KEEP_MALLOC=0. Threads that allocated before the
+    import keep their arenas: import moekit.jax before the first JAX computation. The costs:
+    freed blocks stay in the process instead of going back to the system, and threads share one
+    arena's lock. Returns whether the settings were made."""
+    variables = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_")
+    if (not sys.platform.startswith("linux") or any(v in os.environ for v in variables)
             or os.environ.get("MOEKIT_KEEP_MALLOC") == "0"):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):  # not glibc
         return False
-    m_mmap_threshold = -3
-    return bool(mallopt(m_mmap_threshold, ctypes.c_int(2**31 - 1)))
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
+    most = ctypes.c_int(2**31 - 1)
+    return all(bool(mallopt(option, value)) for option, value in (
+        (m_mmap_threshold, most), (m_trim_threshold, most), (m_arena_max, ctypes.c_int(1))))
 
 
 KEPT_LARGE_BLOCKS = keep_large_blocks_in_the_heap()
