@@ -27,6 +27,17 @@ CASES = [
      "--warmup: must be a count of runs in [0, 10^6], got '-2'"),
     (["bench", "permute", "--reps", "0"], "--reps: must be a count of runs in [1, 10^6], got '0'"),
     (["bench", "layer", "--preset", "gpt-5"], "--preset"),
+    # --device: cpu or cuda, for every bench that has it; what CUDA does not take is named.
+    (["bench", "ragged_dot", "--device", "tpu"], "--device: tpu not in {cpu,cuda}"),
+    (["bench", "router", "--device", "gpu"], "--device: gpu not in {cpu,cuda}"),
+    (["bench", "permute", "--device", ""], "--device"),
+    (["bench", "layer", "--device", "cuda0"], "--device: cuda0 not in {cpu,cuda}"),
+    (["bench", "layer", "--device", "cuda", "--invariant", "--tokens", "4"],
+     "--invariant: the batch-invariant mode runs on the CPU only"),
+    (["bench", "layer", "--device", "cuda", "--ep", "2", "--tokens", "4"],
+     "--ep: the layer over ranks runs on CPUs"),
+    (["bench", "ragged_dot", "--device", "cuda", "--invariant", "--tokens", "4"],
+     "--invariant: the batch-invariant mode runs on the CPU only"),
     # Over the memory limit: refused before the buffer is allocated.
     (["bench", "router", "--tokens", "4096", "--mem-limit-gib", "0.001", "--reps", "1"],
      "would pass --mem-limit-gib 0.001"),

@@ -1,80 +1,184 @@
 // moekit bench ragged_dot: times the forward, input gradient and weight gradient of ragged_dot
 // on a preset's real shapes (m = tokens * k routed rows, K = H, n = F, E groups), each beside a
-// dense oneDNN matmul of the same FLOPs and operand layouts run in the same process, and with
-// --ep-shards S one shard's call (E/S local groups) beside the full call.
-#include "bench_ragged_dot.h"
-
+// dense matmul of the same FLOPs and operand layouts run in the same process (oneDNN, or cuBLAS
+// with --device cuda), and with --ep-shards S one shard's call (E/S local groups) beside the full
+// call.
 #include <fmt/format.h>
 
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <stdexcept>
 
 #include "bench_common.h"
+#include "bench_device.h"
 #include "benches.h"
-#include "dense_matmul.h"
 #include "moekit/ragged_dot.h"
 #include "presets.h"
 
 namespace moekit::tools {
 namespace {
 
+struct RaggedDotBenchOptions : BenchOptions {
+  std::string out_dtype;  // empty: the input dtype
+  int shards = 1;
+  int shard = -1;  // which shard's call to time; -1: the middle one
+  double imbalance = 0.25;
+  bool invariant = false;  // also time the batch-invariant mode (CPU)
+};
+
+// One timed case: a pass (fwd, dlhs, drhs) of the full call or of one shard, beside the dense
+// matmul of all m rows run in the same loop.
+struct RaggedDotRow {
+  std::string pass;
+  int64_t tokens, m, E, e_loc, offset, local_rows;
+  int shards;
+  Timing t, dense;
+  Timing invariant;                    // with --invariant: the same call in the mode
+  double flops, dense_flops, full_ms;  // full_ms: the full call's time, for shard rows
+  std::string dense_impl;
+};
+
+// The problem of one token count: m routed rows over E groups (a stated subset of the preset's
+// experts when the buffers would not fit in mem_limit_gib), with their sizes.
+struct RaggedDotProblem {
+  int64_t tokens, m, E, K, n;
+  std::vector<int32_t> sizes;
+};
+
 using Options = RaggedDotBenchOptions;
 using Row = RaggedDotRow;
 
-// The CPU timing: each pass beside a dense oneDNN matmul of the same FLOPs and layouts.
-void time_cpu(const Options& o, const Preset& p, DType in, DType out, int shard, std::FILE* text,
-              Progress& progress, std::vector<Row>& rows) {
+RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, DType out,
+                                    const RaggedDotBenchOptions& o, std::FILE* text) {
+  // Fit the weights (and their gradient) in memory: otherwise a stated subset of experts, with
+  // the same rows per expert.
+  const size_t in_es = dtype_size(in), out_es = dtype_size(out);
+  const int64_t K = p.H, n = p.F;
+  int64_t E = p.E, m = tokens * p.k;
+  auto bytes = [&](int64_t e, int64_t mm) {
+    return static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
+                               out_es * (mm * n + mm * K + e * K * n));
+  };
+  const double limit = o.mem_limit_gib * (1ull << 30);
+  if (bytes(E, m) > limit) {
+    int64_t e = E;
+    while (e > o.shards && bytes(e, m * e / E) > limit) e -= o.shards;
+    if (bytes(e, m * e / E) > limit || m * e / E < 1) {
+      throw std::runtime_error(fmt::format(
+          "{} of {} experts ({} rows) need {:.2f} GiB, over --mem-limit-gib {}: raise it, or lower "
+          "--tokens",
+          e, E, m * e / E, bytes(e, m * e / E) / (1ull << 30), o.mem_limit_gib));
+    }
+    fmt::print(text,
+               "note: {} experts need {:.1f} GiB (> --mem-limit-gib {}); running {} of them "
+               "with the same rows per expert ({} rows instead of {})\n",
+               E, bytes(E, m) / (1ull << 30), o.mem_limit_gib, e, m * e / E, m);
+    m = m * e / E;
+    E = e;
+  }
+  return {tokens, m, E, K, n, imbalanced_group_sizes(m, E, o.imbalance, o.seed)};
+}
+
+RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
+                      const std::string& dense_impl) {
+  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0, pr.m, 1, {}, {}, {}, 0, 0, 0, dense_impl};
+  r.flops = r.dense_flops = 2.0 * pr.m * pr.K * pr.n;
+  return r;
+}
+
+// One pass timed on dev in one interleaved loop: call(E, 0, {}) (the full call), dense() beside
+// it, with o.shards > 1 one shard's call (E/shards local groups from group_offset
+// shard*E/shards), and with o.invariant each of those calls again in the batch-invariant mode;
+// `label` names the step in the progress line. Appends the full call's row and the shard's.
+void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDotProblem& pr,
+               int shard, RaggedDotRow full,
+               const std::function<Status(int64_t, int32_t, const RaggedDotOptions&)>& call,
+               const std::function<void()>& dense, const std::string& label, Progress& progress,
+               std::vector<RaggedDotRow>& rows) {
+  RaggedDotOptions invariant;
+  invariant.batch_invariant = true;
+  std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0, {})); }, dense};
+  if (o.invariant) fns.push_back([&] { check(call(pr.E, 0, invariant)); });
+  RaggedDotRow one = full;
+  if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
+    one.shards = o.shards;
+    one.e_loc = pr.E / o.shards;
+    one.offset = shard * one.e_loc;
+    one.local_rows =
+        ragged_dot_flops(pr.sizes, static_cast<int32_t>(one.offset), one.e_loc, 1, 1) / 2;
+    one.flops = 2.0 * one.local_rows * pr.K * pr.n;
+    const auto offset = static_cast<int32_t>(one.offset);
+    fns.push_back([&, offset] { check(call(one.e_loc, offset, {})); });
+    if (o.invariant) fns.push_back([&, offset] { check(call(one.e_loc, offset, invariant)); });
+  }
+  progress.step(fmt::format("{}{}{}, interleaved", label,
+                            o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : "",
+                            o.invariant ? ", invariant mode" : ""));
+  const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
+  const size_t per_call = o.invariant ? 2 : 1;  // timings per call: the default, the mode
+  full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
+  if (o.invariant) full.invariant = t[2];
+  rows.push_back(full);
+  if (o.shards > 1) {
+    const size_t at = 1 + per_call;
+    one.t = t[at], one.dense = t[1], one.full_ms = t[0].median_ms;
+    if (o.invariant) one.invariant = t[at + 1];
+    rows.push_back(one);
+  }
+}
+
+// Each pass on `dev` beside a dense matmul of all m rows with the same FLOPs and operand layouts
+// (oneDNN on the CPU, cuBLAS on a GPU; bench_device.h), and with --ep-shards one shard's call.
+void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DType out, int shard,
+             std::FILE* text, Progress& progress, std::vector<Row>& rows) {
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
 
   for (int64_t T : o.tokens) {
     const RaggedDotProblem pr = ragged_dot_problem(p, T, in, out, o, text);
     const int64_t m = pr.m, E = pr.E, K = pr.K, n = pr.n;
-    const std::vector<int32_t>& sizes = pr.sizes;
-
-    Buffer lhs(m * K * in_es), rhs(E * K * n * in_es), d_out(m * n * in_es);
-    Buffer y(m * n * out_es), d_lhs(m * K * out_es), d_rhs(E * K * n * out_es);
-    fill_uniform(lhs.data(), in, m * K, o.seed + 1);
-    fill_uniform(rhs.data(), in, E * K * n, o.seed + 2);
-    fill_uniform(d_out.data(), in, m * n, o.seed + 3);
-
+    Mem lhs = dev.alloc(m * K * in_es), rhs = dev.alloc(E * K * n * in_es),
+        d_out = dev.alloc(m * n * in_es);
+    Mem y = dev.alloc(m * n * out_es), d_lhs = dev.alloc(m * K * out_es),
+        d_rhs = dev.alloc(E * K * n * out_es);
+    dev.fill(lhs.data(), in, m * K, o.seed + 1);
+    dev.fill(rhs.data(), in, E * K * n, o.seed + 2);
+    dev.fill(d_out.data(), in, m * n, o.seed + 3);
+    // The group sizes where the calls read them (device memory on a GPU).
+    Mem sizes = dev.alloc(pr.sizes.size() * sizeof(int32_t));
+    dev.upload(sizes.data(), pr.sizes.data(), pr.sizes.size() * sizeof(int32_t));
+    const Exec exec = dev.exec(dev.alloc(ragged_dot_workspace_size(dev.device(), E)));
+    const std::span<const int32_t> sizes_v(static_cast<const int32_t*>(sizes.data()),
+                                           pr.sizes.size());
     const ConstTensorView lhs_v(lhs.data(), in, {m, K}), d_out_v(d_out.data(), in, {m, n});
     const TensorView y_v(y.data(), out, {m, n}), d_lhs_v(d_lhs.data(), out, {m, K});
 
     for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
       // One call of this pass with e_loc local groups starting at `offset`.
       auto call = [&](int64_t e_loc, int32_t offset, const RaggedDotOptions& opt) {
-        const RaggedDotGroups groups{sizes, offset};
+        const RaggedDotGroups groups{sizes_v, offset};
         const ConstTensorView w(rhs.data(), in, {e_loc, K, n});
-        if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt);
-        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, opt);
+        if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
+        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, opt, exec);
         return ragged_dot_drhs(lhs_v, d_out_v, groups, TensorView(d_rhs.data(), out, {e_loc, K, n}),
-                               opt);
+                               opt, exec);
       };
-      // The dense matmul with the same operand layouts over all m rows.
-      std::unique_ptr<DenseMatmul> dense;
-      const void *da, *db;
-      void* dc;
-      if (pass == "fwd") {
-        dense = std::make_unique<DenseMatmul>(in, out, m, K, n, dnnl::memory::dims{K, 1},
-                                              dnnl::memory::dims{n, 1});
-        da = lhs.data(), db = rhs.data(), dc = y.data();
-      } else if (pass == "dlhs") {
-        dense = std::make_unique<DenseMatmul>(in, out, m, n, K, dnnl::memory::dims{n, 1},
-                                              dnnl::memory::dims{1, n});
-        da = d_out.data(), db = rhs.data(), dc = d_lhs.data();
-      } else {
-        dense = std::make_unique<DenseMatmul>(in, out, K, m, n, dnnl::memory::dims{1, K},
-                                              dnnl::memory::dims{n, 1});
-        da = lhs.data(), db = d_out.data(), dc = d_rhs.data();
+      // The dense matmul of all m rows with the pass's operand layouts (one weight matrix).
+      std::unique_ptr<DenseRef> dense = dev.dense(in, out, m, K, n);
+      const void *da = lhs.data(), *db = rhs.data();
+      void* dc = y.data();
+      if (pass == "dlhs") {  // [m, n] @ rhs[0]^T, rhs[0] stored [K, n]
+        dense = dev.dense(in, out, m, n, K, false, true);
+        da = d_out.data(), dc = d_lhs.data();
+      } else if (pass == "drhs") {  // lhs^T [K, m] @ d_out [m, n], lhs stored [m, K]
+        dense = dev.dense(in, out, K, m, n, true, false);
+        db = d_out.data(), dc = d_rhs.data();
       }
-      const std::string where = fmt::format("{} T={} {}", p.name, T, pass);
-
       time_pass(
-          o, pr, shard, full_row(pass, pr, "oneDNN " + dense->impl()), call,
+          dev, o, pr, shard, full_row(pass, pr, dense->impl()), call,
           [&] { dense->run(da, db, dc); },
-          [&](const auto& fns) { return time_interleaved(o.warmup, o.reps, fns); },
-          fmt::format("{}: ragged_dot, dense ({})", where, dense->impl()), progress, rows);
+          fmt::format("{} T={} {}: ragged_dot, dense ({})", p.name, T, pass, dense->impl()),
+          progress, rows);
     }
   }
 }
@@ -107,13 +211,10 @@ int run(const Options& o) {
              o.imbalance, o.seed);
   std::vector<Row> rows;
   Progress progress(static_cast<int>(o.tokens.size()) * 3);
-  std::string machine = machine_description();
-  if (o.device == "cuda") {
-    machine = time_ragged_dot_cuda(o, *p, in, out, shard, text, progress, rows);
-  } else {
-    time_cpu(o, *p, in, out, shard, text, progress, rows);
-  }
+  const std::unique_ptr<BenchDevice> dev = make_bench_device(o.device);
+  time_on(*dev, o, *p, in, out, shard, text, progress, rows);
   progress.finish();
+  const std::string machine = dev->description();
   fmt::print(text, "machine: {}\n", machine);
 
   // The table.
@@ -198,81 +299,6 @@ int run(const Options& o) {
 
 }  // namespace
 
-RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, DType out,
-                                    const RaggedDotBenchOptions& o, std::FILE* text) {
-  // Fit the weights (and their gradient) in memory: otherwise a stated subset of experts, with
-  // the same rows per expert.
-  const size_t in_es = dtype_size(in), out_es = dtype_size(out);
-  const int64_t K = p.H, n = p.F;
-  int64_t E = p.E, m = tokens * p.k;
-  auto bytes = [&](int64_t e, int64_t mm) {
-    return static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
-                               out_es * (mm * n + mm * K + e * K * n));
-  };
-  const double limit = o.mem_limit_gib * (1ull << 30);
-  if (bytes(E, m) > limit) {
-    int64_t e = E;
-    while (e > o.shards && bytes(e, m * e / E) > limit) e -= o.shards;
-    if (bytes(e, m * e / E) > limit || m * e / E < 1) {
-      throw std::runtime_error(fmt::format(
-          "{} of {} experts ({} rows) need {:.2f} GiB, over --mem-limit-gib {}: raise it, or lower "
-          "--tokens",
-          e, E, m * e / E, bytes(e, m * e / E) / (1ull << 30), o.mem_limit_gib));
-    }
-    fmt::print(text,
-               "note: {} experts need {:.1f} GiB (> --mem-limit-gib {}); running {} of them "
-               "with the same rows per expert ({} rows instead of {})\n",
-               E, bytes(E, m) / (1ull << 30), o.mem_limit_gib, e, m * e / E, m);
-    m = m * e / E;
-    E = e;
-  }
-  return {tokens, m, E, K, n, imbalanced_group_sizes(m, E, o.imbalance, o.seed)};
-}
-
-RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
-                      const std::string& dense_impl) {
-  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0, pr.m, 1, {}, {}, {}, 0, 0, 0, dense_impl};
-  r.flops = r.dense_flops = 2.0 * pr.m * pr.K * pr.n;
-  return r;
-}
-
-void time_pass(const RaggedDotBenchOptions& o, const RaggedDotProblem& pr, int shard,
-               RaggedDotRow full,
-               const std::function<Status(int64_t, int32_t, const RaggedDotOptions&)>& call,
-               const std::function<void()>& dense, const TimeLoop& time, const std::string& label,
-               Progress& progress, std::vector<RaggedDotRow>& rows) {
-  RaggedDotOptions invariant;
-  invariant.batch_invariant = true;
-  std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0, {})); }, dense};
-  if (o.invariant) fns.push_back([&] { check(call(pr.E, 0, invariant)); });
-  RaggedDotRow one = full;
-  if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
-    one.shards = o.shards;
-    one.e_loc = pr.E / o.shards;
-    one.offset = shard * one.e_loc;
-    one.local_rows =
-        ragged_dot_flops(pr.sizes, static_cast<int32_t>(one.offset), one.e_loc, 1, 1) / 2;
-    one.flops = 2.0 * one.local_rows * pr.K * pr.n;
-    const auto offset = static_cast<int32_t>(one.offset);
-    fns.push_back([&, offset] { check(call(one.e_loc, offset, {})); });
-    if (o.invariant) fns.push_back([&, offset] { check(call(one.e_loc, offset, invariant)); });
-  }
-  progress.step(fmt::format("{}{}{}, interleaved", label,
-                            o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : "",
-                            o.invariant ? ", invariant mode" : ""));
-  const std::vector<Timing> t = time(fns);
-  const size_t per_call = o.invariant ? 2 : 1;  // timings per call: the default, the mode
-  full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
-  if (o.invariant) full.invariant = t[2];
-  rows.push_back(full);
-  if (o.shards > 1) {
-    const size_t at = 1 + per_call;
-    one.t = t[at], one.dense = t[1], one.full_ms = t[0].median_ms;
-    if (o.invariant) one.invariant = t[at + 1];
-    rows.push_back(one);
-  }
-}
-
 void register_bench_ragged_dot(CLI::App& bench) {
   auto opts = std::make_shared<RaggedDotBenchOptions>();
   CLI::App* cmd = bench.add_subcommand(
@@ -285,11 +311,7 @@ void register_bench_ragged_dot(CLI::App& bench) {
   opts->mem_limit_gib = 12;
   add_bench_options(*cmd, *opts, "Input dtype: bf16 | f32 (| f16 with --device cuda)",
                     "Run a subset of experts when buffers would exceed this");
-  cmd->add_option("--device", opts->device,
-                  "cpu: beside a dense oneDNN matmul; cuda: on the GPU, beside a dense cuBLAS "
-                  "matmul, timed with CUDA events")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+  add_device_option(*cmd, opts->device);
   cmd->add_option("--out-dtype", opts->out_dtype,
                   "Output dtype: f32 or the input dtype (default: --dtype)");
   cmd->add_option("--ep-shards", opts->shards, "Also time one of S expert-parallel shards")
