@@ -3,7 +3,6 @@
 // where the rows are not aligned for 16-byte words), the rows over the grid's y.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "activation_math.h"
@@ -13,8 +12,6 @@
 
 namespace moekit::detail::cuda {
 namespace {
-
-constexpr int kThreads = 256;
 
 using act::grad;
 using act::value;
@@ -26,16 +23,10 @@ struct ActArgs {
   bool gated;
 };
 
-// Columns j, j + 1, ... (V of them) of every row this thread's y strides over.
-#define MOEKIT_FOR_EACH_ELEMENTS(r, j, a, V)                                              \
-  for (int64_t r = blockIdx.y; r < (a).N; r += gridDim.y)                                 \
-    for (int64_t j = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * (V); \
-         j < (a).F; j += static_cast<int64_t>(gridDim.x) * blockDim.x * (V))
-
 // a = act(gate) * up (gated) or act(h).
 template <int V>
-__global__ void __launch_bounds__(kThreads) activation_kernel(ActArgs a) {
-  MOEKIT_FOR_EACH_ELEMENTS(r, j, a, V) {
+__global__ void __launch_bounds__(kElementwiseThreads) activation_kernel(ActArgs a) {
+  MOEKIT_FOR_EACH_ELEMENTS(r, j, a.N, a.F, V) {
     float g[V], out[V];
     load_elems(a.h.row(r), a.h.t, j, g);
     if (a.gated) {
@@ -53,8 +44,8 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(ActArgs a) {
 
 // d_h = d_a * act'(h); gated: d_gate = d_a * up * act'(gate), d_up = d_a * act(gate).
 template <int V>
-__global__ void __launch_bounds__(kThreads) activation_backward_kernel(ActArgs a) {
-  MOEKIT_FOR_EACH_ELEMENTS(r, j, a, V) {
+__global__ void __launch_bounds__(kElementwiseThreads) activation_backward_kernel(ActArgs a) {
+  MOEKIT_FOR_EACH_ELEMENTS(r, j, a.N, a.F, V) {
     float g[V], d[V], dg[V];
     load_elems(a.h.row(r), a.h.t, j, g);
     load_elems(a.d_a.row(r), a.d_a.t, j, d);
@@ -79,15 +70,7 @@ template <class Kernel8, class Kernel1>
 Status launch(const char* op, const ActivationProblem& p, Kernel8 k8, Kernel1 k1) {
   if (p.N == 0 || p.F == 0) return {};
   const ActArgs a{Mat(p.h), Mat(p.d_a), Mat(p.out), p.N, p.F, p.act, is_gated(p.act)};
-  const bool wide = rows_aligned({a.h, a.d_a, a.out}, p.F);
-  const int64_t per_block = int64_t{kThreads} * (wide ? 8 : 1);
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((p.F + per_block - 1) / per_block, 64)),
-                  static_cast<unsigned>(std::min<int64_t>(p.N, 65535)));
-  if (wide) {
-    k8<<<grid, kThreads, 0, p.exec.stream>>>(a);
-  } else {
-    k1<<<grid, kThreads, 0, p.exec.stream>>>(a);
-  }
+  launch_elementwise(rows_aligned({a.h, a.d_a, a.out}, p.F), p.N, p.F, p.exec.stream, k8, k1, a);
   return launch_status(op, "the kernel");
 }
 

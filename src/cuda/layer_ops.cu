@@ -3,7 +3,6 @@
 // asynchronous copies, fills and the stream wait.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "cuda/launch.cuh"
@@ -13,21 +12,14 @@
 namespace moekit::detail::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
 struct RowsArgs {
   Mat a, b;  // add: a += b; convert: b = a
   int64_t rows, cols;
 };
 
-#define MOEKIT_FOR_EACH_COLUMNS(r, j, a, V)                                               \
-  for (int64_t r = blockIdx.y; r < (a).rows; r += gridDim.y)                              \
-    for (int64_t j = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * (V); \
-         j < (a).cols; j += static_cast<int64_t>(gridDim.x) * blockDim.x * (V))
-
 template <int V>
-__global__ void __launch_bounds__(kThreads) add_kernel(RowsArgs a) {
-  MOEKIT_FOR_EACH_COLUMNS(r, j, a, V) {
+__global__ void __launch_bounds__(kElementwiseThreads) add_kernel(RowsArgs a) {
+  MOEKIT_FOR_EACH_ELEMENTS(r, j, a.rows, a.cols, V) {
     float x[V], y[V];
     load_elems(a.a.row(r), a.a.t, j, x);
     load_elems(a.b.row(r), a.b.t, j, y);
@@ -38,8 +30,8 @@ __global__ void __launch_bounds__(kThreads) add_kernel(RowsArgs a) {
 }
 
 template <int V>
-__global__ void __launch_bounds__(kThreads) convert_kernel(RowsArgs a) {
-  MOEKIT_FOR_EACH_COLUMNS(r, j, a, V) {
+__global__ void __launch_bounds__(kElementwiseThreads) convert_kernel(RowsArgs a) {
+  MOEKIT_FOR_EACH_ELEMENTS(r, j, a.rows, a.cols, V) {
     float x[V];
     load_elems(a.a.row(r), a.a.t, j, x);
     store_elems(a.b.row(r), a.b.t, j, x);
@@ -49,16 +41,7 @@ __global__ void __launch_bounds__(kThreads) convert_kernel(RowsArgs a) {
 template <class K8, class K1>
 Status launch_rows(const char* what, const RowsArgs& a, cudaStream_t stream, K8 k8, K1 k1) {
   if (a.rows == 0 || a.cols == 0) return {};
-  const bool wide = rows_aligned({a.a, a.b}, a.cols);
-  const int64_t per_block = int64_t{kThreads} * (wide ? 8 : 1);
-  const dim3 grid(
-      static_cast<unsigned>(std::min<int64_t>((a.cols + per_block - 1) / per_block, 64)),
-      static_cast<unsigned>(std::min<int64_t>(a.rows, 65535)));
-  if (wide) {
-    k8<<<grid, kThreads, 0, stream>>>(a);
-  } else {
-    k1<<<grid, kThreads, 0, stream>>>(a);
-  }
+  launch_elementwise(rows_aligned({a.a, a.b}, a.cols), a.rows, a.cols, stream, k8, k1, a);
   return launch_status("moe_layer", what);
 }
 

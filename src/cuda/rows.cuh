@@ -1,12 +1,14 @@
-// Internal (nvcc only): the device side that the CUDA ops of the router, the permutation and the
-// activation share: a matrix as the kernels address it, elements of any float dtype as f32, warp
-// reductions, and the ranking rule of router.h.
+// Internal (nvcc only): the device side that the CUDA ops of the router, the permutation, the
+// activation and the layer share: a matrix as the kernels address it, elements of any float
+// dtype as f32, the elementwise kernels' loop and launch, warp reductions, and the ranking rule
+// of router.h.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <initializer_list>
@@ -127,6 +129,32 @@ inline bool rows_aligned(std::initializer_list<Mat> mats, int64_t H) {
     }
   }
   return true;
+}
+
+// Elementwise kernels over [rows, cols] (the activation, the layer's row sums and roundings):
+// kElementwiseThreads threads a block, each V = 8 consecutive elements of a row where every row
+// is aligned for it (rows_aligned), else V = 1; the rows over the grid's y, the columns over its
+// x. MOEKIT_FOR_EACH_ELEMENTS is the loop of one thread; launch_elementwise picks V and the grid.
+inline constexpr int kElementwiseThreads = 256;
+
+#define MOEKIT_FOR_EACH_ELEMENTS(r, j, rows, cols, V)                                     \
+  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                                \
+    for (int64_t j = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) * (V); \
+         j < (cols); j += static_cast<int64_t>(gridDim.x) * blockDim.x * (V))
+
+// k8 (V = 8) where `wide`, else k1, with the argument block `args`, on `stream`; rows and cols
+// at least 1.
+template <class Args, class K8, class K1>
+void launch_elementwise(bool wide, int64_t rows, int64_t cols, cudaStream_t stream, K8 k8, K1 k1,
+                        const Args& args) {
+  const int64_t per_block = int64_t{kElementwiseThreads} * (wide ? 8 : 1);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((cols + per_block - 1) / per_block, 64)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  if (wide) {
+    k8<<<grid, kElementwiseThreads, 0, stream>>>(args);
+  } else {
+    k1<<<grid, kElementwiseThreads, 0, stream>>>(args);
+  }
 }
 
 // The widest word (16, 8, 4, 2 or 1 bytes) that divides every base, every row pitch and the
