@@ -16,13 +16,12 @@
 
 #include "host_tensor.h"
 #include "moekit/permute.h"
+#include "routing_spread.h"
 
 namespace moekit {
 namespace {
 
 constexpr PermuteImpl kImpls[] = {PermuteImpl::kThreaded, PermuteImpl::kReference};
-
-enum class Spread { kRandom, kHalfEmpty, kAllOne };
 
 struct Case {
   int64_t T, E;
@@ -54,24 +53,8 @@ std::string case_name(const testing::TestParamInfo<Case>& info) {
   return n;
 }
 
-// The experts of each token: k distinct ones when k <= the experts on offer, else with repeats.
 std::vector<std::vector<int32_t>> make_routing(const Case& c, std::mt19937& rng) {
-  std::vector<std::vector<int32_t>> r(c.T);
-  const int64_t pool = c.spread == Spread::kAllOne      ? 1
-                       : c.spread == Spread::kHalfEmpty ? std::max<int64_t>(1, c.E / 2)
-                                                        : c.E;
-  std::vector<int32_t> experts(pool);
-  for (int64_t t = 0; t < c.T; ++t) {
-    // kAllOne: every token to the last expert; kHalfEmpty: the odd experts only.
-    for (int64_t i = 0; i < pool; ++i) {
-      experts[i] = static_cast<int32_t>(c.spread == Spread::kAllOne      ? c.E - 1
-                                        : c.spread == Spread::kHalfEmpty ? (2 * i + 1) % c.E
-                                                                         : i);
-    }
-    std::shuffle(experts.begin(), experts.end(), rng);
-    for (int32_t j = 0; j < c.k; ++j) r[t].push_back(experts[j % pool]);
-  }
-  return r;
+  return spread_routing(c.spread, c.T, c.E, c.k, rng);
 }
 
 struct Expected {

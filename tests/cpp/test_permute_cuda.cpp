@@ -16,6 +16,7 @@
 
 #include "host_tensor.h"
 #include "moekit/permute.h"
+#include "routing_spread.h"
 
 #if MOEKIT_HAS_CUDA
 #include "device_tensor.h"
@@ -54,8 +55,6 @@ TEST(PermuteCudaHost, TheBufferMustHoldTheWorstCase) {
 #if MOEKIT_HAS_CUDA
 
 // --- On the GPU ---------------------------------------------------------------------------------
-
-enum class Spread { kRandom, kHalfEmpty, kAllOne };
 
 struct PermuteCase {
   std::string name;
@@ -96,24 +95,14 @@ std::vector<PermuteCase> permute_cases() {
 // The routing: topk_indices [T, k] (distinct experts per token) or a routing map [T, E] with k
 // ones per row; every token to the last expert (kAllOne), or only the odd experts (kHalfEmpty).
 HostTensor make_routing(const PermuteCase& c, std::mt19937& rng) {
-  const int64_t pool = c.spread == Spread::kAllOne      ? 1
-                       : c.spread == Spread::kHalfEmpty ? std::max<int64_t>(1, c.E / 2)
-                                                        : c.E;
   HostTensor r(c.map_form ? DType::kBool : DType::kI32, {c.T, c.map_form ? c.E : c.k});
-  std::vector<int32_t> experts(pool);
+  const auto experts = spread_routing(c.spread, c.T, c.E, c.k, rng);
   for (int64_t t = 0; t < c.T; ++t) {
-    for (int64_t i = 0; i < pool; ++i) {
-      experts[i] = static_cast<int32_t>(c.spread == Spread::kAllOne      ? c.E - 1
-                                        : c.spread == Spread::kHalfEmpty ? (2 * i + 1) % c.E
-                                                                         : i);
-    }
-    std::shuffle(experts.begin(), experts.end(), rng);
     for (int32_t j = 0; j < c.k; ++j) {
-      const int32_t e = experts[j % pool];
       if (c.map_form) {
-        r.set({t, e}, 1);
+        r.set({t, experts[t][j]}, 1);
       } else {
-        r.set({t, j}, e);
+        r.set({t, j}, experts[t][j]);
       }
     }
   }
