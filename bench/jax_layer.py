@@ -2,16 +2,19 @@
 written with jax.lax.ragged_dot and jnp, forward and forward + backward, on a preset's shapes.
 
     .venv/bin/python bench/jax_layer.py --preset qwen3-30b-a3b --tokens 4096 [--dtype bf16] \
-        [--impls moekit,lax,cpp] [--rounds 3] [--reps 3] [--warmup 1] [--inner N] \
+        [--impls moekit,steps,lax,cpp] [--rounds 3] [--reps 3] [--warmup 1] [--inner N] \
         [--moekit build/moekit] [--json]
 
 It runs on JAX's default device: the CPU, or a GPU where jax has one (moekit's CUDA handlers;
 the C++ layer then runs with --device cuda).
 
 Implementations:
-  moekit  moekit.jax.moe_layer (route, permute, ragged_dot, activation, unpermute: moekit's
-          kernels through XLA FFI), the preset's routing and shared experts, SwiGLU, the
-          load-balancing loss (coefficient 0.01).
+  moekit  moekit.jax.moe_layer as a user calls it, the preset's routing and shared experts,
+          SwiGLU, the load-balancing loss (coefficient 0.01): on the CPU one FFI call each way
+          (the C++ layer's forward and backward, fused=True), on a GPU step by step.
+  steps   moe_layer(..., fused=False): each step (route, permute, ragged_dot, activation,
+          unpermute, the losses) an FFI call of its own, XLA's dot for the router and the shared
+          expert: the path the expert-parallel layer takes.
   lax     the same layer in jax.lax.ragged_dot and jnp, as MaxText's sparse path writes it: top-k
           routing in jnp, an argsort of the chosen experts as the permutation, a gather of the
           rows, jax.lax.ragged_dot for both grouped matmuls, the inverse gather and a weighted
@@ -29,6 +32,7 @@ XLA_PYTHON_CLIENT_PREALLOCATE=false unless set, so that the C++ process finds GP
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -44,6 +48,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 PRESETS = pathlib.Path(__file__).with_name("presets.json")
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+IMPLS = ("moekit", "steps", "lax", "cpp")
+RATIOS = (("moekit", "cpp"), ("steps", "cpp"), ("lax", "moekit"))  # the table's a/b columns
 
 
 def preset(name):
@@ -132,8 +138,8 @@ def setup(args):
     if p.get("expert_bias"):
         kw["expert_bias"] = jax.random.uniform(ks[7], (E,), minval=-0.1, maxval=0.1)
 
-    def moekit_layer(x, params):
-        out, aux = mj.moe_layer(x, params, aux_loss_coeff=0.01, **kw)
+    def moekit_layer(x, params, fused=None):
+        out, aux = mj.moe_layer(x, params, aux_loss_coeff=0.01, fused=fused, **kw)
         return out, aux.aux_loss
 
     def reference(x, params):
@@ -148,7 +154,9 @@ def setup(args):
         fwd_bwd = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
         return {"fwd": fwd, "fwd+bwd": fwd_bwd}
 
-    return p, x, params, {"moekit": passes(moekit_layer), "lax": passes(reference)}
+    steps = functools.partial(moekit_layer, fused=False)
+    return p, x, params, {"moekit": passes(moekit_layer), "steps": passes(steps),
+                          "lax": passes(reference)}
 
 
 def time_call(fn, args, warmup, reps, inner):
@@ -184,8 +192,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16")
     ap.add_argument("--impls", default=None,
-                    help="default: moekit,lax,cpp on a GPU; moekit,cpp on the CPU, where XLA's "
-                         "ragged_dot computes every row against every group (E times the work)")
+                    help="default: moekit,lax,cpp on a GPU; moekit,steps,cpp on the CPU, where "
+                         "XLA's ragged_dot computes every row against every group (E times the "
+                         "work)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
@@ -197,11 +206,11 @@ def main():
     args = ap.parse_args()
     import jax
     backend = jax.default_backend()
-    impls = [i for i in (args.impls or ("moekit,lax,cpp" if backend == "gpu" else "moekit,cpp"))
-             .split(",") if i]
+    default = "moekit,lax,cpp" if backend == "gpu" else "moekit,steps,cpp"
+    impls = [i for i in (args.impls or default).split(",") if i]
     for i in impls:
-        if i not in ("moekit", "lax", "cpp"):
-            raise SystemExit(f"--impls: unknown {i!r}; known: moekit, lax, cpp")
+        if i not in IMPLS:
+            raise SystemExit(f"--impls: unknown {i!r}; known: {', '.join(IMPLS)}")
     if "cpp" in impls and not os.access(args.moekit, os.X_OK):
         raise SystemExit(f"--moekit {args.moekit}: not an executable (build it, or drop cpp "
                          "from --impls)")
@@ -228,12 +237,14 @@ def main():
             if impl != "cpp":
                 for ps in passes:
                     outs[(impl, ps)] = jax.block_until_ready(fns[impl][ps](x, params))
-        # The two JAX layers compute the same function: their outputs, relative to the largest.
-        agree = None
-        if ("moekit", "fwd") in outs and ("lax", "fwd") in outs:
-            a = np.asarray(outs[("moekit", "fwd")], np.float32)
-            b = np.asarray(outs[("lax", "fwd")], np.float32)
-            agree = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+        # The JAX layers compute the same function: each one's output against moekit's,
+        # relative to the largest.
+        agree = {}
+        for other in ("steps", "lax"):
+            if ("moekit", "fwd") in outs and (other, "fwd") in outs:
+                a = np.asarray(outs[("moekit", "fwd")], np.float32)
+                b = np.asarray(outs[(other, "fwd")], np.float32)
+                agree[other] = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
         rounds = {(i, ps): [] for i in impls for ps in passes}
         for r in range(args.rounds):
             print(f"[{n * args.rounds + r + 1}/{steps}] {name} {args.tokens} tokens: round "
@@ -249,7 +260,8 @@ def main():
         for ps in passes:
             row = {"op": "jax_layer", "preset": name, "tokens": args.tokens, "dtype": args.dtype,
                    "pass": ps, "device": device, "machine": machine, "rounds": args.rounds,
-                   "reps": args.reps, "inner": inner, "lax_vs_moekit_max_rel_diff": agree}
+                   "reps": args.reps, "inner": inner,
+                   **{f"{o}_vs_moekit_max_rel_diff": d for o, d in agree.items()}}
             for impl in impls:
                 row[f"{impl}_ms"] = statistics.median(rounds[(impl, ps)])
                 row[f"{impl}_rounds_ms"] = rounds[(impl, ps)]
@@ -258,29 +270,23 @@ def main():
     print(f"moe_layer on one {device} device: {machine}; {args.dtype}, forward and forward + "
           f"backward, median over {args.rounds} rounds of each round's median of {args.reps}",
           file=text)
-    header = f"{'preset':<18} {'tokens':>6} {'pass':>8}" + "".join(
-        f" {i + ' ms':>10}" for i in impls)
-    if "cpp" in impls and "moekit" in impls:
-        header += f" {'moekit/cpp':>11}"
-    if "lax" in impls and "moekit" in impls:
-        header += f" {'lax/moekit':>11}"
-    print(header, file=text)
+    ratios = [(a, b) for a, b in RATIOS if a in impls and b in impls]
+    print(f"{'preset':<18} {'tokens':>6} {'pass':>8}" + "".join(f" {i + ' ms':>10}" for i in impls)
+          + "".join(f" {a + '/' + b:>11}" for a, b in ratios), file=text)
     for row in rows:
-        line = f"{row['preset']:<18} {row['tokens']:>6} {row['pass']:>8}" + "".join(
-            f" {row[i + '_ms']:>10.3f}" for i in impls)
-        if "cpp" in impls and "moekit" in impls:
-            line += f" {row['moekit_ms'] / row['cpp_ms']:>10.2f}x"
-        if "lax" in impls and "moekit" in impls:
-            line += f" {row['lax_ms'] / row['moekit_ms']:>10.2f}x"
-        print(line, file=text)
-    diffs = [r["lax_vs_moekit_max_rel_diff"] for r in rows
-             if r["lax_vs_moekit_max_rel_diff"] is not None]
-    if diffs:
-        print(f"the lax layer's output against moekit's: max |difference| / max |output| = "
-              f"{max(diffs):.2g} (rounding, and a routing tie decided otherwise)", file=text)
-    print("moekit/cpp: moekit.jax's time over the C++ layer's (1.00x: the binding costs nothing). "
-          "lax/moekit: the jax.lax.ragged_dot + jnp layer's time over moekit.jax's (how much "
-          "faster moekit is).", file=text)
+        print(f"{row['preset']:<18} {row['tokens']:>6} {row['pass']:>8}"
+              + "".join(f" {row[i + '_ms']:>10.3f}" for i in impls)
+              + "".join(f" {row[a + '_ms'] / row[b + '_ms']:>10.2f}x" for a, b in ratios),
+              file=text)
+    for other in ("steps", "lax"):
+        diffs = [r[f"{other}_vs_moekit_max_rel_diff"] for r in rows
+                 if f"{other}_vs_moekit_max_rel_diff" in r]
+        if diffs:
+            print(f"the {other} layer's output against moekit's: max |difference| / max |output| "
+                  f"= {max(diffs):.2g} (rounding, and a routing tie decided otherwise)", file=text)
+    print("moekit/cpp: moekit.jax's time over the C++ layer's (1.00x: the binding costs nothing); "
+          "steps/cpp: the same, step by step; lax/moekit: the jax.lax.ragged_dot + jnp layer's "
+          "time over moekit.jax's (how much faster moekit is).", file=text)
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <condition_variable>
+#include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "ffi_common.h"
@@ -44,11 +46,24 @@ class CpuWorker {
       ready_.wait(lock, [&] { return job_ != nullptr; });
       const std::function<ffi::Error()>* job = job_;
       lock.unlock();
-      ffi::Error result = (*job)();
+      ffi::Error result = run_caught(*job);
       lock.lock();
       result_ = std::move(result);
       job_ = nullptr;
       done_.notify_one();
+    }
+  }
+
+  // fn()'s result, or an internal error for an exception it let out (the handlers report
+  // through Status, but an allocation inside the C++ core may still throw std::bad_alloc): an
+  // exception leaving the worker thread would end the process.
+  static ffi::Error run_caught(const std::function<ffi::Error()>& fn) {
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      return ffi::Error::Internal(std::string("moekit: ") + e.what());
+    } catch (...) {
+      return ffi::Error::Internal("moekit: an unknown C++ exception");
     }
   }
 

@@ -7,8 +7,13 @@
 // Status as an ffi::Error: the message names the argument and its value, and JAX raises it as a
 // Python exception. Shapes and dtypes are checked in Python at trace time; the checks here catch
 // what only the data can show (group sizes, offsets) and anything that slipped through.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
+#include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,6 +22,7 @@
 
 #include "cpu_worker.h"
 #include "ffi_common.h"
+#include "ffi_layer.h"
 #include "ffi_ops.h"
 #include "moekit/ep.h"
 #include "moekit/layer.h"
@@ -222,6 +228,125 @@ ffi::Error to_int32(ffi::AnyBuffer x, ffi::Result<ffi::Buffer<ffi::S32>> out,
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The whole layer, one call each way (moekit/layer.h): moe_layer where nothing communicates
+// between its steps. The forward's saved activations are a uint8 result, the backward's
+// argument: the JAX residual.
+
+// moe_layer_forward / backward put their buffers at 64-byte boundaries; XLA aligns less, so each
+// buffer result holds kLayerAlign - 1 bytes of slack. The saved one starts with a header, the
+// offset of its aligned data, so that the backward finds the data where the forward put it.
+constexpr size_t kLayerAlign = 64;
+constexpr size_t kSavedHeader = sizeof(uint64_t);
+
+std::byte* align_up(std::byte* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  return p + ((kLayerAlign - a % kLayerAlign) % kLayerAlign);
+}
+
+// The aligned bytes of a scratch result.
+std::span<std::byte> scratch_of(ffi::AnyBuffer b) {
+  std::byte* base = static_cast<std::byte*>(b.untyped_data());
+  std::byte* data = align_up(base);
+  const size_t skipped = static_cast<size_t>(data - base);
+  return {data, b.size_bytes() > skipped ? b.size_bytes() - skipped : 0};
+}
+
+// The forward's saved result: its header written, the aligned bytes after it.
+std::span<std::byte> saved_for_writing(ffi::AnyBuffer b) {
+  std::byte* base = static_cast<std::byte*>(b.untyped_data());
+  if (b.size_bytes() < kSavedHeader) return {};
+  std::byte* data = align_up(base + kSavedHeader);
+  const uint64_t offset = static_cast<uint64_t>(data - base);
+  std::memcpy(base, &offset, sizeof offset);
+  return {data, b.size_bytes() > offset ? b.size_bytes() - offset : 0};
+}
+
+// The backward's saved argument: the data at the header's offset. XLA hands the forward's result
+// back in place, so the data is aligned as it was written; should a copy ever have moved it to
+// another alignment, it is copied once more, into `moved`, to an aligned place.
+struct AlignedFree {
+  void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{kLayerAlign}); }
+};
+using AlignedBytes = std::unique_ptr<std::byte, AlignedFree>;
+
+ffi::Error saved_for_reading(ffi::AnyBuffer b, AlignedBytes& moved,
+                             std::span<const std::byte>* out) {
+  const auto* base = static_cast<const std::byte*>(b.untyped_data());
+  uint64_t offset = 0;
+  if (b.size_bytes() >= kSavedHeader) std::memcpy(&offset, base, sizeof offset);
+  if (offset < kSavedHeader || offset >= kSavedHeader + kLayerAlign || offset > b.size_bytes()) {
+    return ffi::Error::InvalidArgument(
+        "moe_layer backward: saved is not a residual of moekit's moe_layer forward");
+  }
+  std::span<const std::byte> data(base + offset, b.size_bytes() - offset);
+  if (reinterpret_cast<uintptr_t>(data.data()) % kLayerAlign != 0) {
+    moved.reset(static_cast<std::byte*>(
+        ::operator new (std::max<size_t>(data.size(), 1), std::align_val_t{kLayerAlign})));
+    std::memcpy(moved.get(), data.data(), data.size());
+    data = {moved.get(), data.size()};
+  }
+  *out = data;
+  return ffi::Error::Success();
+}
+
+// The router's, x's and the weights' views; the shared expert's are absent (placeholders) when
+// the config has none.
+ffi::Error layer_inputs(AnyBuffer x, AnyBuffer router, AnyBuffer w_in, AnyBuffer w_out,
+                        AnyBuffer shared_in, AnyBuffer shared_out, const MoeLayerConfig& c,
+                        ConstTensorView* vx, MoeLayerWeights* w) {
+  const bool shared = c.shared_ffn > 0;
+  MOEKIT_FFI_TRY(view_of(x, "x", vx));
+  MOEKIT_FFI_TRY(view_of(router, "router", &w->router));
+  MOEKIT_FFI_TRY(view_of(w_in, "w_in", &w->w_in));
+  MOEKIT_FFI_TRY(view_of(w_out, "w_out", &w->w_out));
+  MOEKIT_FFI_TRY(view_of(shared_in, "shared_in", &w->shared_in, shared));
+  return view_of(shared_out, "shared_out", &w->shared_out, shared);
+}
+
+ffi::Error layer_fwd(AnyBuffer x, AnyBuffer router, AnyBuffer w_in, AnyBuffer w_out,
+                     AnyBuffer shared_in, AnyBuffer shared_out, F32 bias, Ret<AnyBuffer> out,
+                     Ret<F32> aux_loss, Ret<F32> z_loss, Ret<AnyBuffer> tokens_per_expert,
+                     Ret<AnyBuffer> saved, Ret<AnyBuffer> scratch, LayerAttrs a) {
+  const MoeLayerConfig c = layer_config(a, {bias.typed_data(), bias.element_count()});
+  ConstTensorView vx;
+  MoeLayerWeights w;
+  MOEKIT_FFI_TRY(layer_inputs(x, router, w_in, w_out, shared_in, shared_out, c, &vx, &w));
+  MoeLayerOutputs o;
+  MOEKIT_FFI_TRY(view_of(*out, "out", &o.out));
+  MOEKIT_FFI_TRY(view_of(*tokens_per_expert, "tokens_per_expert", &o.tokens_per_expert));
+  o.aux_loss = aux_loss->typed_data();
+  o.z_loss = z_loss->typed_data();
+  return to_error(moe_layer_forward(vx, w, c, saved_for_writing(*saved), scratch_of(*scratch), o));
+}
+
+ffi::Error layer_bwd(AnyBuffer x, AnyBuffer router, AnyBuffer w_in, AnyBuffer w_out,
+                     AnyBuffer shared_in, AnyBuffer shared_out, F32 bias, AnyBuffer saved,
+                     AnyBuffer d_out, F32 d_aux_loss, F32 d_z_loss, Ret<AnyBuffer> d_x,
+                     Ret<AnyBuffer> d_router, Ret<AnyBuffer> d_w_in, Ret<AnyBuffer> d_w_out,
+                     Ret<AnyBuffer> d_shared_in, Ret<AnyBuffer> d_shared_out,
+                     Ret<AnyBuffer> scratch, LayerAttrs a) {
+  const MoeLayerConfig c = layer_config(a, {bias.typed_data(), bias.element_count()});
+  const bool shared = c.shared_ffn > 0;
+  ConstTensorView vx, vd;
+  MoeLayerWeights w;
+  MOEKIT_FFI_TRY(layer_inputs(x, router, w_in, w_out, shared_in, shared_out, c, &vx, &w));
+  MOEKIT_FFI_TRY(view_of(d_out, "d_out", &vd));
+  TensorView vdx;
+  MoeLayerWeightGrads g;
+  MOEKIT_FFI_TRY(view_of(*d_x, "d_x", &vdx));
+  MOEKIT_FFI_TRY(view_of(*d_router, "d_router", &g.router));
+  MOEKIT_FFI_TRY(view_of(*d_w_in, "d_w_in", &g.w_in));
+  MOEKIT_FFI_TRY(view_of(*d_w_out, "d_w_out", &g.w_out));
+  MOEKIT_FFI_TRY(view_of(*d_shared_in, "d_shared_in", &g.shared_in, shared));
+  MOEKIT_FFI_TRY(view_of(*d_shared_out, "d_shared_out", &g.shared_out, shared));
+  AlignedBytes moved;
+  std::span<const std::byte> s;
+  MOEKIT_FFI_TRY(saved_for_reading(saved, moved, &s));
+  return to_error(moe_layer_backward(vx, w, c, s, vd, scalar_of(d_aux_loss), scalar_of(d_z_loss),
+                                     scratch_of(*scratch), vdx, g));
+}
+
 // The losses' values and their cotangents are f32 scalars. (Bindings are parenthesized: the
 // macro would split them at their template commas.)
 XLA_FFI_DEFINE_HANDLER(
@@ -263,6 +388,17 @@ XLA_FFI_DEFINE_HANDLER(
     kToInt32, OnWorker<to_int32>::call,
     (ffi::Ffi::Bind().Arg<AnyBuffer>().Ret<ffi::Buffer<ffi::S32>>().Attr<std::string_view>(
         "what")));
+// x, the five weights, expert_bias; forward: out, the two losses, tokens_per_expert, saved,
+// scratch; backward: saved, d_out and the two losses' cotangents, then d_x, the five weights'
+// gradients and scratch.
+XLA_FFI_DEFINE_HANDLER(
+    kLayerFwd, OnWorker<layer_fwd>::call,
+    (buffers<0, 3>(buffers<6, 0>().Arg<F32>().Ret<AnyBuffer>().Ret<F32>().Ret<F32>())
+         .Attrs<LayerAttrs>()));
+XLA_FFI_DEFINE_HANDLER(
+    kLayerBwd, OnWorker<layer_bwd>::call,
+    (buffers<0, 7>(buffers<2, 0>(buffers<6, 0>().Arg<F32>()).Arg<F32>().Arg<F32>())
+         .Attrs<LayerAttrs>()));
 XLA_FFI_DEFINE_HANDLER(kEpPack, OnWorker<ep_pack_fwd>::call, (buffers<2, 1>()));
 XLA_FFI_DEFINE_HANDLER(kEpUnpack, OnWorker<ep_unpack_fwd>::call, (buffers<2, 1>()));
 XLA_FFI_DEFINE_HANDLER(kEpRegroup, OnWorker<ep_regroup_fwd>::call, (buffers<2, 1>()));
@@ -304,6 +440,8 @@ constexpr Target kCpuTargets[] = {
     {"moekit_sort_chunks_by_index", "cpu", moekit::python::kSortChunks},
     {"moekit_activation_fwd", "cpu", moekit::python::kActivationFwd},
     {"moekit_activation_bwd", "cpu", moekit::python::kActivationBwd},
+    {"moekit_layer_fwd", "cpu", moekit::python::kLayerFwd},
+    {"moekit_layer_bwd", "cpu", moekit::python::kLayerBwd},
     {"moekit_to_int32", "cpu", moekit::python::kToInt32},
     {"moekit_ep_pack", "cpu", moekit::python::kEpPack},
     {"moekit_ep_unpack", "cpu", moekit::python::kEpUnpack},
@@ -360,6 +498,32 @@ MOEKIT_FFI_EXPORT int64_t moekit_ffi_cuda_router_workspace_bytes(int64_t T, int6
 MOEKIT_FFI_EXPORT int64_t moekit_ffi_cuda_permute_workspace_bytes(int64_t T, int64_t S, int64_t E,
                                                                   int64_t N) {
   return cuda_workspace_result(moekit::permute_workspace_size(moekit::Device::kCuda, T, S, E, N));
+}
+
+// The sizes of the layer calls' byte results for T tokens of x's dtype (bf16: bfloat16, else
+// float32), slack and header included: bytes[0] the forward's saved (the residual), bytes[1] its
+// scratch, bytes[2] the backward's scratch. False, and nothing written, for a config the layer
+// refuses (its calls name the problem) or sizes past int64.
+MOEKIT_FFI_EXPORT bool moekit_ffi_layer_workspace(const moekit::python::LayerAttrs* a,
+                                                  int64_t tokens, bool bf16, int64_t bytes[3]) {
+  using moekit::python::kLayerAlign;
+  const moekit::MoeLayerWorkspace w =
+      moekit::moe_layer_workspace(moekit::python::layer_config(*a, {}), tokens,
+                                  bf16 ? moekit::DType::kBF16 : moekit::DType::kF32);
+  if (w.saved_bytes == 0) return false;  // every valid config saves tokens_per_expert
+  const size_t slack = kLayerAlign - 1;
+  const size_t need[3] = {w.saved_bytes, w.forward_bytes, w.backward_bytes};
+  const size_t extra[3] = {moekit::python::kSavedHeader + slack, slack, slack};
+  int64_t out[3];
+  for (int i = 0; i < 3; ++i) {
+    size_t b;
+    if (__builtin_add_overflow(need[i], extra[i], &b) || b > static_cast<size_t>(INT64_MAX)) {
+      return false;
+    }
+    out[i] = static_cast<int64_t>(b);
+  }
+  std::copy(out, out + 3, bytes);
+  return true;
 }
 
 // The rows permute needs at most for any routing: the static N_out of its outputs.

@@ -12,6 +12,8 @@ import moekit.jax as mj
 from test_router import ref_route
 
 F32, BF16 = jnp.float32, jnp.bfloat16
+# moe_layer's two paths: one FFI call each way (the C++ layer), and the steps' calls.
+FUSED = pytest.mark.parametrize("fused", [True, False], ids=["fused", "steps"])
 
 ACTS = {
     "swiglu": (True, jax.nn.silu),
@@ -67,6 +69,10 @@ def ref_layer(x, params, *, k, keep=None, activation_kind="swiglu", aux_loss_coe
     return out, aux, z, sizes
 
 
+def without_fused(opts):
+    return {name: v for name, v in opts.items() if name != "fused"}
+
+
 def make_params(key, H, F, E, Fs=0, gated=True, dtype=F32):
     ks = jax.random.split(key, 5)
     W = 2 * F if gated else F
@@ -108,10 +114,12 @@ def setup(T, H, F, E, Fs, opts, dtype=F32, seed=0):
     return x, params, opts, g
 
 
+@FUSED
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_layer_matches_the_pure_jax_layer_values_and_gradients(case):
+def test_layer_matches_the_pure_jax_layer_values_and_gradients(case, fused):
     _, T, H, F, E, k, Fs, opts = case
     x, params, opts, g = setup(T, H, F, E, Fs, opts)
+    opts["fused"] = fused
 
     def loss(layer):
         def f(x, params):
@@ -124,13 +132,14 @@ def test_layer_matches_the_pure_jax_layer_values_and_gradients(case):
         return out, a.aux_loss, a.z_loss
 
     def ref(x, params):
-        return ref_layer(x, params, k=k, **opts)[:3]
+        return ref_layer(x, params, k=k, **without_fused(opts))[:3]
 
     got, want = jax.jit(ours)(x, params), ref(x, params)
     for name, a, b in zip(("out", "aux_loss", "z_loss"), got, want):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=name)
     _, aux = mj.moe_layer(x, params, k=k, **opts)
-    np.testing.assert_array_equal(aux.tokens_per_expert, ref_layer(x, params, k=k, **opts)[3])
+    np.testing.assert_array_equal(aux.tokens_per_expert,
+                                  ref_layer(x, params, k=k, **without_fused(opts))[3])
 
     got_g = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(x, params)
     want_g = jax.grad(loss(ref), argnums=(0, 1))(x, params)
@@ -140,7 +149,8 @@ def test_layer_matches_the_pure_jax_layer_values_and_gradients(case):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * scale, err_msg=f"d {name}")
 
 
-def test_bf16_follows_f32():
+@FUSED
+def test_bf16_follows_f32(fused):
     T, H, F, E, k = 33, 64, 24, 8, 2
     x, params, _, g = setup(T, H, F, E, 16, {}, dtype=F32, seed=3)
     x16 = x.astype(BF16)
@@ -148,13 +158,14 @@ def test_bf16_follows_f32():
     # The f32 layer on the bf16-rounded inputs is the target; bf16 rounds each intermediate.
     x32 = x16.astype(F32)
     params32 = mj.MoeParams(*(w.astype(F32) for w in params16))
-    want, _ = mj.moe_layer(x32, params32, k=k)
-    got, _ = mj.moe_layer(x16, params16, k=k)
+    want, _ = mj.moe_layer(x32, params32, k=k, fused=fused)
+    got, _ = mj.moe_layer(x16, params16, k=k, fused=fused)
     assert got.dtype == BF16
     err = jnp.linalg.norm(got.astype(F32) - want) / jnp.linalg.norm(want)
     assert float(err) < 0.02, float(err)
-    d16 = jax.grad(lambda p: jnp.sum(mj.moe_layer(x16, p, k=k)[0].astype(F32) * g))(params16)
-    d32 = jax.grad(lambda p: jnp.sum(mj.moe_layer(x32, p, k=k)[0] * g))(params32)
+    d16 = jax.grad(lambda p: jnp.sum(mj.moe_layer(x16, p, k=k, fused=fused)[0].astype(F32) * g))(
+        params16)
+    d32 = jax.grad(lambda p: jnp.sum(mj.moe_layer(x32, p, k=k, fused=fused)[0] * g))(params32)
     for name, a, b in zip(mj.MoeParams._fields, d16, d32):
         err = jnp.linalg.norm(a.astype(F32) - b) / jnp.linalg.norm(b)
         assert float(err) < 0.03, (name, float(err))
@@ -175,20 +186,22 @@ def capacity_keep(weights, idx, E, capacity_factor, policy):
     return keep
 
 
+@FUSED
 @pytest.mark.parametrize("policy", ["probs", "position"])
-def test_capacity_drops_exactly_the_slots_the_spec_says(policy):
+def test_capacity_drops_exactly_the_slots_the_spec_says(policy, fused):
     T, H, F, E, k, cf = 24, 8, 5, 4, 2, 0.75
     x, params, _, g = setup(T, H, F, E, 0, {}, seed=5)
     r = ref_route(x @ params.router, k)
     keep = capacity_keep(np.asarray(r.topk_weights), np.asarray(r.topk_indices), E, cf, policy)
     assert 0 < keep.sum() < T * k  # some slots are dropped, not all
-    out, aux = mj.moe_layer(x, params, k=k, capacity_factor=cf, drop_policy=policy)
+    out, aux = mj.moe_layer(x, params, k=k, capacity_factor=cf, drop_policy=policy, fused=fused)
     want = ref_layer(x, params, k=k, keep=keep)[0]
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
     kept_per_expert = np.bincount(np.asarray(r.topk_indices)[keep > 0], minlength=E)
     np.testing.assert_array_equal(aux.tokens_per_expert, kept_per_expert)
     got_g = jax.grad(lambda p: jnp.sum(mj.moe_layer(x, p, k=k, capacity_factor=cf,
-                                                    drop_policy=policy)[0] * g))(params)
+                                                    drop_policy=policy, fused=fused)[0] * g))(
+        params)
     want_g = jax.grad(lambda p: jnp.sum(ref_layer(x, p, k=k, keep=keep)[0] * g))(params)
     for name, a, b in zip(mj.MoeParams._fields, got_g, want_g):
         if b is None:
@@ -256,27 +269,29 @@ def test_named_errors():
         mj.moe_layer(x, params, k=2, activation_kind="tanh")
 
 
+@FUSED
 @pytest.mark.parametrize("shared", [0, 6])
-def test_params_as_a_mapping(shared):
+def test_params_as_a_mapping(shared, fused):
     """A dict with MoeParams' names (as Flax and Equinox hold weights) gives the MoeParams'
     output bit for bit, and gradients in a dict of the same names."""
     x, params, _, _ = setup(9, 8, 3, 4, shared, {})
     as_dict = {name: w for name, w in params._asdict().items() if w is not None}
 
     def loss(p):
-        out, aux = mj.moe_layer(x, p, k=2, aux_loss_coeff=0.01)
+        out, aux = mj.moe_layer(x, p, k=2, aux_loss_coeff=0.01, fused=fused)
         return jnp.sum(out * out) + aux.aux_loss
 
-    np.testing.assert_array_equal(mj.moe_layer(x, as_dict, k=2)[0],
-                                  mj.moe_layer(x, params, k=2)[0])
+    np.testing.assert_array_equal(mj.moe_layer(x, as_dict, k=2, fused=fused)[0],
+                                  mj.moe_layer(x, params, k=2, fused=fused)[0])
     got, want = jax.grad(loss)(as_dict), jax.grad(loss)(params)
     assert isinstance(got, dict) and set(got) == set(as_dict)
     for name, g in got.items():
         np.testing.assert_array_equal(g, getattr(want, name), err_msg=name)
 
 
+@FUSED
 @pytest.mark.parametrize("dtype,shared", [(F32, 0), (F32, 24), (BF16, 24)])
-def test_batch_invariant_token_is_the_same_bits_in_any_batch(dtype, shared):
+def test_batch_invariant_token_is_the_same_bits_in_any_batch(dtype, shared, fused):
     """batch_invariant=True: a probe token's output and its gradient (x and d_out rows) are the
     same bits at T = 1, 7, 64, 512, first, middle or last among other tokens."""
     H, F, E, k = 96, 40, 8, 2
@@ -287,7 +302,7 @@ def test_batch_invariant_token_is_the_same_bits_in_any_batch(dtype, shared):
     @jax.jit
     def run(x, g):
         def loss(x):
-            out, _ = mj.moe_layer(x, params, k=k, batch_invariant=True)
+            out, _ = mj.moe_layer(x, params, k=k, batch_invariant=True, fused=fused)
             return jnp.sum(out.astype(F32) * g.astype(F32)), out
         (_, out), d_x = jax.value_and_grad(loss, has_aux=True)(x)
         return out, d_x
@@ -302,3 +317,127 @@ def test_batch_invariant_token_is_the_same_bits_in_any_batch(dtype, shared):
             want = got
         assert np.array_equal(got[0], want[0]), f"out differs at T = {T}, token {at}"
         assert np.array_equal(got[1], want[1]), f"d_x differs at T = {T}, token {at}"
+
+
+# (name, T, H, F, E, k, Fs, options) for the fused call against the steps: the edges of the
+# token count, every row in one group, alignment, capacity, and every routing option at once.
+FUSED_CASES = [
+    ("no_tokens", 0, 8, 5, 4, 2, 3, dict(aux_loss_coeff=0.1, z_loss_coeff=0.1)),
+    ("one_token", 1, 8, 5, 4, 2, 0, dict(aux_loss_coeff=0.1)),
+    ("one_group", 19, 8, 5, 4, 1, 0, dict(one_group=True, aux_loss_coeff=0.1)),
+    ("aligned", 17, 12, 7, 6, 3, 0, dict(align_size=4)),
+    ("capacity_aligned", 23, 12, 7, 6, 2, 5,
+     dict(capacity_factor=0.8, drop_policy="position", align_size=3)),
+    ("sigmoid_groups_bias", 21, 16, 5, 16, 4, 5,
+     dict(score="sigmoid", num_groups=4, group_topk=2, scaling_factor=2.5, bias=True,
+          aux_loss_coeff=1.0, z_loss_coeff=0.5, activation_kind="geglu")),
+]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[c[0] for c in FUSED_CASES])
+def test_fused_equals_the_steps(case):
+    """The one-call layer against the step-by-step one: outputs, losses, tokens_per_expert and
+    every gradient (f32: both sum in f32, in other orders)."""
+    _, T, H, F, E, k, Fs, opts = case
+    x, params, opts, g = setup(T, H, F, E, Fs, opts, seed=T)
+    if opts.pop("one_group", False):  # every token's logit largest at expert 2
+        x = jnp.abs(x)
+        params = params._replace(router=jnp.zeros((H, E)).at[:, 2].set(1.0))
+
+    def run(fused):
+        def loss(x, params):
+            out, aux = mj.moe_layer(x, params, k=k, fused=fused, **opts)
+            return jnp.sum(out * g) + 0.7 * aux.aux_loss + 1.3 * aux.z_loss, (out, aux)
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(x, params)
+
+    (l1, (out1, aux1)), g1 = run(True)
+    (l2, (out2, aux2)), g2 = run(False)
+    if case[0] == "one_group":
+        assert aux1.tokens_per_expert.tolist() == [0, 0, T, 0]
+    np.testing.assert_array_equal(aux1.tokens_per_expert, aux2.tokens_per_expert)
+    scale = float(jnp.max(jnp.abs(out2), initial=0.0)) + 1e-6
+    np.testing.assert_allclose(out1, out2, rtol=1e-5, atol=1e-5 * scale)
+    for name, a, b in (("loss", l1, l2), ("aux_loss", aux1.aux_loss, aux2.aux_loss),
+                       ("z_loss", aux1.z_loss, aux2.z_loss)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+    names = ["x"] + [f"params.{f}" for f in mj.MoeParams._fields]
+    for name, a, b in zip(names, jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        scale = float(jnp.max(jnp.abs(b), initial=0.0)) + 1e-6
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * scale, err_msg=f"d {name}")
+
+
+def test_fused_residual_outlives_its_jit():
+    """The forward's saved activations, kept by jax.vjp as a residual, serve a backward run
+    later in a call of its own (after other layers ran in between), as with a jitted forward
+    and backward: the same bits as one jitted value_and_grad."""
+    x, params, _, g = setup(13, 16, 9, 8, 6, {}, seed=9)
+    layer = jax.jit(lambda x, p: mj.moe_layer(x, p, k=2, fused=True)[0])
+    out, vjp = jax.vjp(layer, x, params)
+    other = setup(29, 16, 9, 8, 6, {}, seed=10)
+    jax.block_until_ready(jax.vjp(layer, other[0], other[1])[1](other[3]))  # another call between
+    d_x, d_p = vjp(g)
+    want_out, (want_dx, want_dp) = jax.jit(jax.value_and_grad(
+        lambda x, p: jnp.sum(layer(x, p) * g), argnums=(0, 1)))(x, params)
+    np.testing.assert_array_equal(d_x, want_dx)
+    for name, a, b in zip(mj.MoeParams._fields, d_p, want_dp):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_fused_under_vmap_is_a_loop_of_layers():
+    x, params, _, _ = setup(11, 8, 5, 4, 0, {}, seed=2)
+    xs = jnp.stack([x, -x, 2 * x])
+    got, aux = jax.vmap(lambda x: mj.moe_layer(x, params, k=2, fused=True))(xs)
+    for i in range(3):
+        want, want_aux = mj.moe_layer(xs[i], params, k=2, fused=True)
+        np.testing.assert_array_equal(got[i], want)
+        np.testing.assert_array_equal(aux.tokens_per_expert[i], want_aux.tokens_per_expert)
+
+
+def test_fused_errors():
+    from moekit.jax import _ffi
+    x, params, _, _ = setup(5, 8, 3, 4, 0, {})
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("ep",))
+    with pytest.raises(ValueError, match="fused = True runs on the CPU without ep_axis"):
+        jax.shard_map(lambda x: mj.moe_layer(x, params, k=2, ep_axis="ep", fused=True)[0],
+                      mesh=mesh, in_specs=jax.P("ep"), out_specs=jax.P("ep"))(x)
+    # A backward given bytes that no forward wrote names them (the header is checked).
+    attrs = _ffi.layer_attrs(hidden=8, ffn=3, num_experts=4, shared_ffn=0, k=2, score=0,
+                             pre_softmax=False, num_groups=0, group_topk=0, scaling_factor=1.0,
+                             activation=0, capacity_factor=0.0, drop_policy=0, align_size=1,
+                             aux_loss_coeff=0.0, z_loss_coeff=0.0, batch_invariant=False)
+    saved_bytes, _, scratch_bytes = _ffi.layer_workspace(attrs, 5, False)
+    none = jnp.zeros((0,), F32)
+    weights = (params.router, params.w_in, params.w_out, none, none)
+    results = [(a.shape, a.dtype) for a in (x, *weights)] + [((scratch_bytes,), jnp.uint8)]
+    with pytest.raises(Exception, match="saved is not a residual of moekit's moe_layer forward"):
+        jax.block_until_ready(_ffi.call(
+            "moekit_layer_bwd", results, x, *weights, jnp.zeros((0,), F32),
+            jnp.zeros((saved_bytes,), jnp.uint8), x, jnp.zeros((), F32), jnp.zeros((), F32),
+            **dict(attrs)))
+    with pytest.raises(TypeError, match="are not LayerAttrs'"):
+        _ffi.layer_attrs(hidden=8)
+
+
+def test_bench_script_runs_and_prints_its_json():
+    # bench/jax_layer.py at 4 tokens: per pass one object with each implementation's time (the
+    # C++ layer's from build/moekit, which `make test` builds first) and the JAX layers' outputs
+    # against moekit's, within bf16 rounding.
+    import json
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).parents[2]
+    done = subprocess.run([sys.executable, str(root / "bench" / "jax_layer.py"), "--preset",
+                           "olmoe-1b-7b", "--tokens", "4", "--impls", "moekit,steps,lax,cpp",
+                           "--rounds", "1", "--reps", "1", "--warmup", "0", "--json"],
+                          capture_output=True, text=True, check=True)
+    cases = json.loads(done.stdout)
+    assert [c["pass"] for c in cases] == ["fwd", "fwd+bwd"]
+    for c in cases:
+        assert c["preset"] == "olmoe-1b-7b" and c["tokens"] == 4 and c["device"] == "cpu"
+        for impl in ("moekit", "steps", "lax", "cpp"):
+            assert c[f"{impl}_ms"] > 0 and c[f"{impl}_rounds_ms"] == [c[f"{impl}_ms"]]
+        assert c["steps_vs_moekit_max_rel_diff"] < 0.02
+        assert c["lax_vs_moekit_max_rel_diff"] < 0.02
+    assert "moekit/cpp" in done.stderr and "lax/moekit" in done.stderr

@@ -24,6 +24,28 @@ class _Target(ctypes.Structure):
                 ("handler", ctypes.c_void_p)]
 
 
+# moekit::python::LayerAttrs (python/csrc/ffi_layer.h), field by field: the whole layer's
+# handlers take it as one attribute, moekit_ffi_layer_workspace as this struct.
+LAYER_FIELDS = (("hidden", ctypes.c_int64, np.int64), ("ffn", ctypes.c_int64, np.int64),
+                ("num_experts", ctypes.c_int64, np.int64),
+                ("shared_ffn", ctypes.c_int64, np.int64), ("k", ctypes.c_int32, np.int32),
+                ("score", ctypes.c_int32, np.int32), ("pre_softmax", ctypes.c_bool, np.bool_),
+                ("num_groups", ctypes.c_int32, np.int32),
+                ("group_topk", ctypes.c_int32, np.int32),
+                ("scaling_factor", ctypes.c_float, np.float32),
+                ("activation", ctypes.c_int32, np.int32),
+                ("capacity_factor", ctypes.c_double, np.float64),
+                ("drop_policy", ctypes.c_int32, np.int32),
+                ("align_size", ctypes.c_int64, np.int64),
+                ("aux_loss_coeff", ctypes.c_float, np.float32),
+                ("z_loss_coeff", ctypes.c_float, np.float32),
+                ("batch_invariant", ctypes.c_bool, np.bool_))
+
+
+class _LayerAttrs(ctypes.Structure):
+    _fields_ = [(name, ctype) for name, ctype, _ in LAYER_FIELDS]
+
+
 def _load(path):
     try:
         lib = ctypes.CDLL(str(path))
@@ -38,6 +60,9 @@ def _load(path):
     lib.moekit_ffi_cuda_router_workspace_bytes.argtypes = [ctypes.c_int64] * 2
     lib.moekit_ffi_cuda_permute_workspace_bytes.restype = ctypes.c_int64
     lib.moekit_ffi_cuda_permute_workspace_bytes.argtypes = [ctypes.c_int64] * 4
+    lib.moekit_ffi_layer_workspace.restype = ctypes.c_bool
+    lib.moekit_ffi_layer_workspace.argtypes = [ctypes.POINTER(_LayerAttrs), ctypes.c_int64,
+                                               ctypes.c_bool, ctypes.POINTER(ctypes.c_int64)]
     lib.moekit_ffi_permute_max_rows.restype = ctypes.c_int64
     lib.moekit_ffi_permute_max_rows.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
                                                 ctypes.c_int64, ctypes.c_double, ctypes.c_bool]
@@ -152,6 +177,27 @@ def permute_max_rows(T, E, k, align_size, capacity_factor, pad_to_capacity):
     """The rows permute needs at most for any routing: the static N_out of its outputs."""
     return int(_lib.moekit_ffi_permute_max_rows(T, E, k, align_size, capacity_factor,
                                                 pad_to_capacity))
+
+
+def layer_attrs(**values):
+    """The whole layer's attributes from every LayerAttrs field by name: a hashable tuple of
+    (name, numpy scalar) pairs, in the struct's order."""
+    if set(values) != {name for name, _, _ in LAYER_FIELDS}:
+        raise TypeError(f"layer_attrs: fields {sorted(values)} are not LayerAttrs' "
+                        f"{[name for name, _, _ in LAYER_FIELDS]}")
+    return tuple((name, np_type(values[name])) for name, _, np_type in LAYER_FIELDS)
+
+
+@functools.lru_cache(maxsize=None)
+def layer_workspace(attrs, T, bf16):
+    """Bytes of the whole layer calls' byte results for T tokens: (the forward's saved
+    activations, the residual; the forward's scratch; the backward's scratch), or None for a
+    config the layer refuses."""
+    struct = _LayerAttrs(**{name: value.item() for name, value in attrs})
+    sizes = (ctypes.c_int64 * 3)()
+    if not _lib.moekit_ffi_layer_workspace(ctypes.byref(struct), T, bf16, sizes):
+        return None
+    return tuple(sizes)
 
 
 FLOAT_DTYPES = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16))

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from moekit.jax import _ffi, ep, ep_mpi
-from moekit.jax.permute import permute, unpermute
+from moekit.jax.permute import capacity_options, permute, unpermute
 from moekit.jax.ragged_dot import ragged_dot
-from moekit.jax.router import aux_loss_scores, load_balancing_loss, route, z_loss
+from moekit.jax.router import aux_loss_scores, load_balancing_loss, route, route_attrs, z_loss
 
 __all__ = ["MoeAux", "MoeParams", "activation", "moe_layer"]
 
@@ -101,6 +101,40 @@ def _activation_bwd(kind, tail_zero, res, ct):
 _activation.defvjp(_activation_fwd, _activation_bwd)
 
 
+# The whole layer, one FFI call each way: weights = (router, w_in, w_out, shared_in,
+# shared_out), the shared pair as [0] placeholders without a shared expert; bias the routing's
+# expert_bias ([0]: none); attrs the handlers' LayerAttrs (_ffi.layer_attrs).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _layer(x, weights, bias, attrs):
+    return _layer_fwd(x, weights, bias, attrs)[0]
+
+
+def _layer_fwd(x, weights, bias, attrs):
+    (T, H), E = x.shape, dict(attrs)["num_experts"]
+    saved_bytes, scratch_bytes, _ = _ffi.layer_workspace(attrs, T, x.dtype == jnp.bfloat16)
+    f32, u8 = jnp.float32, jnp.uint8
+    out, aux, z, sizes, saved, _ = _ffi.call(
+        "moekit_layer_fwd", [((T, H), x.dtype), ((), f32), ((), f32), ((E,), jnp.int32),
+                             ((saved_bytes,), u8), ((scratch_bytes,), u8)],
+        x, *weights, bias, **dict(attrs))
+    return (out, MoeAux(aux, z, sizes)), (x, weights, bias, saved)
+
+
+def _layer_bwd(attrs, residuals, ct):
+    x, weights, bias, saved = residuals
+    d_out, d_aux = ct
+    scratch_bytes = _ffi.layer_workspace(attrs, x.shape[0], x.dtype == jnp.bfloat16)[2]
+    results = [(a.shape, a.dtype) for a in (x, *weights)] + [((scratch_bytes,), jnp.uint8)]
+    grads = _ffi.call("moekit_layer_bwd", results, x, *weights, bias, saved,
+                      d_out.astype(x.dtype), d_aux.aux_loss.astype(jnp.float32),
+                      d_aux.z_loss.astype(jnp.float32), **dict(attrs))[:-1]
+    d_x, *d_weights = _ffi.match_vma(tuple(grads), (x, *weights))
+    return d_x, tuple(d_weights), None
+
+
+_layer.defvjp(_layer_fwd, _layer_bwd)
+
+
 def _as_params(fn, params):
     """params as a MoeParams: one already, or a mapping with MoeParams' names (a dict, a Flax or
     Equinox tree), router, w_in and w_out required, shared_in and shared_out optional."""
@@ -123,7 +157,8 @@ def _as_params(fn, params):
 def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=None,
               group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
               capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
-              z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto", batch_invariant=False):
+              z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto", batch_invariant=False,
+              fused=None):
     """The MoE layer: route, permute, gate+up grouped matmul, activation, down grouped matmul,
     combine with the routing weights, plus an optional shared expert.
 
@@ -167,11 +202,19 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         `ragged_dot`'s batch-invariant mode; the other steps work token by token already. Not
         where the result depends on the batch by definition: the tokens a capacity drops, and
         the gradient through the load-balancing loss or the z-loss. CPU only.
+      fused: how the layer runs. True: one call each way, the C++ layer's forward and backward
+        (`moekit/layer.h`) with its saved activations as the residual: what the C++ layer does
+        once, done once (bench/results/jax_layer-*); on the CPU without ep_axis. False: step by
+        step, each step a call of its own (as with ep_axis, whose exchanges run between the
+        steps). None (default): fused where it can be, except in the batch-invariant mode, whose
+        promise spans the number of devices: there the steps, which the layer over ep_axis
+        takes too, so that its bits are the same on one device and on several (the fused call
+        sums d_x's parts, and rounds a bf16 shared expert's output, in another order).
 
     Returns:
       ``(out [T, H] in x's dtype, MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
-      flow to x and every weight (not to expert_bias), through the losses too; each step's
-      backward is the C++ one, the activation's is JAX's. With ep_axis, the gradients of the
+      flow to x and every weight (not to expert_bias), through the losses too, by moekit's
+      C++ backward of each step (or of the whole layer, fused). With ep_axis, the gradients of the
       replicated weights are summed over the axis by shard_map, as for any replicated input.
 
     Under `vmap` each step runs as a loop of calls (see the package docstring).
@@ -216,6 +259,40 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
             raise TypeError(f"{fn}: params.{name} is {w.dtype}, x is {x.dtype}")
     if (params.shared_in is None) != (params.shared_out is None):
         raise ValueError(f"{fn}: params.shared_in and params.shared_out: give both or neither")
+    shared = params.shared_in is not None
+    if shared:
+        shared_in, shared_out = jnp.asarray(params.shared_in), jnp.asarray(params.shared_out)
+        if (shared_in.ndim != 2 or shared_out.ndim != 2 or shared_in.shape[0] != H
+                or shared_out.shape[1] != H or shared_in.shape[1] != (
+                    2 * shared_out.shape[0] if gated else shared_out.shape[0])):
+            raise ValueError(f"{fn}: params.shared_in {tuple(shared_in.shape)} and shared_out "
+                             f"{tuple(shared_out.shape)} must be [H, 2Fs | Fs] and [Fs, H]")
+        for name, w in (("shared_in", shared_in), ("shared_out", shared_out)):
+            if w.dtype != x.dtype:
+                raise TypeError(f"{fn}: params.{name} is {w.dtype}, x is {x.dtype}")
+
+    can_fuse = ep_axis is None and jax.default_backend() == "cpu"
+    if fused and not can_fuse:
+        here = f"ep_axis = {ep_axis!r}" if ep_axis is not None else jax.default_backend()
+        raise ValueError(f"{fn}: fused = True runs on the CPU without ep_axis (here {here})")
+    if can_fuse and (fused or (fused is None and not batch_invariant)):
+        bias, route_attrs_ = route_attrs(fn, E, k, score, pre_softmax, num_groups, group_topk,
+                                         scaling_factor, expert_bias)
+        align, cf, policy = capacity_options(fn, align_size, capacity_factor, drop_policy)
+        attrs = _ffi.layer_attrs(
+            hidden=H, ffn=F, num_experts=E, shared_ffn=shared_out.shape[0] if shared else 0,
+            **dict(route_attrs_), activation=_ACTIVATIONS[activation_kind][1],
+            capacity_factor=cf, drop_policy=policy, align_size=align,
+            aux_loss_coeff=aux_loss_coeff, z_loss_coeff=z_loss_coeff,
+            batch_invariant=batch_invariant)
+        if _ffi.layer_workspace(attrs, T, x.dtype == jnp.bfloat16) is None:
+            raise ValueError(f"{fn}: {T} tokens, H = {H}, F = {F}, {E} experts, k = {k}, "
+                             f"align_size = {align_size}, capacity_factor = {capacity_factor}: "
+                             f"the layer's buffers would not fit a 64-bit size")
+        none = jnp.zeros((0,), x.dtype)
+        weights = (router, w_in, w_out, shared_in if shared else none,
+                   shared_out if shared else none)
+        return _layer(x, weights, bias, attrs)
 
     def dense(a, w):  # a @ w in f32; in the mode, as one ragged_dot group of every row
         if not batch_invariant:
@@ -261,12 +338,7 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     if ep_axis is not None:
         y = combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
     out = unpermute(y, p, r.topk_weights)  # [T, H]
-    if params.shared_in is not None:
-        shared_in, shared_out = jnp.asarray(params.shared_in), jnp.asarray(params.shared_out)
-        if shared_in.shape[0] != H or shared_out.shape[1] != H or shared_in.shape[1] != (
-                2 * shared_out.shape[0] if gated else shared_out.shape[0]):
-            raise ValueError(f"{fn}: params.shared_in {tuple(shared_in.shape)} and shared_out "
-                             f"{tuple(shared_out.shape)} must be [H, 2Fs | Fs] and [Fs, H]")
+    if shared:
         hs = dense(x, shared_in).astype(x.dtype)
         out = out + dense(activation(hs, activation_kind), shared_out).astype(x.dtype)
     return out, MoeAux(aux, z, over_devices(p.tokens_per_expert))

@@ -119,18 +119,9 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
         _ffi.check_float(fn, "probs", probs)
         if probs.shape != (T, S):
             raise ValueError(f"{fn}: probs must be [T, S] = [{T}, {S}], got {tuple(probs.shape)}")
-    if drop_policy not in _DROP_POLICIES:
-        raise ValueError(f"{fn}: drop_policy = {drop_policy!r}: must be one of "
-                         f"{sorted(_DROP_POLICIES)}")
+    align, cf, policy = capacity_options(fn, align_size, capacity_factor, drop_policy)
     if capacity_factor is not None and k is None:
         raise ValueError(f"{fn}: a capacity_factor beside a routing map needs k")
-    align = 1 if align_size is None else int(align_size)
-    if not 1 <= align < 2**31:
-        raise ValueError(f"{fn}: align_size = {align_size}: must be in [1, 2^31 - 1]")
-    cf = 0.0 if capacity_factor is None else float(capacity_factor)
-    if capacity_factor is not None and not (math.isfinite(cf) and cf > 0):
-        raise ValueError(f"{fn}: capacity_factor = {capacity_factor}: must be finite and > 0 "
-                         f"(None: dropless)")
     if not 1 <= E < 2**31:
         raise ValueError(f"{fn}: {E} experts: must be in [1, 2^31 - 1]")
     if num_out_tokens is None:
@@ -145,11 +136,27 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
                              f"2^31 - 1")
     has_probs = probs is not None
     attrs = (("align_size", np.int64(align)), ("capacity_factor", np.float64(cf)),
-             ("drop_policy", np.int32(_DROP_POLICIES[drop_policy])),
+             ("drop_policy", np.int32(policy)),
              ("pad_to_capacity", np.bool_(pad_to_capacity)), ("k", np.int32(k or 0)),
              ("has_probs", np.bool_(has_probs)))
     return _permute(x, routing_map, probs if has_probs else _ffi.placeholder(),
                     int(num_out_tokens), E, attrs)
+
+
+def capacity_options(fn, align_size, capacity_factor, drop_policy):
+    """permute's alignment and capacity checked (errors name `fn`): (align_size as an int >= 1,
+    capacity_factor as a float, 0 for dropless, DropPolicy's value)."""
+    if drop_policy not in _DROP_POLICIES:
+        raise ValueError(f"{fn}: drop_policy = {drop_policy!r}: must be one of "
+                         f"{sorted(_DROP_POLICIES)}")
+    align = 1 if align_size is None else int(align_size)
+    if not 1 <= align < 2**31:
+        raise ValueError(f"{fn}: align_size = {align_size}: must be in [1, 2^31 - 1]")
+    cf = 0.0 if capacity_factor is None else float(capacity_factor)
+    if capacity_factor is not None and not (math.isfinite(cf) and cf > 0):
+        raise ValueError(f"{fn}: capacity_factor = {capacity_factor}: must be finite and > 0 "
+                         f"(None: dropless)")
+    return align, cf, _DROP_POLICIES[drop_policy]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -98,7 +98,15 @@ def route(logits, k, *, score="softmax", pre_softmax=False, num_groups=None, gro
     logits = jnp.asarray(logits)
     _ffi.check_rank(fn, "logits", logits, 2, "[T, E]")
     _ffi.check_float(fn, "logits", logits)
-    E = logits.shape[1]
+    bias, attrs = route_attrs(fn, logits.shape[1], k, score, pre_softmax, num_groups,
+                              group_topk, scaling_factor, expert_bias)
+    return _route(logits, bias, attrs)
+
+
+def route_attrs(fn, E, k, score, pre_softmax, num_groups, group_topk, scaling_factor,
+                expert_bias):
+    """route's arguments for E experts checked (errors name `fn`): (expert_bias as a float32
+    [E] array, or [0] for none; the handlers' routing attributes)."""
     k = int(k)
     if not 1 <= k <= E:
         raise ValueError(f"{fn}: k = {k}: must be in [1, E] = [1, {E}]")
@@ -121,7 +129,7 @@ def route(logits, k, *, score="softmax", pre_softmax=False, num_groups=None, gro
     attrs = (("k", np.int32(k)), ("score", np.int32(code)), ("pre_softmax", np.bool_(pre_softmax)),
              ("num_groups", np.int32(num_groups or 0)), ("group_topk", np.int32(group_topk or 0)),
              ("scaling_factor", np.float32(scaling_factor)))
-    return _route(logits, bias, attrs)
+    return bias, attrs
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
