@@ -160,7 +160,10 @@ def setup(args):
 
 
 def time_call(fn, args, warmup, reps, inner):
-    """Median ms per call of `reps` runs of `inner` calls each, after `warmup` runs."""
+    """Median ms per call of `reps` runs of `inner` calls each, after `warmup` runs. Each run's
+    results are dropped before the next run starts, as a training step's gradients are once
+    applied and as the C++ bench reuses its buffers: kept, they would make every call allocate
+    its results (1.2 GB of weight gradients at qwen3's shapes) beside the last call's."""
     import jax
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
@@ -170,6 +173,7 @@ def time_call(fn, args, warmup, reps, inner):
         out = [fn(*args) for _ in range(inner)]
         jax.block_until_ready(out)
         times.append(1e3 * (time.perf_counter() - t0) / inner)
+        del out
     return statistics.median(times)
 
 
