@@ -8,7 +8,8 @@ moe_layer on one device, on the same global tokens, forward + backward.
 
 --devices: D CPU devices of one process, each count in a process of its own (XLA_FLAGS must be
 set before jax starts), which times, run by run in turn:
-  one       moe_layer on all the tokens, on device 0
+  one       moe_layer on all the tokens, on device 0 (its default: fused, one call each way)
+  one_steps the same step by step (fused=False), the path the expert-parallel layer takes
   ep        the layer with ep_axis over the D devices, ep_exchange="all_to_all"
   exchange  the exchange alone: moekit.jax.ep.dispatch then combine of each device's permuted
             rows (the same counts as the layer's first step), forward only
@@ -99,8 +100,11 @@ def setup(args, devices):
             lambda x, q: mj.moe_layer(x, q, ep_axis="ep", ep_exchange=exchange, **kw),
             mesh=mesh, in_specs=(P("ep"), spec), out_specs=(P("ep"), P()))(x, params)
 
-    def one(x, params):
+    def one(x, params):  # moe_layer's default on one device: fused on the CPU
         return mj.moe_layer(x, params, **kw)
+
+    def one_steps(x, params):  # step by step, the path the expert-parallel layer takes
+        return mj.moe_layer(x, params, fused=False, **kw)
 
     def fwd_bwd(layer, ct):
         def loss(x, params, ct):
@@ -128,7 +132,8 @@ def setup(args, devices):
     info = {"preset": p["name"], "tokens": T, "dtype": args.dtype, "reps": args.reps,
             # Per device and exchange (forward: dispatch + combine; the backward moves as much).
             "exchange_bytes_padded": 2 * D * N * row, "exchange_bytes_needed": 2 * N * row}
-    return dict(x=x, ct=ct, router=router, expert_weights=expert_weights, mesh=mesh, spec=spec, sharded=sharded, one=one,
+    return dict(x=x, ct=ct, router=router, expert_weights=expert_weights, mesh=mesh, spec=spec,
+                sharded=sharded, one=one, one_steps=one_steps,
                 fwd_bwd=fwd_bwd, exchange=exchange, info=info)
 
 
@@ -160,9 +165,11 @@ def run_devices(args):
     x, ex = s["x"], s["exchange"]("all_to_all")
     params = mj.MoeParams(s["router"], *s["expert_weights"](0, s["router"].shape[1]))
     ms = time_in_turn({"one": (s["fwd_bwd"](s["one"], s["ct"]), (x, params)),
+                       "one_steps": (s["fwd_bwd"](s["one_steps"], s["ct"]), (x, params)),
                        "ep": (s["fwd_bwd"](s["sharded"]("all_to_all"), s["ct"]), (x, params)),
                        "exchange": (ex, (x, params.router))}, args)
-    out = dict(s["info"], devices=D, one_ms=ms["one"], ep_ms=ms["ep"],
+    out = dict(s["info"], devices=D, one_ms=ms["one"], one_steps_ms=ms["one_steps"],
+               ep_ms=ms["ep"],
                exchange_ms=ms["exchange"], exchange_bytes_moved=s["info"]["exchange_bytes_padded"])
     print(json.dumps(out))
 
@@ -234,17 +241,21 @@ def print_devices(rows, out):
 
 
 def print_processes(rows, out):
-    print(f"{'procs':>5} {'thr':>3} {'one ms':>8} {'ep mpi':>8} {'/ one':>6} {'ep a2a':>8} "
-          f"{'/ one':>6} {'xchg mpi':>9} {'xchg a2a':>9} {'MB mpi':>7} {'MB a2a':>7}", file=out)
+    print(f"{'procs':>5} {'thr':>3} {'one ms':>8} {'steps ms':>9} {'ep mpi':>8} {'/ one':>6} "
+          f"{'/ steps':>7} {'ep a2a':>8} {'/ one':>6} {'xchg mpi':>9} {'xchg a2a':>9} "
+          f"{'MB mpi':>7} {'MB a2a':>7}", file=out)
     for r in rows:
         print(f"{r['processes']:>5} {r['threads']:>3} {r['one_ms']:>8.1f} "
-              f"{r['ep_mpi_ms']:>8.1f} {r['one_ms'] / r['ep_mpi_ms']:>6.1%} "
+              f"{r['one_steps_ms']:>9.1f} {r['ep_mpi_ms']:>8.1f} "
+              f"{r['one_ms'] / r['ep_mpi_ms']:>6.1%} {r['one_steps_ms'] / r['ep_mpi_ms']:>7.1%} "
               f"{r['ep_all_to_all_ms']:>8.1f} {r['one_ms'] / r['ep_all_to_all_ms']:>6.1%} "
               f"{r['exchange_mpi_ms']:>9.1f} {r['exchange_all_to_all_ms']:>9.1f} "
               f"{r['exchange_bytes_needed'] / 1e6:>7.1f} {r['exchange_bytes_padded'] / 1e6:>7.1f}",
               file=out)
     print("procs x thr: processes under mpiexec, one device and thr OpenMP threads each. one: "
-          "moe_layer on one device of one process with every core, launched just before. ep: "
+          "moe_layer on one device of one process with every core, launched just before (fused: "
+          "the C++ layer in one call each way); steps: the same step by step (fused=False), the "
+          "path the expert-parallel layer takes. ep: "
           "the layer with ep_exchange=\"mpi\" (moekit's MPI engine, only the routed rows) and "
           "\"all_to_all\" (XLA's all_to_all over gloo, padded blocks), the slowest process's "
           "time. xchg: dispatch + combine alone, forward; MB: bytes each moves per process.",
@@ -304,7 +315,7 @@ def main():
                   f"oversubscribed", file=sys.stderr)
         r = launch(["mpiexec", "-n", str(P), "--oversubscribe", "--bind-to", bind] + here
                    + ["--ranks-here"] + common, f"{P} processes", env)
-        proc_rows.append(dict(r, one_ms=one["one_ms"]))
+        proc_rows.append(dict(r, one_ms=one["one_ms"], one_steps_ms=one["one_steps_ms"]))
     text = sys.stderr if args.json else sys.stdout
     import platform
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
