@@ -26,6 +26,10 @@ Forward + backward is jax.value_and_grad of sum(out * ct) + the loss, to x and e
 implementation in turn, --reps timed runs each after --warmup untimed ones, each run --inner
 calls issued back to back and waited for once (default 1 on the CPU, 10 on a GPU); the table
 gives the median over the rounds of each round's median, and the ratios to the C++ layer.
+The JSON also gives the MB of pages each JAX layer's timed calls first touched (minor faults, a
+call's mean; the C++ layer reuses its buffers), and whether moekit.jax's malloc settings were made
+(kept_large_blocks; README): XLA allocates every result anew, and a block glibc maps afresh
+faults in again, 4 KiB at a time, on every call.
 XLA_PYTHON_CLIENT_PREALLOCATE=false unless set, so that the C++ process finds GPU memory.
 """
 
@@ -160,21 +164,24 @@ def setup(args):
 
 
 def time_call(fn, args, warmup, reps, inner):
-    """Median ms per call of `reps` runs of `inner` calls each, after `warmup` runs. Each run's
+    """(median ms per call, MB first touched per call) of `reps` runs of `reps` runs of `inner` calls each, after `warmup` runs. Each run's
     results are dropped before the next run starts, as a training step's gradients are once
     applied and as the C++ bench reuses its buffers: kept, they would make every call allocate
     its results (1.2 GB of weight gradients at qwen3's shapes) beside the last call's."""
     import jax
+    import resource
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     times = []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(reps):
         t0 = time.perf_counter()
         out = [fn(*args) for _ in range(inner)]
         jax.block_until_ready(out)
         times.append(1e3 * (time.perf_counter() - t0) / inner)
         del out
-    return statistics.median(times)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return statistics.median(times), faults * resource.getpagesize() / 1e6 / (reps * inner)
 
 
 def cpp_layer(args, device):
@@ -209,6 +216,9 @@ def main():
     ap.add_argument("--json", action="store_true", help="the results as JSON on stdout")
     args = ap.parse_args()
     import jax
+    # Before the first JAX computation, as a user would (README: its malloc settings apply to the
+    # threads XLA starts after it; imported later, every large result is mapped anew).
+    import moekit.jax as mj
     backend = jax.default_backend()
     default = "moekit,lax,cpp" if backend == "gpu" else "moekit,steps,cpp"
     impls = [i for i in (args.impls or default).split(",") if i]
@@ -250,6 +260,7 @@ def main():
                 b = np.asarray(outs[(other, "fwd")], np.float32)
                 agree[other] = float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
         rounds = {(i, ps): [] for i in impls for ps in passes}
+        faulted = {(i, ps): [] for i in impls for ps in passes if i != "cpp"}
         for r in range(args.rounds):
             print(f"[{n * args.rounds + r + 1}/{steps}] {name} {args.tokens} tokens: round "
                   f"{r + 1} of {', '.join(impls)}", file=sys.stderr, flush=True)
@@ -259,16 +270,20 @@ def main():
                         rounds[(impl, ps)].append(ms)
                     continue
                 for ps in passes:
-                    rounds[(impl, ps)].append(
-                        time_call(fns[impl][ps], (x, params), args.warmup, args.reps, inner))
+                    ms, mb = time_call(fns[impl][ps], (x, params), args.warmup, args.reps, inner)
+                    rounds[(impl, ps)].append(ms)
+                    faulted[(impl, ps)].append(mb)
         for ps in passes:
             row = {"op": "jax_layer", "preset": name, "tokens": args.tokens, "dtype": args.dtype,
                    "pass": ps, "device": device, "machine": machine, "rounds": args.rounds,
                    "reps": args.reps, "inner": inner,
+                   "kept_large_blocks": mj._ffi.KEPT_LARGE_BLOCKS,
                    **{f"{o}_vs_moekit_max_rel_diff": d for o, d in agree.items()}}
             for impl in impls:
                 row[f"{impl}_ms"] = statistics.median(rounds[(impl, ps)])
                 row[f"{impl}_rounds_ms"] = rounds[(impl, ps)]
+                if impl != "cpp":
+                    row[f"{impl}_rounds_faulted_mb"] = faulted[(impl, ps)]
             rows.append(row)
 
     print(f"moe_layer on one {device} device: {machine}; {args.dtype}, forward and forward + "

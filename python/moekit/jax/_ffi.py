@@ -9,6 +9,7 @@ import functools
 import os
 import pathlib
 import sys
+import warnings
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
@@ -81,8 +82,8 @@ def keep_large_blocks_in_the_heap():
     them in the heap for reuse, as the MALLOC_*_ environment variables would: the mmap threshold
     raised to its maximum; one arena (M_ARENA_MAX = 1: XLA allocates on its worker threads, and
     a thread's own arena is at most 64 MiB, so a larger block there is mmapped whatever the
-    threshold); and a trim threshold at its maximum, so that the freed top of the heap is not
-    handed back to be faulted in again. Done once, at import, with glibc only, and not where the
+    threshold); and no trimming, so that the freed top of the heap is not handed back to be
+    faulted in again. Done once, at import, with glibc only, and not where the
     program set any of them itself (MALLOC_MMAP_THRESHOLD_, MALLOC_ARENA_MAX,
     MALLOC_TRIM_THRESHOLD_), or with MOEKIT_KEEP_MALLOC=0. Threads that allocated before the
     import keep their arenas: import moekit.jax before the first JAX computation. The costs:
@@ -97,12 +98,33 @@ def keep_large_blocks_in_the_heap():
     except (OSError, AttributeError):  # not glibc
         return False
     m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
-    most = ctypes.c_int(2**31 - 1)
-    return all(bool(mallopt(option, value)) for option, value in (
-        (m_mmap_threshold, most), (m_trim_threshold, most), (m_arena_max, ctypes.c_int(1))))
+    return all(bool(mallopt(option, ctypes.c_int(value))) for option, value in (
+        (m_mmap_threshold, 2**31 - 1),
+        # -1: never trim (mallopt(3)). The largest positive value, 2 GiB, is less than the top
+        # of the heap a moe_layer forward + backward frees at qwen3 shapes: the heap shrank by
+        # up to 2.4 GB on some calls, and the next call faulted it in again (strace, 2026-11-25).
+        (m_trim_threshold, -1),
+        (m_arena_max, 1)))
 
 
+def _backend_started():
+    """Whether JAX has started a backend (and with it XLA's worker threads) already."""
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):  # a JAX without it: nothing to say
+        return False
+
+
+_STARTED_BEFORE = _backend_started()
 KEPT_LARGE_BLOCKS = keep_large_blocks_in_the_heap()
+if KEPT_LARGE_BLOCKS and _STARTED_BEFORE and jax.default_backend() == "cpu":
+    warnings.warn(
+        "moekit.jax was imported after JAX started its backend: XLA's worker threads keep the "
+        "malloc arenas they have, which map every block over 64 MiB afresh, so that its pages "
+        "fault in again on every call (2 GB per moe_layer forward + backward at qwen3-30b-a3b's "
+        "shapes, bench/results/jax_layer-cpu-2026-11-25-3). Import moekit.jax before the first "
+        "JAX computation.", stacklevel=2)
 _lib = _load(LIBRARY)
 BUILT_WITH_JAXLIB = _lib.moekit_ffi_built_with_jaxlib().decode()
 if _version(jax.lib.__version__) < _version(BUILT_WITH_JAXLIB):
