@@ -252,6 +252,13 @@ def test_activation_matches_jax_nn(dtype):
         mj.activation(h[:, :7], "swiglu")
     with pytest.raises(Exception, match=r"rows = 8: must be in \[0, h.shape\[0\] = 7\]"):
         jax.block_until_ready(jax.jit(lambda h, r: mj.activation(h, rows=r))(h, 8))
+    # A rows known at trace time is checked then.
+    with pytest.raises(ValueError, match=r"activation: rows = 8: must be in \[0, h.shape\[0\]\]"):
+        mj.activation(h, rows=8)
+    with pytest.raises(TypeError, match=r"activation: rows = 2.5: must be an integer"):
+        mj.activation(h, rows=2.5)
+    with pytest.raises(ValueError, match=r"activation: rows must be a scalar"):
+        mj.activation(h, rows=jnp.array([1, 2], jnp.int32))
 
 
 def test_named_errors():
@@ -279,6 +286,36 @@ def test_named_errors():
         mj.moe_layer(x, params, k=5)
     with pytest.raises(ValueError, match="activation_kind"):
         mj.moe_layer(x, params, k=2, activation_kind="tanh")
+
+
+@pytest.mark.parametrize("kw,match", [
+    # Every option is moe_layer's to name, on either path, before any step runs.
+    (dict(k=2.7), r"moe_layer: k = 2.7: must be an integer"),
+    (dict(k=2, score="sigmoid", num_groups=2**32, group_topk=1),
+     r"moe_layer: num_groups = 4294967296: must be in \[1, E\] = \[1, 4\]"),
+    (dict(k=2, score="sigmoid", num_groups=3, group_topk=1),
+     r"moe_layer: num_groups = 3: must divide E = 4"),
+    (dict(k=2, scaling_factor=float("inf")), r"moe_layer: scaling_factor = inf"),
+    (dict(k=2, capacity_factor=-1.0), r"moe_layer: capacity_factor = -1.0: must be finite and > 0"),
+    (dict(k=2, align_size=0), r"moe_layer: align_size = 0: must be in \[1, "),
+    (dict(k=2, aux_loss_coeff=float("nan")), r"moe_layer: aux_loss_coeff = nan"),
+    (dict(k=2, z_loss_coeff="0.1"), r"moe_layer: z_loss_coeff = '0.1': must be a real number"),
+    (dict(k=2, batch_invariant=1), r"moe_layer: batch_invariant = 1: must be True or False"),
+    (dict(k=2, fused="yes"), r"moe_layer: fused = 'yes': must be True or False"),
+])
+@pytest.mark.parametrize("fused", [None, False])
+def test_options_are_named_as_moe_layer(kw, match, fused):
+    x, params, _, _ = setup(5, 8, 3, 4, 0, {})
+    kw = {"fused": fused, **kw}
+    with pytest.raises((ValueError, TypeError), match=match):
+        jax.eval_shape(lambda x: mj.moe_layer(x, params, **kw), x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.float16])
+def test_x_dtype_is_named_as_moe_layer(dtype):
+    x, params, _, _ = setup(5, 8, 3, 4, 0, {})
+    with pytest.raises(TypeError, match=f"moe_layer: x dtype {jnp.dtype(dtype).name} is not"):
+        mj.moe_layer(x.astype(dtype), params, k=2)
 
 
 @FUSED

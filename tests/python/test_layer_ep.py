@@ -14,9 +14,32 @@ import sys
 
 import pytest
 
-from moekit.jax import ep_mpi
+from moekit.jax import ep, ep_mpi
 
 HERE = pathlib.Path(__file__).resolve().parent
+
+
+def test_block_rows():
+    # Dropless: every row; with a capacity, E_loc experts of the aligned capacity, at most rows.
+    assert ep.block_rows(8, 4, 2, 2, rows=16) == 16
+    assert ep.block_rows(8, 4, 2, 2, rows=16, capacity_factor=1.0, align_size=3) == 2 * 6
+    assert ep.block_rows(8, 4, 2, 2, rows=16, capacity_factor=1.0, pad_to_capacity=True) == 8
+    # A capacity past every row (and past what a float holds once multiplied): every row.
+    assert ep.block_rows(8, 4, 2, 2, rows=16, capacity_factor=1e308) == 16
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(k=2.5), r"block_rows: k = 2.5: must be an integer"),
+    (dict(num_ranks=3), r"block_rows: num_ranks = 3: must be in \[1, num_experts\] = \[1, 2\]"),
+    (dict(rows=-1), r"block_rows: rows = -1: must be in \[0, "),
+    (dict(capacity_factor=0.0), r"block_rows: capacity_factor = 0.0: must be finite and > 0"),
+    (dict(capacity_factor=1.0, align_size=0), r"block_rows: align_size = 0"),
+])
+def test_block_rows_arguments_are_named(kw, match):
+    args = {"tokens": 8, "num_experts": 2, "num_ranks": 2, "k": 1, "rows": 8, **kw}
+    with pytest.raises((TypeError, ValueError), match=match):
+        ep.block_rows(args.pop("tokens"), args.pop("num_experts"), args.pop("num_ranks"),
+                      args.pop("k"), **args)
 
 
 @pytest.mark.parametrize("devices", [2, 4])

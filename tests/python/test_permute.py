@@ -223,7 +223,22 @@ def test_sort_chunks_by_index_and_its_inverse(with_probs):
     (lambda x, i: mj.permute(x, i, num_experts=4, capacity_factor=1e19, pad_to_capacity=True),
      r"could exceed 2\^31 - 1"),
     (lambda x, i: mj.permute(x, i, num_experts=4, align_size=2**30), r"could exceed 2\^31 - 1"),
-    (lambda x, i: mj.permute(x, i, num_experts=2**31), r"2147483648 experts"),
+    (lambda x, i: mj.permute(x, i, num_experts=2**31), r"num_experts = 2147483648"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, num_out_tokens=-1),
+     r"permute: num_out_tokens = -1: must be in \[0, 2\^31 - 1\]"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, num_out_tokens=2.5),
+     r"permute: num_out_tokens = 2.5: must be an integer"),
+    (lambda x, i: mj.permute(x, i, num_experts=4.0), r"permute: num_experts = 4.0: must be an int"),
+    (lambda x, i: mj.permute(x, i > 0, k=2.5), r"permute: k = 2.5: must be an integer"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, align_size=8.0),
+     r"permute: align_size = 8.0: must be an integer"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, capacity_factor="1"),
+     r"permute: capacity_factor = '1': must be a real number"),
+    (lambda x, i: mj.permute(x, i, num_experts=4, capacity_factor=1.0, pad_to_capacity="no"),
+     r"permute: pad_to_capacity = 'no': must be True or False"),
+    (lambda x, i: mj.sort_chunks_by_index(x, jnp.ones(2, jnp.int32), jnp.zeros(2, jnp.int32),
+                                          inverse="yes"),
+     r"sort_chunks_by_index: inverse = 'yes': must be True or False"),
 ])
 def test_invalid_arguments_are_named_at_trace_time(call, match):
     x = jnp.zeros((5, 3), F32)

@@ -279,6 +279,32 @@ def test_z_loss_and_gradient():
     (lambda l: mj.load_balancing_loss(l, jnp.zeros((2, 8), jnp.int32), k=2, total_tokens=8),
      r"total_tokens = 8 with per-sequence counts"),
     (lambda l: mj.z_loss(l.astype(jnp.int32)), r"z_loss: logits dtype int32"),
+    # As a new user would try them: nothing truncated, wrapped or overflowing unnamed.
+    (lambda l: mj.route(l, 2.7), r"route: k = 2.7: must be an integer"),
+    (lambda l: mj.route(l, True), r"route: k = True: must be an integer, not a bool"),
+    (lambda l: mj.route(l, np.int64(9)), r"route: k = 9: must be in \[1, E\] = \[1, 8\]"),
+    (lambda l: mj.route(l, 2, score="sigmoid", num_groups=2**32, group_topk=1),
+     r"route: num_groups = 4294967296: must be in \[1, E\] = \[1, 8\]"),
+    (lambda l: mj.route(l, 2, score="sigmoid", num_groups=4, group_topk=5),
+     r"route: group_topk = 5: must be in \[1, num_groups\] = \[1, 4\]"),
+    (lambda l: mj.route(l, 3, score="sigmoid", num_groups=4, group_topk=2),
+     r"route: group_topk = 2: must divide k = 3"),
+    (lambda l: mj.route(l, 6, score="sigmoid", num_groups=4, group_topk=2),
+     r"route: k = 6: k / group_topk = 3 must be <= the 2 experts of a group"),
+    (lambda l: mj.route(l, 2, num_groups=1.5, group_topk=1), r"num_groups = 1.5: must be an int"),
+    (lambda l: mj.route(l, 2, scaling_factor=float("nan")),
+     r"route: scaling_factor = nan: must be finite in float32"),
+    (lambda l: mj.route(l, 2, scaling_factor=1e39), r"scaling_factor = 1e\+39: must be finite"),
+    (lambda l: mj.route(l, 2, scaling_factor="2"), r"scaling_factor = '2': must be a real"),
+    (lambda l: mj.route(l, 2, pre_softmax="yes"), r"pre_softmax = 'yes': must be True or False"),
+    (lambda l: mj.aux_loss_scores(l, 2.0), r"aux_loss_scores: k = 2.0: must be an integer"),
+    (lambda l: mj.load_balancing_loss(l, jnp.zeros(8, jnp.int32), k=2, coeff=float("inf")),
+     r"load_balancing_loss: coeff = inf: must be finite"),
+    (lambda l: mj.load_balancing_loss(l, jnp.zeros(8, jnp.int32), k=0),
+     r"load_balancing_loss: k = 0: must be in \[1, 2\^31 - 1\]"),
+    (lambda l: mj.load_balancing_loss(l, jnp.zeros(8, jnp.int32), k=2, total_tokens=-1),
+     r"load_balancing_loss: total_tokens = -1: must be in \[0, "),
+    (lambda l: mj.z_loss(l, float("nan")), r"z_loss: coeff = nan: must be finite"),
 ])
 def test_invalid_options_are_named_at_trace_time(call, match):
     logits = jnp.zeros((4, 8), F32)
@@ -286,8 +312,9 @@ def test_invalid_options_are_named_at_trace_time(call, match):
         call(logits)
 
 
-def test_invalid_groups_are_named_by_the_library():
-    # E % num_groups != 0 is the C++ validation's to report, with its message.
-    with pytest.raises(Exception, match=r"route: num_groups = 3: must divide E = 8"):
-        jax.block_until_ready(mj.route(jnp.zeros((4, 8), F32), 2, score="sigmoid", num_groups=3,
-                                       group_topk=1))
+def test_invalid_groups_are_named_at_trace_time():
+    # The C++ router's rule and message (check_route_options), raised before anything runs.
+    with pytest.raises(ValueError, match=r"route: num_groups = 3: must divide E = 8"):
+        jax.eval_shape(lambda l: mj.route(l, 2, score="sigmoid", num_groups=3, group_topk=1),
+                       jnp.zeros((4, 8), F32))
+

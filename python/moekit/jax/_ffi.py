@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import operator
 import os
 import pathlib
 import sys
@@ -305,6 +307,53 @@ def varying_type(avals):
 def placeholder():
     """The stand-in for an absent optional tensor (the handler is told by a has_* attribute)."""
     return jnp.zeros((0,), jnp.float32)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def int_arg(fn, name, value, lo, hi=INT32_MAX, span=None):
+    """An integer argument (a Python or NumPy int, or a concrete integer scalar array; not a bool
+    and not a float: k = 2.7 is no k) in [lo, hi], as an int; errors name fn, the argument and the
+    value (span: the range in words, as "[1, E]")."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} = {value!r}: must be an integer, not a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: {name} = {value!r}: must be an integer known when the function "
+                        f"is traced") from None
+    if not lo <= v <= hi:
+        top = "2^31 - 1" if hi == INT32_MAX else str(hi)
+        raise ValueError(f"{fn}: {name} = {v}: must be in " + (f"{span} = " if span else "")
+                         + f"[{lo}, {top}]")
+    return v
+
+
+def float_arg(fn, name, value, *, positive=False, f32=True):
+    """A real-number argument, finite (in float32 where f32: the kernels take it so) and > 0
+    where positive, as a float; errors name fn, the argument and the value."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} = {value!r}: must be a number, not a bool")
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: {name} = {value!r}: must be a real number known when the "
+                        f"function is traced") from None
+    top = float(np.finfo(np.float32).max) if f32 else math.inf
+    if not (abs(v) <= top) or (positive and not v > 0):
+        raise ValueError(f"{fn}: {name} = {value!r}: must be finite"
+                         + (" in float32" if f32 else "") + (" and > 0" if positive else ""))
+    return v
+
+
+def bool_arg(fn, name, value):
+    """A flag: True or False (a NumPy bool too), not a truthy string or number."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{fn}: {name} = {value!r}: must be True or False")
+    return bool(value)
 
 
 def check_float(fn, name, x):

@@ -118,10 +118,18 @@ def block_rows(tokens, num_experts, num_ranks, k, *, rows, capacity_factor=None,
     """The rows C of one block: the most one device can send one peer. Dropless that is all of
     its `rows` (permute's N_out: every row may go to one peer's experts); with a capacity, at most
     E_loc experts of capacity rows each (the capacity as permute computes it, aligned)."""
+    fn = "block_rows"
+    tokens, rows = _ffi.int_arg(fn, "tokens", tokens, 0), _ffi.int_arg(fn, "rows", rows, 0)
+    num_experts = _ffi.int_arg(fn, "num_experts", num_experts, 1)
+    num_ranks = _ffi.int_arg(fn, "num_ranks", num_ranks, 1, num_experts, "[1, num_experts]")
+    k = _ffi.int_arg(fn, "k", k, 1, num_experts, "[1, num_experts]")
     if capacity_factor is None:
         return rows
-    a = align_size or 1
-    capacity = math.ceil(float(tokens) * float(k) / num_experts * capacity_factor)
+    capacity_factor = _ffi.float_arg(fn, "capacity_factor", capacity_factor, positive=True,
+                                     f32=False)
+    a = 1 if align_size is None else _ffi.int_arg(fn, "align_size", align_size, 1)
+    # (Bounded: a capacity past every row keeps every slot, and ceil(inf) would raise.)
+    capacity = math.ceil(min(float(tokens) * k / num_experts * capacity_factor, 2.0**62))
     per_expert = -(-capacity // a) * a
     per_peer = (num_experts // num_ranks) * per_expert
     return per_peer if pad_to_capacity else min(rows, per_peer)
@@ -151,6 +159,7 @@ def dispatch(x_perm, tokens_per_expert, axis_name, *, capacity):
       expert's rows in source order, then zero rows; ``Exchange.local_tokens_per_expert`` are
       ragged_dot's group sizes for the local weights.
     """
+    capacity = _ffi.int_arg("dispatch", "capacity", capacity, 0)
     num_ranks = jax.lax.axis_size(axis_name)
     E = tokens_per_expert.shape[0]
     if E % num_ranks:
@@ -205,6 +214,7 @@ def dispatch_ragged(x_perm, tokens_per_expert, axis_name, *, capacity):
     Returns:
       ``(x_local [P * C, H], RaggedExchange)``.
     """
+    capacity = _ffi.int_arg("dispatch_ragged", "capacity", capacity, 0)
     num_ranks = jax.lax.axis_size(axis_name)
     E = tokens_per_expert.shape[0]
     if E % num_ranks:

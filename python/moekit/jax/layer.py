@@ -63,7 +63,16 @@ def activation(h, kind="swiglu", *, rows=None):
         raise ValueError(f"activation: a gated activation needs [gate | up], an even width; "
                          f"got {h.shape[-1]}")
     masked = rows is not None
-    rows = jnp.asarray(h.shape[0] if rows is None else rows, jnp.int32).reshape(())
+    if rows is None:
+        rows = h.shape[0]
+    elif isinstance(rows, (int, float, np.number, np.bool_)):  # known now: checked now
+        rows = _ffi.int_arg("activation", "rows", rows, 0, h.shape[0], "[0, h.shape[0]]")
+    else:
+        rows = jnp.asarray(rows)
+        if rows.size != 1:
+            raise ValueError(f"activation: rows must be a scalar, got shape {list(rows.shape)}")
+        rows = _ffi.as_int32("activation", "rows", rows)
+    rows = jnp.asarray(rows, jnp.int32).reshape(())
     return _activation(h, rows, kind, not masked)
 
 
@@ -222,6 +231,7 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     fn = "moe_layer"
     x = jnp.asarray(x)
     _ffi.check_rank(fn, "x", x, 2, "[T, H]")
+    _ffi.check_float(fn, "x", x)
     params = _as_params(fn, params)
     T, H = x.shape
     router, w_in, w_out = (jnp.asarray(w) for w in params[:3])
@@ -271,14 +281,21 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
             if w.dtype != x.dtype:
                 raise TypeError(f"{fn}: params.{name} is {w.dtype}, x is {x.dtype}")
 
+    # Every option checked here, so that an error names moe_layer, not a step.
+    bias, route_attrs_ = route_attrs(fn, E, k, score, pre_softmax, num_groups, group_topk,
+                                     scaling_factor, expert_bias)
+    align, cf, policy = capacity_options(fn, align_size, capacity_factor, drop_policy)
+    aux_loss_coeff = _ffi.float_arg(fn, "aux_loss_coeff", aux_loss_coeff)
+    z_loss_coeff = _ffi.float_arg(fn, "z_loss_coeff", z_loss_coeff)
+    batch_invariant = _ffi.bool_arg(fn, "batch_invariant", batch_invariant)
+    if fused is not None:
+        fused = _ffi.bool_arg(fn, "fused", fused)
+
     can_fuse = ep_axis is None and jax.default_backend() == "cpu"
     if fused and not can_fuse:
         here = f"ep_axis = {ep_axis!r}" if ep_axis is not None else jax.default_backend()
         raise ValueError(f"{fn}: fused = True runs on the CPU without ep_axis (here {here})")
     if can_fuse and (fused or (fused is None and not batch_invariant)):
-        bias, route_attrs_ = route_attrs(fn, E, k, score, pre_softmax, num_groups, group_topk,
-                                         scaling_factor, expert_bias)
-        align, cf, policy = capacity_options(fn, align_size, capacity_factor, drop_policy)
         attrs = _ffi.layer_attrs(
             hidden=H, ffn=F, num_experts=E, shared_ffn=shared_out.shape[0] if shared else 0,
             **dict(route_attrs_), activation=_ACTIVATIONS[activation_kind][1],

@@ -4,7 +4,6 @@ with its C++ backward."""
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -97,15 +96,18 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
     T, H = x.shape
     if routing_map.shape[0] != T:
         raise ValueError(f"{fn}: routing_map has {routing_map.shape[0]} rows, x has {T}")
+    if k is not None:
+        k = _ffi.int_arg(fn, "k", k, 1)
+    pad_to_capacity = _ffi.bool_arg(fn, "pad_to_capacity", pad_to_capacity)
     if routing_map.dtype == jnp.bool_:
         E = routing_map.shape[1]
-        if num_experts is not None and num_experts != E:
+        if num_experts is not None and _ffi.int_arg(fn, "num_experts", num_experts, 1) != E:
             raise ValueError(f"{fn}: num_experts = {num_experts} differs from the routing map's "
                              f"E = {E}")
     elif jnp.issubdtype(routing_map.dtype, jnp.integer):
         if num_experts is None:
             raise ValueError(f"{fn}: num_experts is needed beside [T, k] indices")
-        E = int(num_experts)
+        E = _ffi.int_arg(fn, "num_experts", num_experts, 1)
         if k is not None and k != routing_map.shape[1]:
             raise ValueError(f"{fn}: k = {k} differs from the indices' k = "
                              f"{routing_map.shape[1]}")
@@ -124,11 +126,13 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
         raise ValueError(f"{fn}: a capacity_factor beside a routing map needs k")
     if not 1 <= E < 2**31:
         raise ValueError(f"{fn}: {E} experts: must be in [1, 2^31 - 1]")
-    if num_out_tokens is None:
+    if num_out_tokens is not None:
+        num_out_tokens = _ffi.int_arg(fn, "num_out_tokens", num_out_tokens, 0)
+    else:
         if k is None:
             raise ValueError(f"{fn}: give k or num_out_tokens beside a routing map (N_out would "
                              f"otherwise be T * E = {T * E})")
-        num_out_tokens = _ffi.permute_max_rows(T, E, int(k), align, cf, bool(pad_to_capacity))
+        num_out_tokens = _ffi.permute_max_rows(T, E, k, align, cf, pad_to_capacity)
         if num_out_tokens < 0:
             raise ValueError(f"{fn}: T = {T}, E = {E}, k = {k}, align_size = {align_size}, "
                              f"capacity_factor = {capacity_factor}, pad_to_capacity = "
@@ -140,7 +144,7 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
              ("pad_to_capacity", np.bool_(pad_to_capacity)), ("k", np.int32(k or 0)),
              ("has_probs", np.bool_(has_probs)))
     return _permute(x, routing_map, probs if has_probs else _ffi.placeholder(),
-                    int(num_out_tokens), E, attrs)
+                    num_out_tokens, E, attrs)
 
 
 def capacity_options(fn, align_size, capacity_factor, drop_policy):
@@ -149,13 +153,9 @@ def capacity_options(fn, align_size, capacity_factor, drop_policy):
     if drop_policy not in _DROP_POLICIES:
         raise ValueError(f"{fn}: drop_policy = {drop_policy!r}: must be one of "
                          f"{sorted(_DROP_POLICIES)}")
-    align = 1 if align_size is None else int(align_size)
-    if not 1 <= align < 2**31:
-        raise ValueError(f"{fn}: align_size = {align_size}: must be in [1, 2^31 - 1]")
-    cf = 0.0 if capacity_factor is None else float(capacity_factor)
-    if capacity_factor is not None and not (math.isfinite(cf) and cf > 0):
-        raise ValueError(f"{fn}: capacity_factor = {capacity_factor}: must be finite and > 0 "
-                         f"(None: dropless)")
+    align = 1 if align_size is None else _ffi.int_arg(fn, "align_size", align_size, 1)
+    cf = 0.0 if capacity_factor is None else _ffi.float_arg(
+        fn, "capacity_factor", capacity_factor, positive=True, f32=False)
     return align, cf, _DROP_POLICIES[drop_policy]
 
 
@@ -276,5 +276,6 @@ def sort_chunks_by_index(x, split_sizes, sorted_index, probs=None, *, inverse=Fa
                              f"{tuple(probs.shape)}")
     out, out_probs = _sort(x, _ffi.as_int32(fn, "split_sizes", split_sizes),
                            _ffi.as_int32(fn, "sorted_index", sorted_index),
-                           probs if has_probs else _ffi.placeholder(), bool(inverse), has_probs)
+                           probs if has_probs else _ffi.placeholder(),
+                           _ffi.bool_arg(fn, "inverse", inverse), has_probs)
     return (out, out_probs) if has_probs else out

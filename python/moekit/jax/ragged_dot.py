@@ -230,7 +230,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         group_offset = _ffi.as_int32("ragged_dot", "group_offset", group_offset).reshape((1,))
     group_sizes = _ffi.as_int32("ragged_dot", "group_sizes", group_sizes)
     out = _bind("fwd", lhs.astype(common), rhs.astype(common), group_sizes, group_offset,
-                kernel_out, rhs.shape[0], batch_invariant)
+                kernel_out, rhs.shape[0],
+                _ffi.bool_arg("ragged_dot", "batch_invariant", batch_invariant))
     return out.astype(out_dtype)
 
 
@@ -301,7 +302,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     common, kernel_out, out_dtype = _dtypes(fn, a, b, preferred_element_type)
     group_sizes = _ffi.as_int32(fn, "group_sizes", group_sizes)
     out = _bind("drhs", a.astype(common), b.astype(common), group_sizes,
-                jnp.zeros((1,), jnp.int32), kernel_out, group_sizes.shape[0], batch_invariant)
+                jnp.zeros((1,), jnp.int32), kernel_out, group_sizes.shape[0],
+                _ffi.bool_arg(fn, "batch_invariant", batch_invariant))
     return out.astype(out_dtype)
 
 

@@ -107,15 +107,25 @@ def route_attrs(fn, E, k, score, pre_softmax, num_groups, group_topk, scaling_fa
                 expert_bias):
     """route's arguments for E experts checked (errors name `fn`): (expert_bias as a float32
     [E] array, or [0] for none; the handlers' routing attributes)."""
-    k = int(k)
-    if not 1 <= k <= E:
-        raise ValueError(f"{fn}: k = {k}: must be in [1, E] = [1, {E}]")
+    k = _ffi.int_arg(fn, "k", k, 1, E, "[1, E]")
     code = _score_code(fn, score)
+    pre_softmax = _ffi.bool_arg(fn, "pre_softmax", pre_softmax)
     if pre_softmax and score != "softmax":
         raise ValueError(f"{fn}: pre_softmax = True needs score = 'softmax', got {score!r}")
+    scaling_factor = _ffi.float_arg(fn, "scaling_factor", scaling_factor)
     if (num_groups is None) != (group_topk is None):
         raise ValueError(f"{fn}: num_groups = {num_groups} and group_topk = {group_topk}: "
                          "give both or neither")
+    if num_groups is not None:  # the C++ router's rules (check_route_options), named here
+        num_groups = _ffi.int_arg(fn, "num_groups", num_groups, 1, E, "[1, E]")
+        if E % num_groups:
+            raise ValueError(f"{fn}: num_groups = {num_groups}: must divide E = {E}")
+        group_topk = _ffi.int_arg(fn, "group_topk", group_topk, 1, num_groups, "[1, num_groups]")
+        if k % group_topk:
+            raise ValueError(f"{fn}: group_topk = {group_topk}: must divide k = {k}")
+        if k // group_topk > E // num_groups:
+            raise ValueError(f"{fn}: k = {k}: k / group_topk = {k // group_topk} must be <= the "
+                             f"{E // num_groups} experts of a group")
     if expert_bias is None:
         bias = jnp.zeros((0,), jnp.float32)
     else:
@@ -171,8 +181,7 @@ def aux_loss_scores(logits, k, *, score="softmax"):
     logits = jnp.asarray(logits)
     _ffi.check_rank(fn, "logits", logits, 2, "[T, E]")
     _ffi.check_float(fn, "logits", logits)
-    if not 1 <= int(k) <= logits.shape[1]:
-        raise ValueError(f"{fn}: k = {k}: must be in [1, E] = [1, {logits.shape[1]}]")
+    k = _ffi.int_arg(fn, "k", k, 1, logits.shape[1], "[1, E]")
     return _aux(logits, (("k", np.int32(k)), ("score", np.int32(_score_code(fn, score)))))
 
 
@@ -239,6 +248,10 @@ def load_balancing_loss(scores, tokens_per_expert, *, k, coeff=1.0, total_tokens
     if per_sequence and total_tokens is not None:
         raise ValueError(f"{fn}: total_tokens = {total_tokens} with per-sequence counts "
                          f"{tuple(tokens_per_expert.shape)}: each sequence is its own batch")
+    k = _ffi.int_arg(fn, "k", k, 1)
+    coeff = _ffi.float_arg(fn, "coeff", coeff)
+    if total_tokens is not None:
+        total_tokens = _ffi.int_arg(fn, "total_tokens", total_tokens, 0, 2**63 - 1)
     attrs = (("k", np.int32(k)), ("coeff", np.float32(coeff)),
              ("total_tokens", np.int64(total_tokens or 0)),
              ("per_sequence", np.bool_(per_sequence)))
@@ -277,4 +290,5 @@ def z_loss(logits, coeff=1.0):
     logits = jnp.asarray(logits)
     _ffi.check_rank("z_loss", "logits", logits, 2, "[T, E]")
     _ffi.check_float("z_loss", "logits", logits)
-    return _z(logits, np.float32(coeff))
+    return _z(logits, np.float32(_ffi.float_arg("z_loss", "coeff", coeff)))
+
