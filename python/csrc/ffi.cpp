@@ -99,6 +99,12 @@ ffi::Error z_fwd(AnyBuffer logits, Ret<F32> loss, float coeff) {
 ffi::Error z_bwd(AnyBuffer logits, F32 d_loss, Ret<AnyBuffer> d_logits, float coeff) {
   return z_backward_body(kCpu, logits, scalar_of(d_loss), *d_logits, coeff);
 }
+ffi::Error count_fwd(AnyBuffer routing_map, Ret<AnyBuffer> counts) {
+  return count_body(kCpu, routing_map, *counts);
+}
+ffi::Error bias_update(AnyBuffer tpe, AnyBuffer bias, Ret<AnyBuffer> out, float rate) {
+  return bias_update_body(kCpu, tpe, bias, *out, rate);
+}
 ffi::Error permute_fwd(AnyBuffer x, AnyBuffer routing, AnyBuffer probs, Ret<AnyBuffer> x_perm,
                        Ret<AnyBuffer> probs_perm, Ret<AnyBuffer> tpe, Ret<AnyBuffer> row_map,
                        Ret<AnyBuffer> pad_offsets, PermuteAttrs a) {
@@ -363,6 +369,9 @@ XLA_FFI_DEFINE_HANDLER(kZFwd, OnWorker<z_fwd>::call,
                        (buffers<1, 0>().Ret<F32>().Attr<float>("coeff")));
 XLA_FFI_DEFINE_HANDLER(kZBwd, OnWorker<z_bwd>::call,
                        (buffers<0, 1>(buffers<1, 0>().Arg<F32>()).Attr<float>("coeff")));
+XLA_FFI_DEFINE_HANDLER(kCountTokens, OnWorker<count_fwd>::call, (buffers<1, 1>()));
+XLA_FFI_DEFINE_HANDLER(kBiasUpdate, OnWorker<bias_update>::call,
+                       (buffers<2, 1>().Attr<float>("rate")));
 XLA_FFI_DEFINE_HANDLER(kPermuteFwd, OnWorker<permute_fwd>::call,
                        (buffers<3, 5>().Attrs<PermuteAttrs>()));
 XLA_FFI_DEFINE_HANDLER(kPermuteBwd, OnWorker<permute_bwd>::call,
@@ -433,6 +442,8 @@ constexpr Target kCpuTargets[] = {
     {"moekit_load_balancing_loss_bwd", "cpu", moekit::python::kBalanceBwd},
     {"moekit_z_loss_fwd", "cpu", moekit::python::kZFwd},
     {"moekit_z_loss_bwd", "cpu", moekit::python::kZBwd},
+    {"moekit_count_tokens_per_expert", "cpu", moekit::python::kCountTokens},
+    {"moekit_update_expert_bias", "cpu", moekit::python::kBiasUpdate},
     {"moekit_permute_fwd", "cpu", moekit::python::kPermuteFwd},
     {"moekit_permute_bwd", "cpu", moekit::python::kPermuteBwd},
     {"moekit_unpermute_fwd", "cpu", moekit::python::kUnpermuteFwd},

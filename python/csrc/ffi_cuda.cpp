@@ -139,6 +139,12 @@ ffi::Error z_fwd(Stream s, AnyBuffer logits, Ret<F32> loss, WS ws, float coeff) 
 ffi::Error z_bwd(Stream s, AnyBuffer logits, Ret<AnyBuffer> d_logits, float coeff, float d_loss) {
   return z_backward_body(exec_on(s), logits, d_loss, *d_logits, coeff);
 }
+ffi::Error count_fwd(Stream s, AnyBuffer routing_map, Ret<AnyBuffer> counts) {
+  return count_body(exec_on(s), routing_map, *counts);
+}
+ffi::Error bias_update(Stream s, AnyBuffer tpe, AnyBuffer bias, Ret<AnyBuffer> out, float rate) {
+  return bias_update_body(exec_on(s), tpe, bias, *out, rate);
+}
 ffi::Error permute_fwd(Stream s, AnyBuffer x, AnyBuffer routing, AnyBuffer probs,
                        Ret<AnyBuffer> x_perm, Ret<AnyBuffer> probs_perm, Ret<AnyBuffer> tpe,
                        Ret<AnyBuffer> row_map, Ret<AnyBuffer> pad_offsets, WS ws, PermuteAttrs a) {
@@ -201,6 +207,8 @@ XLA_FFI_DEFINE_HANDLER(kZFwd, z_fwd,
                        kGraph);
 XLA_FFI_DEFINE_HANDLER(kZBwd, z_bwd, (on_stream<1, 1>().Attr<float>("coeff").Attr<float>("d_loss")),
                        kGraph);
+XLA_FFI_DEFINE_HANDLER(kCountTokens, count_fwd, (on_stream<1, 1>()), kGraph);
+XLA_FFI_DEFINE_HANDLER(kBiasUpdate, bias_update, (on_stream<2, 1>().Attr<float>("rate")), kGraph);
 XLA_FFI_DEFINE_HANDLER(kPermuteFwd, permute_fwd, (on_stream<3, 6>().Attrs<PermuteAttrs>()), kGraph);
 XLA_FFI_DEFINE_HANDLER(kPermuteBwd, permute_bwd, (on_stream<3, 2>().Attr<bool>("has_probs")),
                        kGraph);
@@ -226,6 +234,8 @@ constexpr Target kTargets[] = {
     {"moekit_load_balancing_loss_bwd", "CUDA", kBalanceBwd},
     {"moekit_z_loss_fwd", "CUDA", kZFwd},
     {"moekit_z_loss_bwd", "CUDA", kZBwd},
+    {"moekit_count_tokens_per_expert", "CUDA", kCountTokens},
+    {"moekit_update_expert_bias", "CUDA", kBiasUpdate},
     {"moekit_permute_fwd", "CUDA", kPermuteFwd},
     {"moekit_permute_bwd", "CUDA", kPermuteBwd},
     {"moekit_unpermute_fwd", "CUDA", kUnpermuteFwd},

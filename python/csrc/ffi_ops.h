@@ -148,6 +148,32 @@ inline ffi::Error z_body(const Exec& exec, AnyBuffer logits, F32 loss, float coe
   return to_error(z_loss(x, coeff, loss.typed_data(), exec));
 }
 
+// counts [E] | [B, E] i32: the tokens of each expert (of each of B sequences) in routing_map
+// [T, E] bool.
+inline ffi::Error count_body(const Exec& exec, AnyBuffer routing_map, AnyBuffer counts) {
+  ConstTensorView m;
+  TensorView c;
+  MOEKIT_FFI_TRY(view_of(routing_map, "routing_map", &m));
+  MOEKIT_FFI_TRY(view_of(counts, "counts", &c));
+  return to_error(count_tokens_per_expert(m, c, exec));
+}
+
+// The loss-free balancing step on expert_bias [E] f32, in place: the result is the argument's
+// buffer (JAX's input_output_aliases), which the handler checks rather than trusts.
+inline ffi::Error bias_update_body(const Exec& exec, AnyBuffer tokens_per_expert, AnyBuffer bias_in,
+                                   AnyBuffer bias_out, float rate) {
+  if (bias_in.untyped_data() != bias_out.untyped_data()) {
+    return ffi::Error::Internal(
+        "update_expert_bias: the result is not the expert_bias argument's buffer (the call must "
+        "alias them)");
+  }
+  ConstTensorView n;
+  TensorView b;
+  MOEKIT_FFI_TRY(view_of(tokens_per_expert, "tokens_per_expert", &n));
+  MOEKIT_FFI_TRY(view_of(bias_out, "expert_bias", &b));
+  return to_error(update_expert_bias(n, rate, b, exec));
+}
+
 inline ffi::Error z_backward_body(const Exec& exec, AnyBuffer logits, float d_loss,
                                   AnyBuffer d_logits, float coeff) {
   ConstTensorView x;

@@ -199,6 +199,22 @@ def test_permute_unpermute_and_their_gradients(name, dtype):
     assert got[0].row_map.shape == (2, T, S)
 
 
+def test_counts_and_the_bias_update():
+    """count_tokens_per_expert (whole batch and per sequence) and update_expert_bias, integers and
+    the bias (rate * a sign, exact) equal."""
+    rng = np.random.default_rng(17)
+    m = jnp.asarray(rng.random((48, 12)) < 0.3)
+    bias = jnp.asarray(rng.integers(-8, 9, 12) / 8, F32)
+
+    def f(m, bias):
+        counts = mj.count_tokens_per_expert(m)
+        return counts, mj.count_tokens_per_expert(m, 4), mj.update_expert_bias(bias, counts, 0.25)
+
+    got, want = _both(f, m, bias)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
 def test_sort_chunks_by_index(dtype):
     rng = np.random.default_rng(13)

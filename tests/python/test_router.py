@@ -318,3 +318,79 @@ def test_invalid_groups_are_named_at_trace_time():
         jax.eval_shape(lambda l: mj.route(l, 2, score="sigmoid", num_groups=3, group_topk=1),
                        jnp.zeros((4, 8), F32))
 
+
+@pytest.mark.parametrize("T,E,B", [(0, 4, None), (13, 5, None), (12, 6, 3), (7, 3, 1),
+                                   (9, 4, 9)])
+def test_count_tokens_per_expert(T, E, B):
+    rng = np.random.default_rng(T * 10 + E)
+    m = rng.random((T, E)) < 0.4
+    if T:
+        m[:, 0] = True  # one expert chosen by every token
+    got = mj.count_tokens_per_expert(jnp.asarray(m), num_sequences=B)
+    want = m.sum(0) if B is None else m.reshape(B, T // B, E).sum(1)
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(
+        jax.jit(lambda m: mj.count_tokens_per_expert(m, B))(jnp.asarray(m)), want)
+
+
+def test_counts_of_a_route_are_the_layer_counts():
+    logits, _ = _route_inputs(21, 8, {}, seed=5)
+    r = mj.route(logits, 3)
+    counts = mj.count_tokens_per_expert(r.routing_map)
+    np.testing.assert_array_equal(counts, np.asarray(r.routing_map).sum(0))
+    assert int(jnp.sum(counts)) == 21 * 3
+
+
+def test_update_expert_bias():
+    counts = np.array([3, 5, 4, 0, 8, 4], np.int32)  # mean 4
+    bias = np.array([0.1, -0.2, 0.3, 0.0, 1.0, -1.0], np.float32)
+    want = bias + np.float32(0.01) * np.sign(counts.mean() - counts).astype(np.float32)
+    b = jnp.asarray(bias)
+    got = mj.update_expert_bias(b, counts, 0.01)
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(b, bias)  # the argument, not donated, is left as it was
+    # Inside jit, the argument still used after the call keeps its value (XLA copies it first).
+    both = jax.jit(lambda b, c: (mj.update_expert_bias(b, c, 0.01), b * 2))(b, counts)
+    np.testing.assert_array_equal(both[0], want)
+    np.testing.assert_array_equal(both[1], bias * 2)
+    # Donated: updated in its buffer.
+    donated = jax.jit(lambda b, c: mj.update_expert_bias(b, c, 0.01), donate_argnums=0)
+    np.testing.assert_array_equal(donated(jnp.asarray(bias), jnp.asarray(counts)), want)
+    # Wider counts, and a step of the loop it is written for.
+    step = jax.jit(lambda b, m: mj.update_expert_bias(b, mj.count_tokens_per_expert(m), 0.5))
+    m = jnp.asarray(np.eye(6, dtype=bool)[[0, 0, 1, 2, 3, 4]])  # counts 2 1 1 1 1 0, mean 1
+    np.testing.assert_array_equal(step(jnp.zeros(6, F32), m),
+                                  np.array([-0.5, 0, 0, 0, 0, 0.5], np.float32))
+    assert mj.update_expert_bias(jnp.zeros(0, F32), jnp.zeros(0, jnp.int32), 1.0).shape == (0,)
+    # Not differentiated.
+    g = jax.grad(lambda b: jnp.sum(mj.update_expert_bias(b, counts, 0.01)))(b)
+    np.testing.assert_array_equal(g, np.zeros(6, np.float32))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: mj.count_tokens_per_expert(jnp.zeros((4, 3), jnp.int32)),
+     r"count_tokens_per_expert: routing_map dtype int32 is not bool"),
+    (lambda: mj.count_tokens_per_expert(jnp.zeros((6, 3), bool), num_sequences=4),
+     r"count_tokens_per_expert: num_sequences = 4: must divide the 6 tokens"),
+    (lambda: mj.count_tokens_per_expert(jnp.zeros((6, 3), bool), num_sequences=0),
+     r"count_tokens_per_expert: num_sequences = 0: must be in \[1, "),
+    (lambda: mj.update_expert_bias(jnp.zeros(3, F32), jnp.zeros(3, jnp.int32), float("nan")),
+     r"update_expert_bias: rate = nan: must be finite"),
+    (lambda: mj.update_expert_bias(jnp.zeros(3, jnp.bfloat16), jnp.zeros(3, jnp.int32), 0.1),
+     r"update_expert_bias: expert_bias dtype bfloat16 is not float32"),
+    (lambda: mj.update_expert_bias(jnp.zeros(3, F32), jnp.zeros(4, jnp.int32), 0.1),
+     r"update_expert_bias: tokens_per_expert \(4,\) and expert_bias \(3,\) must both be \[E\]"),
+    (lambda: mj.update_expert_bias(jnp.zeros(3, F32), jnp.zeros(3, F32), 0.1),
+     r"update_expert_bias: tokens_per_expert must be a rank-1 integer array"),
+])
+def test_balancing_arguments_are_named(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()
+
+
+def test_negative_counts_are_named_at_run_time():
+    with pytest.raises(Exception, match=r"update_expert_bias: tokens_per_expert\[1\] = -2"):
+        jax.block_until_ready(mj.update_expert_bias(jnp.zeros(3, F32),
+                                                    jnp.asarray([1, -2, 3], jnp.int32), 0.1))

@@ -16,8 +16,8 @@ on a GPU `ragged_dot` keeps the sizes and a traced offset on the device and clam
 (a negative size counts as 0, rows past m drop out, the offset is held in [0, G - E_loc]), so
 that a call never waits for the host.
 
-Modules: `ragged_dot` (the grouped matmul), `router` (route, the aux-loss scores and the
-losses), `permute` (permute, unpermute, sort_chunks_by_index), `layer` (moe_layer, built from
+Modules: `ragged_dot` (the grouped matmul), `router` (route, the aux-loss scores, the losses,
+and the counts and loss-free bias update of balancing), `permute` (permute, unpermute, sort_chunks_by_index), `layer` (moe_layer, built from
 the others, and the expert FFN activation).
 """
 
@@ -25,10 +25,12 @@ from moekit.jax._ffi import cuda_built
 from moekit.jax.layer import MoeAux, MoeParams, activation, moe_layer
 from moekit.jax.permute import Permuted, permute, sort_chunks_by_index, unpermute
 from moekit.jax.ragged_dot import ragged_dot, ragged_dot_general
-from moekit.jax.router import Route, aux_loss_scores, load_balancing_loss, route, z_loss
+from moekit.jax.router import (Route, aux_loss_scores, count_tokens_per_expert, load_balancing_loss,
+                               route, update_expert_bias, z_loss)
 
 __all__ = [
-    "MoeAux", "MoeParams", "Permuted", "Route", "activation", "aux_loss_scores", "cuda_built",
-    "load_balancing_loss", "moe_layer", "permute", "ragged_dot", "ragged_dot_general", "route",
-    "sort_chunks_by_index", "unpermute", "z_loss",
+    "MoeAux", "MoeParams", "Permuted", "Route", "activation", "aux_loss_scores",
+    "count_tokens_per_expert", "cuda_built", "load_balancing_loss", "moe_layer", "permute",
+    "ragged_dot", "ragged_dot_general", "route", "sort_chunks_by_index", "unpermute",
+    "update_expert_bias", "z_loss",
 ]

@@ -246,11 +246,13 @@ class Cuda(NamedTuple):
     finish: Optional[Callable] = None
 
 
-def call(name, results, *args, has_side_effect=False, cuda=None, **attrs):
+def call(name, results, *args, has_side_effect=False, aliases=None, cuda=None, **attrs):
     """One FFI call. `results` is one (shape, dtype) pair or a list of them (then a list comes
     back); attrs become the handler's attributes. Under vmap the batch runs as a loop of calls;
     inside shard_map the results vary over the axes the operands vary over. has_side_effect: XLA
-    must neither drop the call nor merge it with an equal one (a collective).
+    must neither drop the call nor merge it with an equal one (a collective). aliases: {argument
+    index: result index}, a result written in its argument's buffer (XLA copies the argument
+    first where it is still needed).
 
     cuda: None for a handler of the CPU only; a `Cuda` for one that CUDA has too, under the same
     name. Then, in a build with CUDA, the call is `jax.lax.platform_dependent` on the CPU and
@@ -261,7 +263,8 @@ def call(name, results, *args, has_side_effect=False, cuda=None, **attrs):
         structs = [jax.ShapeDtypeStruct(s, d, **typed)
                    for s, d in ([platform_results] if single else platform_results)]
         out = jax.ffi.ffi_call(name, structs, vmap_method="sequential",
-                               has_side_effect=has_side_effect)(*platform_args, **platform_attrs)
+                               has_side_effect=has_side_effect,
+                               input_output_aliases=aliases)(*platform_args, **platform_attrs)
         return out[0] if single else list(out)
 
     def on_cpu(*a):

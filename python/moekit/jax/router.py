@@ -12,7 +12,8 @@ import numpy as np
 
 from moekit.jax import _ffi
 
-__all__ = ["Route", "aux_loss_scores", "load_balancing_loss", "route", "z_loss"]
+__all__ = ["Route", "aux_loss_scores", "count_tokens_per_expert", "load_balancing_loss", "route",
+           "update_expert_bias", "z_loss"]
 
 # RouterScore's values in include/moekit/router.h.
 _SCORES = {"softmax": 0, "sigmoid": 1, "sqrtsoftplus": 2}
@@ -292,3 +293,64 @@ def z_loss(logits, coeff=1.0):
     _ffi.check_float("z_loss", "logits", logits)
     return _z(logits, np.float32(_ffi.float_arg("z_loss", "coeff", coeff)))
 
+
+def count_tokens_per_expert(routing_map, num_sequences=None):
+    """How many tokens chose each expert: the column sums of a routing map (the C++
+    `count_tokens_per_expert`), the counts `load_balancing_loss` and `update_expert_bias` take.
+
+    Args:
+      routing_map: ``[T, E]`` bool (`route`'s, or `aux_loss_scores`').
+      num_sequences: None: the counts of all T tokens, ``[E]``; B: the counts of each of B
+        sequences, ``[B, E]`` (tokens batch-major, B divides T), for the per-sequence
+        load-balancing loss.
+
+    Returns:
+      int32 ``[E]`` or ``[B, E]`` (integers: no gradient).
+    """
+    fn = "count_tokens_per_expert"
+    routing_map = jnp.asarray(routing_map)
+    _ffi.check_rank(fn, "routing_map", routing_map, 2, "[T, E] bool")
+    if routing_map.dtype != jnp.bool_:
+        raise TypeError(f"{fn}: routing_map dtype {routing_map.dtype} is not bool")
+    T, E = routing_map.shape
+    shape = (E,)
+    if num_sequences is not None:
+        B = _ffi.int_arg(fn, "num_sequences", num_sequences, 1)
+        if T % B:
+            raise ValueError(f"{fn}: num_sequences = {B}: must divide the {T} tokens")
+        shape = (B, E)
+    return _ffi.call("moekit_count_tokens_per_expert", (shape, jnp.int32), routing_map,
+                     cuda=_ffi.Cuda())
+
+
+def update_expert_bias(expert_bias, tokens_per_expert, rate):
+    """The loss-free balancing step (DeepSeek-V3; the C++ `update_expert_bias`):
+    ``expert_bias[e] + rate * sign(mean(tokens_per_expert) - tokens_per_expert[e])``, sign(0) = 0:
+    an expert chosen less than the mean is raised, one chosen more is lowered.
+
+    Args:
+      expert_bias: ``[E]`` float32, the bias `route` adds to the selection scores.
+      tokens_per_expert: ``[E]`` integer counts of the batch (`count_tokens_per_expert`, or
+        `moe_layer`'s ``MoeAux.tokens_per_expert``).
+      rate: the update's step, finite.
+
+    Returns:
+      the new ``[E]`` float32 bias. The call writes it in the argument's buffer: in place where the
+      bias is donated (`jax.jit(..., donate_argnums=...)`) or dead after the call, else XLA copies
+      it first. Not differentiated.
+    """
+    fn = "update_expert_bias"
+    expert_bias = jnp.asarray(expert_bias)
+    _ffi.check_rank(fn, "expert_bias", expert_bias, 1, "[E] float32")
+    if expert_bias.dtype != jnp.float32:
+        raise TypeError(f"{fn}: expert_bias dtype {expert_bias.dtype} is not float32")
+    tokens_per_expert = jnp.asarray(tokens_per_expert)
+    _ffi.check_int_vector(fn, "tokens_per_expert", tokens_per_expert)
+    if tokens_per_expert.shape != expert_bias.shape:
+        raise ValueError(f"{fn}: tokens_per_expert {tuple(tokens_per_expert.shape)} and "
+                         f"expert_bias {tuple(expert_bias.shape)} must both be [E]")
+    rate = np.float32(_ffi.float_arg(fn, "rate", rate))
+    return _ffi.call("moekit_update_expert_bias", (expert_bias.shape, jnp.float32),
+                     _ffi.as_int32(fn, "tokens_per_expert", tokens_per_expert),
+                     jax.lax.stop_gradient(expert_bias), aliases={1: 0}, cuda=_ffi.Cuda(),
+                     rate=rate)
