@@ -24,7 +24,9 @@ struct LayerAttrs {
   double capacity_factor;
   int32_t drop_policy;
   int64_t align_size;
-  float aux_loss_coeff, z_loss_coeff;
+  float aux_loss_coeff;
+  int32_t aux_loss_sequences;  // > 0: the per-sequence loss over this many sequences
+  float z_loss_coeff;
   bool batch_invariant;
 };
 
@@ -41,6 +43,7 @@ inline MoeLayerConfig layer_config(const LayerAttrs& a, std::span<const float> e
   c.drop_policy = static_cast<DropPolicy>(a.drop_policy);
   c.align_size = a.align_size;
   c.aux_loss_coeff = a.aux_loss_coeff;
+  c.aux_loss_sequences = a.aux_loss_sequences;
   c.z_loss_coeff = a.z_loss_coeff;
   c.batch_invariant = a.batch_invariant;
   return c;
@@ -57,5 +60,6 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     xla::ffi::StructMember<float>("scaling_factor"), xla::ffi::StructMember<int32_t>("activation"),
     xla::ffi::StructMember<double>("capacity_factor"),
     xla::ffi::StructMember<int32_t>("drop_policy"), xla::ffi::StructMember<int64_t>("align_size"),
-    xla::ffi::StructMember<float>("aux_loss_coeff"), xla::ffi::StructMember<float>("z_loss_coeff"),
-    xla::ffi::StructMember<bool>("batch_invariant"));
+    xla::ffi::StructMember<float>("aux_loss_coeff"),
+    xla::ffi::StructMember<int32_t>("aux_loss_sequences"),
+    xla::ffi::StructMember<float>("z_loss_coeff"), xla::ffi::StructMember<bool>("batch_invariant"));

@@ -24,13 +24,18 @@ def problem(case, dtype, devices, seed=0):
                           n(ks[5], (Fs, H), 0.3) if Fs else None)
     x = n(ks[0], (devices * T_LOC, H), 1.0)
     ct = n(ks[6], (devices * T_LOC, H), 1.0)
+    if case.get("sequences"):  # [devices * sequences, S, H]: each device's own sequences
+        x, ct = (a.reshape(devices * case["sequences"], -1, H) for a in (x, ct))
     return x, params, ct
 
 
 def layer_kwargs(case):
     keep = ("k", "score", "pre_softmax", "expert_bias", "activation_kind", "capacity_factor",
             "drop_policy", "aux_loss_coeff", "z_loss_coeff", "batch_invariant")
-    return {key: case[key] for key in keep if key in case}
+    kw = {key: case[key] for key in keep if key in case}
+    if case.get("sequences"):
+        kw["aux_loss_per_sequence"] = True
+    return kw
 
 
 def cases(devices):
@@ -45,6 +50,8 @@ def cases(devices):
         "shared_expert_geglu": dict(base, k=3, Fs=6, activation_kind="geglu",
                                     pre_softmax=True, aux_loss_coeff=0.02),
         "capacity": dict(base, capacity_factor=1.0, drop_policy="position"),
+        # x [B, S, H], B sharded: the per-sequence loss over every device's sequences.
+        "per_sequence_loss": dict(base, sequences=3, aux_loss_coeff=0.05),
         # EP-invariance: out and d_x bit-equal to the one-device layer's, with a shared expert
         # and both losses. (On XLA:CPU the default mode's are too at these sizes, each expert
         # seeing the same rows on any number of devices; test_layer.py's batch-invariance test

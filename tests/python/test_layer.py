@@ -4,6 +4,7 @@ x and every weight, for each preset's routing on small shapes; capacity mode aga
 worked out here in NumPy from SPEC.md; and the named errors."""
 
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -449,6 +450,7 @@ def _layer_attrs(H, F, E, k, **options):
     fields = dict(hidden=H, ffn=F, num_experts=E, shared_ffn=0, k=k, score=0, pre_softmax=False,
                   num_groups=0, group_topk=0, scaling_factor=1.0, activation=0,
                   capacity_factor=0.0, drop_policy=0, align_size=1, aux_loss_coeff=0.0,
+                  aux_loss_sequences=0,
                   z_loss_coeff=0.0, batch_invariant=False)
     return _ffi.layer_attrs(**{**fields, **options})
 
@@ -518,3 +520,73 @@ def test_bench_script_runs_and_prints_its_json():
         assert c["steps_vs_moekit_max_rel_diff"] < 0.02
         assert c["lax_vs_moekit_max_rel_diff"] < 0.02
     assert "moekit/cpp" in done.stderr and "lax/moekit" in done.stderr
+
+
+@FUSED
+@pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (12,)], ids=["BS", "ABS", "T"])
+def test_any_leading_axes_are_the_flattened_tokens(shape, fused):
+    """x [..., H] is the layer on x.reshape(-1, H): out reshaped back, the same losses, counts and
+    gradients, bit for bit."""
+    T = math.prod(shape)
+    x, params, _, g = setup(T, 8, 5, 4, 3, {})
+    kw = dict(k=2, aux_loss_coeff=0.1, z_loss_coeff=0.01, fused=fused)
+
+    def loss(x, params):
+        out, aux = mj.moe_layer(x, params, **kw)
+        return jnp.sum(out.astype(F32).reshape(T, -1) * g) + aux.aux_loss + aux.z_loss, (out, aux)
+
+    xs = x.reshape(*shape, 8)
+    (v, (out, aux)), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(xs, params)
+    (v2, (out2, aux2)), grads2 = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(x, params)
+    assert out.shape == (*shape, 8)
+    np.testing.assert_array_equal(out.reshape(T, 8), out2)
+    for a, b in zip(aux, aux2):
+        np.testing.assert_array_equal(a, b)
+    assert grads[0].shape == xs.shape
+    np.testing.assert_array_equal(grads[0].reshape(T, 8), grads2[0])
+    for a, b in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(grads2[1])):
+        np.testing.assert_array_equal(a, b)
+
+
+@FUSED
+@pytest.mark.parametrize("B,S", [(3, 5), (1, 7), (4, 1), (2, 0)])
+def test_per_sequence_loss_against_jnp(B, S, fused):
+    """aux_loss_per_sequence on x [B, S, H]: the mean over the B sequences of each one's
+    load-balancing loss on its own counts (S tokens), value and gradient to x and the router,
+    against the loss written in jnp."""
+    H, E, k, coeff = 8, 6, 2, 0.1
+    x, params, _, _ = setup(B * S, H, 5, E, 0, {})
+    xs = x.reshape(B, S, H)
+
+    def moekit(x, router):
+        return mj.moe_layer(x, params._replace(router=router), k=k, aux_loss_coeff=coeff,
+                            aux_loss_per_sequence=True, fused=fused)[1].aux_loss
+
+    def ref(x, router):
+        logits = jnp.dot(x, router, preferred_element_type=F32)  # [B, S, E]
+        scores = jax.nn.softmax(logits, axis=-1)
+        _, idx = jax.lax.top_k(jax.lax.stop_gradient(scores), k)
+        counts = jnp.sum(jax.nn.one_hot(idx, E, dtype=F32), axis=(1, 2))  # [B, E]
+        if S == 0:  # no tokens: the loss is 0
+            return jnp.sum(scores)
+        per = E * coeff / (k * S * S) * jnp.sum(jnp.sum(scores, axis=1) * counts, axis=-1)
+        return jnp.mean(per)
+
+    got = jax.value_and_grad(moekit, argnums=(0, 1))(xs, params.router)
+    want = jax.value_and_grad(ref, argnums=(0, 1))(xs, params.router)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-7)
+    for a, b in zip(got[1], want[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    if B > 1 and S > 1:  # the batch-level loss differs: the option is not ignored
+        batch = mj.moe_layer(xs, params, k=k, aux_loss_coeff=coeff, fused=fused)[1].aux_loss
+        assert abs(float(batch) - float(got[0])) > 1e-6
+
+
+def test_per_sequence_loss_needs_sequences():
+    x, params, _, _ = setup(6, 8, 5, 4, 0, {})
+    with pytest.raises(ValueError, match=r"moe_layer: aux_loss_per_sequence needs x \[\.\.\., S, H\]"):
+        mj.moe_layer(x, params, k=2, aux_loss_coeff=0.1, aux_loss_per_sequence=True)
+    with pytest.raises(TypeError, match=r"moe_layer: aux_loss_per_sequence = 'yes'"):
+        mj.moe_layer(x.reshape(2, 3, 8), params, k=2, aux_loss_per_sequence="yes")
+    with pytest.raises(ValueError, match=r"moe_layer: x must be \[\.\.\., H\], got a scalar"):
+        mj.moe_layer(x[0, 0], params, k=2)

@@ -41,6 +41,7 @@ LAYER_FIELDS = (("hidden", ctypes.c_int64, np.int64), ("ffn", ctypes.c_int64, np
                 ("drop_policy", ctypes.c_int32, np.int32),
                 ("align_size", ctypes.c_int64, np.int64),
                 ("aux_loss_coeff", ctypes.c_float, np.float32),
+                ("aux_loss_sequences", ctypes.c_int32, np.int32),
                 ("z_loss_coeff", ctypes.c_float, np.float32),
                 ("batch_invariant", ctypes.c_bool, np.bool_))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections.abc
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -166,8 +167,8 @@ def _as_params(fn, params):
 def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=None,
               group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
               capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
-              z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto", batch_invariant=False,
-              fused=None):
+              aux_loss_per_sequence=False, z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto",
+              batch_invariant=False, fused=None):
     """The MoE layer: route, permute, gate+up grouped matmul, activation, down grouped matmul,
     combine with the routing weights, plus an optional shared expert.
 
@@ -178,7 +179,8 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     between them.
 
     Args:
-      x: ``[T, H]`` float32 or bfloat16.
+      x: ``[..., H]`` float32 or bfloat16: the T tokens of all leading axes (``[T, H]``, or
+        MaxText's ``[B, S, H]``); the losses and counts are over all of them.
       params: `MoeParams`, or a mapping with its names (a dict, as Flax and Equinox hold
         weights: router, w_in, w_out, and shared_in, shared_out or neither), every weight in
         x's dtype. Gradients come back in the same structure.
@@ -188,6 +190,9 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
       capacity_factor, drop_policy, align_size: as in `permute` (None: dropless, unaligned).
         The "probs" policy ranks an expert's tokens by their routing weights.
       aux_loss_coeff: the load-balancing loss on `aux_loss_scores` (0: not computed).
+      aux_loss_per_sequence: the loss per sequence instead, averaged over the sequences: x is
+        ``[..., S, H]``, each sequence the S tokens of one index of the axes before S (the C++
+        layer's aux_loss_sequences; with ep_axis over every device's sequences).
       z_loss_coeff: the router z-loss (0: not computed).
       ep_axis: None, or (inside `jax.shard_map`) the mesh axis the experts are sharded over:
         expert parallelism. Then x is this device's ``[T, H]`` tokens, params.router and the
@@ -221,7 +226,7 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         sums d_x's parts, and rounds a bf16 shared expert's output, in another order).
 
     Returns:
-      ``(out [T, H] in x's dtype, MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
+      ``(out [..., H] (x's shape and dtype), MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
       flow to x and every weight (not to expert_bias), through the losses too, by moekit's
       C++ backward of each step (or of the whole layer, fused). With ep_axis, the gradients of the
       replicated weights are summed over the axis by shard_map, as for any replicated input.
@@ -230,9 +235,32 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     """
     fn = "moe_layer"
     x = jnp.asarray(x)
-    _ffi.check_rank(fn, "x", x, 2, "[T, H]")
+    if x.ndim < 1:
+        raise ValueError(f"{fn}: x must be [..., H], got a scalar")
     _ffi.check_float(fn, "x", x)
+    aux_loss_per_sequence = _ffi.bool_arg(fn, "aux_loss_per_sequence", aux_loss_per_sequence)
+    if aux_loss_per_sequence and x.ndim < 3:
+        raise ValueError(f"{fn}: aux_loss_per_sequence needs x [..., S, H] (the sequences), got "
+                         f"shape {tuple(x.shape)}")
+    shape = x.shape
+    sequences = math.prod(shape[:-2]) if aux_loss_per_sequence else 0
+    x = x.reshape(-1, shape[-1])  # [T, H]
     params = _as_params(fn, params)
+    T, H = x.shape
+    if sequences > 2**31 - 1:
+        raise ValueError(f"{fn}: {sequences} sequences: must be at most 2^31 - 1")
+    out, aux = _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk,
+                          scaling_factor, expert_bias, activation_kind, capacity_factor,
+                          drop_policy, align_size, aux_loss_coeff, sequences, z_loss_coeff,
+                          ep_axis, ep_exchange, batch_invariant, fused)
+    return out.reshape(shape), aux
+
+
+def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, scaling_factor,
+               expert_bias, activation_kind, capacity_factor, drop_policy, align_size,
+               aux_loss_coeff, sequences, z_loss_coeff, ep_axis, ep_exchange, batch_invariant,
+               fused):
+    """moe_layer on x [T, H] (sequences: the per-sequence loss's count, 0 for the batch's)."""
     T, H = x.shape
     router, w_in, w_out = (jnp.asarray(w) for w in params[:3])
     if router.ndim != 2 or router.shape[0] != H:
@@ -300,7 +328,8 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
             hidden=H, ffn=F, num_experts=E, shared_ffn=shared_out.shape[0] if shared else 0,
             **dict(route_attrs_), activation=_ACTIVATIONS[activation_kind][1],
             capacity_factor=cf, drop_policy=policy, align_size=align,
-            aux_loss_coeff=aux_loss_coeff, z_loss_coeff=z_loss_coeff,
+            aux_loss_coeff=aux_loss_coeff, aux_loss_sequences=sequences,
+            z_loss_coeff=z_loss_coeff,
             batch_invariant=batch_invariant)
         if _ffi.layer_workspace(attrs, T, x.dtype == jnp.bfloat16) is None:
             raise ValueError(f"{fn}: {T} tokens, H = {H}, F = {F}, {E} experts, k = {k}, "
@@ -328,7 +357,13 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
 
     zero = jnp.zeros((), jnp.float32)
     aux = zero
-    if aux_loss_coeff:
+    if aux_loss_coeff and sequences:
+        # Each sequence's loss on its own counts, the mean over every device's sequences.
+        scores, aux_map = aux_loss_scores(logits, k, score=score)
+        counts = jnp.sum(aux_map.reshape(sequences, -1, E), axis=1, dtype=jnp.int32)  # [B, E]
+        aux = over_devices(load_balancing_loss(scores, counts, k=k, coeff=aux_loss_coeff)
+                           / ranks)
+    elif aux_loss_coeff:
         scores, aux_map = aux_loss_scores(logits, k, score=score)
         counts = over_devices(jnp.sum(aux_map, axis=0, dtype=jnp.int32))
         aux = over_devices(load_balancing_loss(
