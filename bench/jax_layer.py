@@ -164,10 +164,11 @@ def setup(args):
 
 
 def time_call(fn, args, warmup, reps, inner):
-    """(median ms per call, MB first touched per call) of `reps` runs of `reps` runs of `inner` calls each, after `warmup` runs. Each run's
-    results are dropped before the next run starts, as a training step's gradients are once
-    applied and as the C++ bench reuses its buffers: kept, they would make every call allocate
-    its results (1.2 GB of weight gradients at qwen3's shapes) beside the last call's."""
+    """(median ms per call, MB first touched per call) of `reps` runs of `inner` calls each,
+    after `warmup` runs. Each run's results are dropped before the next run starts, as a
+    training step's gradients are once applied and as the C++ bench reuses its buffers: kept,
+    they would make every call allocate its results (1.2 GB of weight gradients at qwen3's
+    shapes) beside the last call's."""
     import jax
     import resource
     for _ in range(warmup):

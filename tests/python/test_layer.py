@@ -450,8 +450,7 @@ def _layer_attrs(H, F, E, k, **options):
     fields = dict(hidden=H, ffn=F, num_experts=E, shared_ffn=0, k=k, score=0, pre_softmax=False,
                   num_groups=0, group_topk=0, scaling_factor=1.0, activation=0,
                   capacity_factor=0.0, drop_policy=0, align_size=1, aux_loss_coeff=0.0,
-                  aux_loss_sequences=0,
-                  z_loss_coeff=0.0, batch_invariant=False)
+                  aux_loss_sequences=0, z_loss_coeff=0.0, batch_invariant=False)
     return _ffi.layer_attrs(**{**fields, **options})
 
 
@@ -549,6 +548,22 @@ def test_any_leading_axes_are_the_flattened_tokens(shape, fused):
 
 
 @FUSED
+def test_one_token_as_a_vector(fused):
+    """x [H]: one token, the layer on x[None] with out [H] and d_x [H]."""
+    x, params, _, g = setup(1, 8, 5, 4, 3, {})
+
+    def loss(x):
+        out = mj.moe_layer(x, params, k=2, aux_loss_coeff=0.1, fused=fused)[0]
+        return jnp.sum(out.astype(F32).reshape(1, -1) * g), out
+
+    (v, out), d_x = jax.value_and_grad(loss, has_aux=True)(x[0])
+    (v1, out1), d_x1 = jax.value_and_grad(loss, has_aux=True)(x)
+    assert out.shape == (8,) and d_x.shape == (8,)
+    np.testing.assert_array_equal(out, out1[0])
+    np.testing.assert_array_equal(d_x, d_x1[0])
+
+
+@FUSED
 @pytest.mark.parametrize("B,S", [(3, 5), (1, 7), (4, 1), (2, 0)])
 def test_per_sequence_loss_against_jnp(B, S, fused):
     """aux_loss_per_sequence on x [B, S, H]: the mean over the B sequences of each one's
@@ -584,7 +599,8 @@ def test_per_sequence_loss_against_jnp(B, S, fused):
 
 def test_per_sequence_loss_needs_sequences():
     x, params, _, _ = setup(6, 8, 5, 4, 0, {})
-    with pytest.raises(ValueError, match=r"moe_layer: aux_loss_per_sequence needs x \[\.\.\., S, H\]"):
+    with pytest.raises(ValueError,
+                       match=r"moe_layer: aux_loss_per_sequence needs x \[\.\.\., S, H\]"):
         mj.moe_layer(x, params, k=2, aux_loss_coeff=0.1, aux_loss_per_sequence=True)
     with pytest.raises(TypeError, match=r"moe_layer: aux_loss_per_sequence = 'yes'"):
         mj.moe_layer(x.reshape(2, 3, 8), params, k=2, aux_loss_per_sequence="yes")

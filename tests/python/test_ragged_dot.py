@@ -535,6 +535,25 @@ def test_large_blocks_stay_in_the_heap_unless_told_otherwise():
         assert run.stdout.strip() == want, (env, run.stdout, run.stderr)
 
 
+def test_importing_after_the_cpu_backend_started_warns():
+    """XLA's threads started before the import keep their own arenas (every large result then
+    mapped afresh): moekit.jax says so, and says nothing when imported first."""
+    late = ("import warnings, jax, jax.numpy as jnp; jnp.ones(1).block_until_ready(); "
+            "warnings.simplefilter('error'); import moekit.jax")
+    first = ("import warnings; warnings.simplefilter('error'); import jax, moekit.jax; "
+             "import jax.numpy as jnp; jnp.ones(1).block_until_ready(); print('ok')")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MOEKIT_KEEP_MALLOC", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX",
+                        "MALLOC_TRIM_THRESHOLD_")}
+    run = subprocess.run([sys.executable, "-c", late], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode != 0 and "imported after JAX started its backend" in run.stderr, (
+        run.stdout, run.stderr)
+    run = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.stdout, run.stderr)
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_batch_invariant_rows_and_gradients_are_the_same_bits(dtype):
     """batch_invariant=True: a probe row's output and input gradient are the same bits in a

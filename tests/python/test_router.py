@@ -334,12 +334,19 @@ def test_count_tokens_per_expert(T, E, B):
         jax.jit(lambda m: mj.count_tokens_per_expert(m, B))(jnp.asarray(m)), want)
 
 
-def test_counts_of_a_route_are_the_layer_counts():
+def test_counts_of_a_route_are_permutes_group_sizes():
+    """The counts of route's map are the group sizes permute makes of its indices (dropless),
+    every row of the sum k per token; one expert holding every row too."""
     logits, _ = _route_inputs(21, 8, {}, seed=5)
     r = mj.route(logits, 3)
     counts = mj.count_tokens_per_expert(r.routing_map)
-    np.testing.assert_array_equal(counts, np.asarray(r.routing_map).sum(0))
+    p = mj.permute(jnp.zeros((21, 4), F32), r.topk_indices, num_experts=8)
+    np.testing.assert_array_equal(counts, p.tokens_per_expert)
     assert int(jnp.sum(counts)) == 21 * 3
+    bias = jnp.asarray([9.0] + [0.0] * 7)  # every token chooses expert 0
+    one = mj.route(logits, 1, score="sigmoid", expert_bias=bias)
+    np.testing.assert_array_equal(mj.count_tokens_per_expert(one.routing_map),
+                                  [21] + [0] * 7)
 
 
 def test_update_expert_bias():

@@ -17,8 +17,9 @@ on a GPU `ragged_dot` keeps the sizes and a traced offset on the device and clam
 that a call never waits for the host.
 
 Modules: `ragged_dot` (the grouped matmul), `router` (route, the aux-loss scores, the losses,
-and the counts and loss-free bias update of balancing), `permute` (permute, unpermute, sort_chunks_by_index), `layer` (moe_layer, built from
-the others, and the expert FFN activation).
+the counts per expert and the loss-free bias update), `permute` (permute, unpermute,
+sort_chunks_by_index), `layer` (moe_layer, built from the others, and the expert FFN
+activation).
 """
 
 from moekit.jax._ffi import cuda_built

@@ -150,7 +150,7 @@ def dispatch(x_perm, tokens_per_expert, axis_name, *, capacity):
       experts' rows, local-expert-major, each expert's rows in source order, then zero rows).
       More rows than P * C arriving is an error on every process. Its gradient is `combine`.
     """
-    capacity = _ffi.int_arg("dispatch", "capacity", capacity, 0)
+    capacity = _ffi.int_arg("ep_mpi.dispatch", "capacity", capacity, 0)
     num_ranks = jax.lax.axis_size(axis_name)
     E = tokens_per_expert.shape[0]
     if E % num_ranks:

@@ -195,7 +195,7 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         layer's aux_loss_sequences; with ep_axis over every device's sequences).
       z_loss_coeff: the router z-loss (0: not computed).
       ep_axis: None, or (inside `jax.shard_map`) the mesh axis the experts are sharded over:
-        expert parallelism. Then x is this device's ``[T, H]`` tokens, params.router and the
+        expert parallelism. Then x is this device's ``[..., H]`` tokens, params.router and the
         shared expert are the same on every device, and params.w_in ``[E_loc, H, 2F | F]`` and
         params.w_out ``[E_loc, F, H]`` hold this device's experts (E_loc = E / the axis size;
         device i holds experts i*E_loc ..). Each expert's rows travel to its device and back
@@ -226,8 +226,8 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         sums d_x's parts, and rounds a bf16 shared expert's output, in another order).
 
     Returns:
-      ``(out [..., H] (x's shape and dtype), MoeAux(aux_loss, z_loss, tokens_per_expert))``. Gradients
-      flow to x and every weight (not to expert_bias), through the losses too, by moekit's
+      ``(out [..., H] (x's shape and dtype), MoeAux(aux_loss, z_loss, tokens_per_expert))``.
+      Gradients flow to x and every weight (not to expert_bias), through the losses too, by moekit's
       C++ backward of each step (or of the whole layer, fused). With ep_axis, the gradients of the
       replicated weights are summed over the axis by shard_map, as for any replicated input.
 
@@ -246,7 +246,6 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     sequences = math.prod(shape[:-2]) if aux_loss_per_sequence else 0
     x = x.reshape(-1, shape[-1])  # [T, H]
     params = _as_params(fn, params)
-    T, H = x.shape
     if sequences > 2**31 - 1:
         raise ValueError(f"{fn}: {sequences} sequences: must be at most 2^31 - 1")
     out, aux = _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk,
