@@ -2,19 +2,20 @@
 // transparent huge pages asked for (madvise MADV_HUGEPAGE), against writing it again.
 //   g++ -O2 -o /tmp/first_touch first_touch.cpp && /tmp/first_touch
 #include <sys/mman.h>
+
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <cstdint>
 int main(int argc, char**) {
   const size_t n = size_t(1200) << 20;
   for (int rep = 0; rep < 6; ++rep) {
     bool huge = rep % 2;
     auto t0 = std::chrono::steady_clock::now();
-    char* p = (char*)mmap(nullptr, n, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+    char* p = (char*)mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (huge) {
-      uintptr_t b = ((uintptr_t)p + (2<<20) - 1) & ~uintptr_t((2<<20)-1);
-      uintptr_t e = ((uintptr_t)p + n) & ~uintptr_t((2<<20)-1);
+      uintptr_t b = ((uintptr_t)p + (2 << 20) - 1) & ~uintptr_t((2 << 20) - 1);
+      uintptr_t e = ((uintptr_t)p + n) & ~uintptr_t((2 << 20) - 1);
       madvise((void*)b, e - b, MADV_HUGEPAGE);
     }
     memset(p, 1, n);
