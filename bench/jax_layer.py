@@ -41,6 +41,7 @@ import json
 import os
 import pathlib
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -121,6 +122,39 @@ def lax_layer(x, params, *, k, score, pre_softmax, num_groups=None, group_topk=N
     return out, aux
 
 
+def needed_gib(p, T, dtype, jax_impls, cpp):
+    """About the GiB a preset's run holds at its peak, the C++ layer's process (which runs while
+    the JAX process keeps its arrays) included. Measured peaks (ru_maxrss, bf16, 4096 tokens):
+    the JAX process 5.4 times the weights' bytes with one JAX layer and 6.4 times with two at
+    mixtral-8x7b (the weights, their gradients, the backward's f32 scratch, and the heap's
+    high-water mark: freed blocks stay in the process, README), 5.8-8.6 times at the smaller
+    presets, where the routed rows weigh more; the C++ process 3.7 times (10.3 GB). Counted here
+    in the JAX process the weights, and with a JAX layer 3 times the weights and twice the
+    activations more (x, the output and their cotangents; per routed row x_perm, h, a, y:
+    2H + 3F elements, saved and as gradients), the weights once more for each further one; in
+    the C++ process 3.5 times the weights and the activations."""
+    H, F, E, k = p["H"], p["F"], p["E"], p["k"]
+    Fs = p["shared_experts"] * F
+    es = 2 if dtype == "bf16" else 4
+    weights = H * E + E * H * 2 * F + E * F * H + H * 2 * Fs + Fs * H
+    activations = 4 * T * H + 2 * T * k * (2 * H + 3 * F)
+    total = weights
+    if jax_impls:
+        total += (3 + jax_impls - 1) * weights + 2 * activations
+    if cpp:
+        total += 3.5 * weights + activations
+    return total * es / 2**30
+
+
+def physical_gib():
+    """The machine's memory (MemTotal), in GiB."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    return 16.0
+
+
 def setup(args):
     import jax
     import jax.numpy as jnp
@@ -170,7 +204,6 @@ def time_call(fn, args, warmup, reps, inner):
     they would make every call allocate its results (1.2 GB of weight gradients at qwen3's
     shapes) beside the last call's."""
     import jax
-    import resource
     for _ in range(warmup):
         jax.block_until_ready(fn(*args))
     times = []
@@ -189,11 +222,14 @@ def cpp_layer(args, device):
     """The C++ layer's forward and backward ms (its own medians), from `moekit bench layer`."""
     cmd = [args.moekit, "bench", "layer", "--preset", args.preset, "--tokens", str(args.tokens),
            "--dtype", args.dtype, "--reps", str(args.reps), "--warmup", str(args.warmup),
-           "--aux-loss-coeff", "0.01", "--device", device, "--json"]
+           "--aux-loss-coeff", "0.01", "--device", device, "--mem-limit-gib",
+           str(args.mem_limit_gib), "--json"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr[-3000:]}")
     cases = {c["pass"]: c["ms"] for c in json.loads(run.stdout)}
+    if not cases:  # it skipped the preset
+        raise SystemExit(f"{' '.join(cmd)} timed nothing:\n{run.stderr[-3000:]}")
     return {"fwd": cases["fwd"], "fwd+bwd": cases["fwd"] + cases["bwd"]}
 
 
@@ -212,6 +248,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--inner", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mem-limit-gib", type=float, default=None,
+                    help="skip a preset whose run would hold more than this, its JAX and C++ "
+                         "processes together (default: 80%% of the machine's memory; the C++ "
+                         "layer's own process checks its buffers against the same limit)")
     ap.add_argument("--moekit", default=str(ROOT / "build" / "moekit"),
                     help="the moekit program, for the C++ layer (impl cpp)")
     ap.add_argument("--json", action="store_true", help="the results as JSON on stdout")
@@ -231,6 +271,8 @@ def main():
                          "from --impls)")
 
     device = "cuda" if backend == "gpu" else "cpu"
+    if args.mem_limit_gib is None:
+        args.mem_limit_gib = round(0.8 * physical_gib(), 1)
     inner = args.inner or (10 if backend == "gpu" else 1)
     names = ([p["name"] for p in json.loads(PRESETS.read_text())["presets"]]
              if args.preset == "all" else [args.preset])
@@ -243,15 +285,26 @@ def main():
         machine += f" ({os.cpu_count()} cores)"
     passes = ("fwd", "fwd+bwd")
     steps = len(names) * args.rounds
-    rows = []
+    rows, skipped = [], []
     for n, name in enumerate(names):
         args.preset = name
+        gib = needed_gib(preset(name), args.tokens, args.dtype,
+                         len([i for i in impls if i != "cpp"]), "cpp" in impls)
+        if gib > args.mem_limit_gib:
+            skipped.append(f"{name}: needs about {gib:.1f} GiB at {args.tokens} tokens, over "
+                           f"--mem-limit-gib {args.mem_limit_gib:g} (fewer --impls per run "
+                           f"need less)")
+            print(f"skipped {skipped[-1]}", file=sys.stderr, flush=True)
+            continue
         p, x, params, fns = setup(args)
         outs = {}
         for impl in impls:  # compiled before anything is timed
             if impl != "cpp":
                 for ps in passes:
-                    outs[(impl, ps)] = jax.block_until_ready(fns[impl][ps](x, params))
+                    out = jax.block_until_ready(fns[impl][ps](x, params))
+                    if ps == "fwd":  # the gradients dropped: a preset's weights' worth each
+                        outs[(impl, ps)] = out
+                    del out
         # The JAX layers compute the same function: each one's output against moekit's,
         # relative to the largest.
         agree = {}
@@ -279,6 +332,8 @@ def main():
                    "pass": ps, "device": device, "machine": machine, "rounds": args.rounds,
                    "reps": args.reps, "inner": inner,
                    "kept_large_blocks": mj._ffi.KEPT_LARGE_BLOCKS,
+                   # The process's peak so far (every preset before this one included).
+                   "max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    **{f"{o}_vs_moekit_max_rel_diff": d for o, d in agree.items()}}
             for impl in impls:
                 row[f"{impl}_ms"] = statistics.median(rounds[(impl, ps)])
@@ -298,6 +353,8 @@ def main():
               + "".join(f" {row[i + '_ms']:>10.3f}" for i in impls)
               + "".join(f" {row[a + '_ms'] / row[b + '_ms']:>10.2f}x" for a, b in ratios),
               file=text)
+    for s in skipped:
+        print(f"skipped {s}", file=text)
     for other in ("steps", "lax"):
         diffs = [r[f"{other}_vs_moekit_max_rel_diff"] for r in rows
                  if f"{other}_vs_moekit_max_rel_diff" in r]

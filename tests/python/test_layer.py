@@ -521,6 +521,21 @@ def test_bench_script_runs_and_prints_its_json():
     assert "moekit/cpp" in done.stderr and "lax/moekit" in done.stderr
 
 
+def test_bench_script_skips_a_preset_over_its_memory_limit():
+    # --preset all on this machine runs every preset but deepseek-v3 (22 GiB of bf16 expert
+    # weights): under a limit below every preset's needs, each is skipped, named, and nothing is
+    # allocated or timed.
+    root = pathlib.Path(__file__).parents[2]
+    done = subprocess.run([sys.executable, str(root / "bench" / "jax_layer.py"), "--preset", "all",
+                           "--tokens", "4", "--mem-limit-gib", "0.01", "--json"],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == []
+    presets = json.loads((root / "bench" / "presets.json").read_text())["presets"]
+    for p in presets:
+        assert f"skipped {p['name']}: needs about" in done.stderr
+    assert "over --mem-limit-gib 0.01" in done.stderr
+
+
 @FUSED
 @pytest.mark.parametrize("shape", [(3, 4), (2, 3, 4), (12,)], ids=["BS", "ABS", "T"])
 def test_any_leading_axes_are_the_flattened_tokens(shape, fused):
