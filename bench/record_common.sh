@@ -18,12 +18,23 @@ if [[ -z ${runner+set} ]]; then
   runner_shown="moekit bench $op"
 fi
 
+isa() {  # the widest matmul ISA the CPU has, as oneDNN would pick it: AMX, AVX-512 (BF16), AVX2
+  local flags
+  flags=$(grep -m1 '^flags' /proc/cpuinfo)
+  if [[ $flags == *amx_bf16* ]]; then echo "AMX"
+  elif [[ $flags == *avx512_bf16* ]]; then echo "AVX-512 with BF16"
+  elif [[ $flags == *avx512f* ]]; then echo "AVX-512"
+  elif [[ $flags == *avx2* ]]; then echo "AVX2"
+  else echo "no AVX2"; fi
+}
+
 start_report() {  # start_report TITLE
   mkdir -p "$out"
   {
     echo "# $1, $day"
     echo
-    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores," \
+    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p') (family $(lscpu | sed -n 's/^CPU family: *//p')," \
+         "model $(lscpu | sed -n 's/^Model: *//p'); $(isa)), $(nproc) cores," \
          "$(free -g | awk '/Mem:/{print $2}') GiB; oneDNN $(dpkg-query -W -f='${Version}' libdnnl-dev 2>/dev/null)," \
          "Highway $(dpkg-query -W -f='${Version}' libhwy-dev 2>/dev/null)."
     echo "Commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with local changes)')."
