@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moekit.jax import _ffi, ep, ep_mpi
+from moekit.jax import _token_sharding as ts
 from moekit.jax.permute import capacity_options, permute, unpermute
 from moekit.jax.ragged_dot import ragged_dot
 from moekit.jax.router import aux_loss_scores, load_balancing_loss, route, route_attrs, z_loss
@@ -54,6 +55,8 @@ def activation(h, kind="swiglu", *, rows=None):
     case, such as ragged_dot's output past its groups, whose rows are 0 and map to 0). A rows
     outside [0, N] raises when the result is computed on the CPU; on a GPU, where the kernel
     computes every row (the count is on the device), the rows from `rows` on are set to 0 after.
+    Under `jit` with the rows sharded over mesh axes, each device maps its own rows (the width
+    stays whole), with the one-device result's bits.
     """
     if kind not in _ACTIVATIONS:
         raise ValueError(f"activation: kind = {kind!r}: must be one of {sorted(_ACTIVATIONS)}")
@@ -87,14 +90,40 @@ def _every_row(tensors, tail_zero):
     return _ffi.Cuda(args=tuple(range(tensors)), finish=None if tail_zero else mask)
 
 
+def _local_rows(rows, n, split):
+    """The rows below `rows` of a device's piece of n rows."""
+    if split.count == 1:
+        return rows
+    return jnp.clip(rows - split.index() * n, 0, n).astype(jnp.int32)
+
+
+def _activation_body(h, rows, *, split, kind, tail_zero):
+    gated, code = _ACTIVATIONS[kind]
+    width = h.shape[1] // 2 if gated else h.shape[1]
+    return [_ffi.call("moekit_activation_fwd", ((h.shape[0], width), h.dtype), h,
+                      _local_rows(rows, h.shape[0], split), cuda=_every_row(1, tail_zero),
+                      kind=np.int32(code))]
+
+
+def _activation_bwd_body(h, ct, rows, *, split, kind, tail_zero):
+    return [_ffi.call("moekit_activation_bwd", (h.shape, h.dtype), h, ct,
+                      _local_rows(rows, h.shape[0], split), cuda=_every_row(2, tail_zero),
+                      kind=np.int32(_ACTIVATIONS[kind][1]))]
+
+
+# Row by row: under a sharded jit each device maps its own rows (_token_sharding); the width
+# stays whole (a gated h is [gate | up]).
+_ACTIVATION_FWD = ts.token_primitive(ts.TokenOp("moekit_activation_fwd", _activation_body,
+                                                (("t", "w"), ()), (("t", "v"),)))
+_ACTIVATION_BWD = ts.token_primitive(ts.TokenOp("moekit_activation_bwd", _activation_bwd_body,
+                                                (("t", "w"), ("t", "v"), ()), (("t", "w"),)))
+
+
 # tail_zero: h's rows from `rows` on are 0 (ragged_dot's rows past its groups), as is the
 # cotangent there, so computing them gives the 0 the result must hold.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _activation(h, rows, kind, tail_zero):
-    gated, code = _ACTIVATIONS[kind]
-    width = h.shape[1] // 2 if gated else h.shape[1]
-    return _ffi.call("moekit_activation_fwd", ((h.shape[0], width), h.dtype), h, rows,
-                     cuda=_every_row(1, tail_zero), kind=np.int32(code))
+    return ts.bind(_ACTIVATION_FWD, h, rows, kind=kind, tail_zero=tail_zero)[0]
 
 
 def _activation_fwd(h, rows, kind, tail_zero):
@@ -103,8 +132,7 @@ def _activation_fwd(h, rows, kind, tail_zero):
 
 def _activation_bwd(kind, tail_zero, res, ct):
     h, rows = res
-    d_h = _ffi.call("moekit_activation_bwd", (h.shape, h.dtype), h, ct.astype(h.dtype), rows,
-                    cuda=_every_row(2, tail_zero), kind=np.int32(_ACTIVATIONS[kind][1]))
+    d_h, = ts.bind(_ACTIVATION_BWD, h, ct.astype(h.dtype), rows, kind=kind, tail_zero=tail_zero)
     return d_h, None
 
 
@@ -145,6 +173,155 @@ def _layer_bwd(attrs, residuals, ct):
 _layer.defvjp(_layer_fwd, _layer_bwd)
 
 
+def _token_axes(fn, token_axes, ep_axis):
+    """token_axes as a tuple of mesh axis names, checked (inside shard_map, none of them
+    ep_axis)."""
+    if token_axes is None:
+        return ()
+    axes = (token_axes,) if isinstance(token_axes, str) else tuple(token_axes)
+    for a in axes:
+        if not isinstance(a, str):
+            raise TypeError(f"{fn}: token_axes = {token_axes!r}: must be a mesh axis name or a "
+                            "tuple of them")
+        if a == ep_axis:
+            raise ValueError(f"{fn}: token_axes = {token_axes!r} names ep_axis {ep_axis!r}, "
+                             "over which the tokens are split already")
+        if a not in jax.sharding.get_abstract_mesh().manual_axes:
+            raise ValueError(f"{fn}: token_axes = {token_axes!r}: {a!r} is not a manual axis of "
+                             "the shard_map this call is in")
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{fn}: token_axes = {token_axes!r} names an axis twice")
+    return axes
+
+
+def _split_by_tokens():
+    """Whether moe_layer may run under a jit whose mesh splits its tokens: several devices, and
+    not inside shard_map (there the caller has split them)."""
+    return jax.device_count() > 1 and not jax.sharding.get_abstract_mesh().manual_axes
+
+
+def _bytes_per_token(attrs, T, bf16):
+    """Bytes per token of the fused forward's saved residual [T, bytes] when the T tokens are
+    split into equal pieces of any count the devices allow: each piece holds its own saved
+    buffer, whose size is not linear in its tokens."""
+    pieces = [c for c in range(1, jax.device_count() + 1) if T % c == 0]
+    return max(-(-_ffi.layer_workspace(attrs, T // c, bf16)[0] // (T // c)) for c in pieces)
+
+
+def _fused_fwd_body(x, *weights_and_bias, split, attrs, per_token):
+    T, H = x.shape
+    E = int(dict(attrs)["num_experts"])
+    scratch_bytes = _ffi.layer_workspace(attrs, T, x.dtype == jnp.bfloat16)[1]
+    f32, u8 = jnp.float32, jnp.uint8
+    out, _, _, sizes, saved, _ = _ffi.call(
+        "moekit_layer_fwd", [((T, H), x.dtype), ((), f32), ((), f32), ((E,), jnp.int32),
+                             ((T * per_token,), u8), ((scratch_bytes,), u8)],
+        x, *weights_and_bias, **dict(attrs))
+    return [out, split.sum(sizes), saved.reshape(T, per_token)]
+
+
+def _fused_bwd_body(x, *args, split, attrs, per_token):
+    *weights, bias, saved, d_out = args
+    scratch_bytes = _ffi.layer_workspace(attrs, x.shape[0], x.dtype == jnp.bfloat16)[2]
+    # Each piece's weight gradients in f32, summed over the pieces, then rounded once.
+    grad_dtype = jnp.float32 if split.count > 1 else x.dtype
+    results = ([(x.shape, x.dtype)] + [(w.shape, grad_dtype) for w in weights]
+               + [((scratch_bytes,), jnp.uint8)])
+    zero = jnp.zeros((), jnp.float32)
+    d_x, *d_weights = _ffi.call("moekit_layer_bwd", results, x, *weights, bias,
+                                saved.reshape(-1), d_out, zero, zero, **dict(attrs))[:-1]
+    return [d_x] + [split.sum(g).astype(w.dtype) for g, w in zip(d_weights, weights)]
+
+
+def _piece_losses(losses, split):
+    """The loss options for one of split's pieces: its own sequences."""
+    return losses._replace(sequences=losses.sequences // split.count)
+
+
+def _steps_fwd_body(x, *weights_and_bias, split, options, losses):
+    *weights, bias = weights_and_bias
+    out, sizes, logits = _steps(x, tuple(weights), bias, options)
+    aux, z = _losses(logits, options, _piece_losses(losses, split), split.axes, split.count)
+    return [out, split.sum(sizes), aux, z]
+
+
+def _steps_bwd_body(x, *args, split, options, losses):
+    """The steps' forward again on this piece's tokens, and its gradients (the steps keep their
+    residuals in arrays of shapes the piece's tokens decide, which no result of fixed shape can
+    carry from the forward). The losses are the sums of the pieces' shares: each share's
+    cotangent is the loss's, the batch's counts (no gradient) taken outside."""
+    *weights, bias, d_out, d_aux, d_z = args
+    lc = _piece_losses(losses, split)
+    counts = None
+    if lc.aux_loss_coeff:
+        logits = _dense(x, weights[0], options.batch_invariant)
+        counts = _aux_counts(logits, options, lc, split.axes)[1]
+
+    def layer(x, weights):
+        out, _, logits = _steps(x, weights, bias, options)
+        scores = (aux_loss_scores(logits, options.k, score=options.score)[0]
+                  if lc.aux_loss_coeff else None)
+        return (out, *_loss_shares(logits, scores, counts, options, lc, split.count))
+
+    _, vjp = jax.vjp(layer, x, tuple(weights))
+    d_x, d_weights = vjp((d_out, d_aux, d_z))
+    return [d_x] + [split.sum(g.astype(jnp.float32)).astype(w.dtype)
+                    for g, w in zip(d_weights, weights)]
+
+
+# The layer on each device's tokens under a sharded jit: x, out, d_out and the saved residual
+# split by tokens, the weights whole (replicated), the counts and the weight gradients summed.
+_X, _W = ("t", None), (None,) * 6  # x; the five weights and the expert bias
+_FUSED_FWD = ts.token_primitive(ts.TokenOp("moekit_layer_fwd", _fused_fwd_body, (_X,) + _W,
+                                           (_X, None, ("t", None))))
+_FUSED_BWD = ts.token_primitive(ts.TokenOp("moekit_layer_bwd", _fused_bwd_body,
+                                           (_X,) + _W + (("t", None), _X), (_X,) + _W[:5]))
+_STEPS_FWD = ts.token_primitive(ts.TokenOp("moe_layer_steps_fwd", _steps_fwd_body, (_X,) + _W,
+                                           (_X, None, (), ())))
+_STEPS_BWD = ts.token_primitive(ts.TokenOp("moe_layer_steps_bwd", _steps_bwd_body,
+                                           (_X,) + _W + (_X, (), ()), (_X,) + _W[:5]))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _layer_split(x, weights, bias, attrs, options, losses):
+    """(out, tokens_per_expert, aux_loss, z_loss) of the layer, each device on its own tokens
+    under a sharded jit (or on the tokens it holds inside shard_map): fused (attrs: the C++
+    layer's calls without its losses, which are 0 here and computed beside by the caller; its
+    saved activations the residual) or step by step (attrs None; the losses of `losses`, the
+    shares of every piece summed)."""
+    return _layer_split_fwd(x, weights, bias, attrs, options, losses)[0]
+
+
+def _layer_split_fwd(x, weights, bias, attrs, options, losses):
+    if attrs is None:
+        out, sizes, aux, z = ts.bind(_STEPS_FWD, x, *weights, bias, options=options,
+                                     losses=losses)
+        return (out, sizes, aux, z), (x, weights, bias, None)
+    per_token = _bytes_per_token(attrs, x.shape[0], x.dtype == jnp.bfloat16)
+    out, sizes, saved = ts.bind(_FUSED_FWD, x, *weights, bias, attrs=attrs, per_token=per_token)
+    zero = jnp.zeros((), jnp.float32)
+    return (out, sizes, zero, zero), (x, weights, bias, saved)
+
+
+def _layer_split_bwd(attrs, options, losses, residuals, ct):
+    x, weights, bias, saved = residuals
+    d_out, _, d_aux, d_z = ct
+    d_out = d_out.astype(x.dtype)
+    if attrs is None:
+        d_x, *d_weights = ts.bind(_STEPS_BWD, x, *weights, bias, d_out,
+                                  d_aux.astype(jnp.float32), d_z.astype(jnp.float32),
+                                  options=options, losses=losses)
+    else:
+        d_x, *d_weights = ts.bind(_FUSED_BWD, x, *weights, bias, saved, d_out, attrs=attrs,
+                                  per_token=saved.shape[1])
+    # Inside shard_map (token_axes), the replicated weights' gradients summed over the axes.
+    d_x, *d_weights = _ffi.match_vma((d_x, *d_weights), (x, *weights))
+    return d_x, tuple(d_weights), None
+
+
+_layer_split.defvjp(_layer_split_fwd, _layer_split_bwd)
+
+
 def _as_params(fn, params):
     """params as a MoeParams: one already, or a mapping with MoeParams' names (a dict, a Flax or
     Equinox tree), router, w_in and w_out required, shared_in and shared_out optional."""
@@ -168,7 +345,7 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
               group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
               capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
               aux_loss_per_sequence=False, z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto",
-              batch_invariant=False, fused=None):
+              token_axes=None, batch_invariant=False, fused=None):
     """The MoE layer: route, permute, gate+up grouped matmul, activation, down grouped matmul,
     combine with the routing weights, plus an optional shared expert.
 
@@ -210,6 +387,11 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         CPU device per process under mpirun; there faster than "all_to_all"
         (bench/results/jax_layer_ep-*). "auto" (default): "mpi" where `ep_mpi.serves` the
         axis, else "all_to_all" on the CPU and "ragged" on other backends.
+      token_axes: None, or (inside `jax.shard_map`) the mesh axes besides ep_axis that x's
+        tokens are split over, a name or a tuple (MaxText's ``("data", "fsdp")``): the losses and
+        tokens_per_expert are then the whole batch's over those axes too, and the weights
+        replicated over them get gradients summed over them (shard_map's rule). Without ep_axis:
+        data parallelism inside shard_map, every device all the experts.
       batch_invariant: a token's output, and its gradient, the same bits whatever the other
         tokens of the call, the threads, and over ep_axis the number of devices: every matmul
         (the router's and the shared expert's too, as one-group `ragged_dot` calls) in
@@ -231,6 +413,21 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
       C++ backward of each step (or of the whole layer, fused). With ep_axis, the gradients of the
       replicated weights are summed over the axis by shard_map, as for any replicated input.
 
+    Under `jit` on several devices, with x's tokens sharded over any mesh axes (e.g. a
+    ``[B, S, H]`` x with B over ``("data", "fsdp")``) and the weights replicated, each device runs
+    the layer on its own tokens (fused or step by step) and nothing token-indexed is gathered; the
+    losses and tokens_per_expert are the whole batch's, and the weights' gradients are summed
+    over the devices (in float32, rounded once), so that every result is the one-device layer's
+    up to float32 summation order (out and d_x bit for bit in the batch-invariant mode, over a
+    power-of-two number of devices). Fused, the losses are computed beside the C++ layer, on the
+    router matmul computed once more (about 1% of the layer); step by step (a GPU, the
+    batch-invariant mode, fused=False), each device's backward computes its forward again (a
+    third more work). This path is taken in any process with several devices outside
+    shard_map, whether or not the tokens are sharded. Two cases differ: a capacity
+    ranks every token of an expert, so with capacity_factor the tokens are gathered (the result
+    is the one-device layer's); with align_size each device pads its own blocks, and
+    tokens_per_expert sums the devices' padded counts (as over ep_axis).
+
     Under `vmap` each step runs as a loop of calls (see the package docstring).
     """
     fn = "moe_layer"
@@ -251,14 +448,14 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     out, aux = _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk,
                           scaling_factor, expert_bias, activation_kind, capacity_factor,
                           drop_policy, align_size, aux_loss_coeff, sequences, z_loss_coeff,
-                          ep_axis, ep_exchange, batch_invariant, fused)
+                          ep_axis, ep_exchange, token_axes, batch_invariant, fused)
     return out.reshape(shape), aux
 
 
 def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, scaling_factor,
                expert_bias, activation_kind, capacity_factor, drop_policy, align_size,
-               aux_loss_coeff, sequences, z_loss_coeff, ep_axis, ep_exchange, batch_invariant,
-               fused):
+               aux_loss_coeff, sequences, z_loss_coeff, ep_axis, ep_exchange, token_axes,
+               batch_invariant, fused):
     """moe_layer on x [T, H] (sequences: the per-sequence loss's count, 0 for the batch's)."""
     T, H = x.shape
     router, w_in, w_out = (jnp.asarray(w) for w in params[:3])
@@ -270,6 +467,11 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
         raise ValueError(f"{fn}: ep_exchange = {ep_exchange!r}: must be one of "
                          f"{list(_EXCHANGES)}")
     ranks = 1 if ep_axis is None else jax.lax.axis_size(ep_axis)
+    token_axes = _token_axes(fn, token_axes, ep_axis)
+    # The axes the batch's tokens are split over, and into how many pieces: the losses and the
+    # counts reduce over them.
+    batch_axes = token_axes + (() if ep_axis is None else (ep_axis,))
+    pieces = math.prod(jax.lax.axis_size(a) for a in batch_axes)
     if ep_exchange == "auto" and ep_axis is not None:
         ep_exchange = ("mpi" if ep_mpi.serves(ranks) else
                        "all_to_all" if jax.default_backend() == "cpu" else "ragged")
@@ -322,74 +524,165 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
     if fused and not can_fuse:
         here = f"ep_axis = {ep_axis!r}" if ep_axis is not None else jax.default_backend()
         raise ValueError(f"{fn}: fused = True runs on the CPU without ep_axis (here {here})")
-    if can_fuse and (fused or (fused is None and not batch_invariant)):
+    fused = can_fuse and (fused or (fused is None and not batch_invariant))
+    o = _Options(k=k, score=score, pre_softmax=pre_softmax, num_groups=num_groups,
+                 group_topk=group_topk, scaling_factor=scaling_factor,
+                 activation_kind=activation_kind, capacity_factor=capacity_factor,
+                 drop_policy=drop_policy, align_size=align_size, batch_invariant=batch_invariant)
+    none = jnp.zeros((0,), x.dtype)
+    weights = (router, w_in, w_out, shared_in if shared else none,
+               shared_out if shared else none)
+    lc = _Losses(aux_loss_coeff, sequences, z_loss_coeff)
+    # Under jit on several devices each device runs the layer on its own tokens, wherever they
+    # are sharded (_layer_split). Not with a capacity, which ranks every token of an expert:
+    # XLA then gathers the tokens.
+    split = (ep_axis is None and not token_axes and T > 0 and capacity_factor is None
+             and _split_by_tokens())
+    # The fused C++ layer counts its own tokens only: under a sharded jit, or inside shard_map
+    # over token_axes, it computes no loss, and the batch's losses are computed beside it.
+    beside = fused and (split or bool(token_axes))
+    if fused:
         attrs = _ffi.layer_attrs(
             hidden=H, ffn=F, num_experts=E, shared_ffn=shared_out.shape[0] if shared else 0,
             **dict(route_attrs_), activation=_ACTIVATIONS[activation_kind][1],
             capacity_factor=cf, drop_policy=policy, align_size=align,
-            aux_loss_coeff=aux_loss_coeff, aux_loss_sequences=sequences,
-            z_loss_coeff=z_loss_coeff,
-            batch_invariant=batch_invariant)
+            aux_loss_coeff=0.0 if beside else aux_loss_coeff,
+            aux_loss_sequences=0 if beside else sequences,
+            z_loss_coeff=0.0 if beside else z_loss_coeff, batch_invariant=batch_invariant)
         if _ffi.layer_workspace(attrs, T, x.dtype == jnp.bfloat16) is None:
             raise ValueError(f"{fn}: {T} tokens, H = {H}, F = {F}, {E} experts, k = {k}, "
                              f"align_size = {align_size}, capacity_factor = {capacity_factor}: "
                              f"the layer's buffers would not fit a 64-bit size")
-        none = jnp.zeros((0,), x.dtype)
-        weights = (router, w_in, w_out, shared_in if shared else none,
-                   shared_out if shared else none)
+    if split or beside:
+        out, tokens_per_expert, aux, z = _layer_split(x, weights, bias,
+                                                      attrs if fused else None, o, lc)
+        if token_axes:
+            tokens_per_expert = jax.lax.psum(tokens_per_expert, token_axes)
+        if beside:
+            logits = _dense(x, router, batch_invariant) if aux_loss_coeff or z_loss_coeff else None
+            aux, z = _losses(logits, o, lc, batch_axes, pieces)
+        return out, MoeAux(aux, z, tokens_per_expert)
+    if fused:
         return _layer(x, weights, bias, attrs)
+    exchange = None if ep_axis is None else (ep_exchange, ranks)
+    out, tokens_per_expert, logits = _steps(x, weights, bias, o, ep_axis, exchange)
+    if token_axes:
+        tokens_per_expert = jax.lax.psum(tokens_per_expert, token_axes)
+    aux, z = _losses(logits, o, lc, batch_axes, pieces)
+    return out, MoeAux(aux, z, tokens_per_expert)
 
-    def dense(a, w):  # a @ w in f32; in the mode, as one ragged_dot group of every row
-        if not batch_invariant:
-            return jnp.dot(a, w, preferred_element_type=jnp.float32)
-        return ragged_dot(a, w[None], jnp.array([a.shape[0]], jnp.int32),
-                          preferred_element_type=jnp.float32, batch_invariant=True)
 
-    logits = dense(x, router)  # [T, E]
-    r = route(logits, k, score=score, pre_softmax=pre_softmax, num_groups=num_groups,
-              group_topk=group_topk, scaling_factor=scaling_factor, expert_bias=expert_bias)
-    # Over an ep_axis, every device holds T tokens: the batch's losses are sums of the devices'
-    # shares (the load-balancing loss on the batch's counts and token count, the z-loss's mean
-    # over every token).
-    def over_devices(v):
-        return v if ep_axis is None else jax.lax.psum(v, ep_axis)
+class _Options(NamedTuple):
+    """The layer's checked options that the steps take (hashable: a primitive parameter)."""
+    k: int
+    score: str
+    pre_softmax: bool
+    num_groups: Optional[int]
+    group_topk: Optional[int]
+    scaling_factor: float
+    activation_kind: str
+    capacity_factor: Optional[float]
+    drop_policy: str
+    align_size: Optional[int]
+    batch_invariant: bool
 
+
+def _dense(a, w, batch_invariant):
+    """a @ w in f32; in the batch-invariant mode as one ragged_dot group of every row."""
+    if not batch_invariant:
+        return jnp.dot(a, w, preferred_element_type=jnp.float32)
+    # (The size as a full of a literal, not an array constant: the steps are traced inside
+    # custom_partitioning, which takes no constants.)
+    return ragged_dot(a, w[None], jnp.full((1,), a.shape[0], jnp.int32),
+                      preferred_element_type=jnp.float32, batch_invariant=True)
+
+
+def _route_of(logits, bias, o):
+    return route(logits, o.k, score=o.score, pre_softmax=o.pre_softmax,
+                 num_groups=o.num_groups, group_topk=o.group_topk,
+                 scaling_factor=o.scaling_factor, expert_bias=bias if bias.size else None)
+
+
+class _Losses(NamedTuple):
+    """The layer's loss options, checked (sequences: the per-sequence loss's count of this
+    call's sequences, 0 for the batch's loss)."""
+    aux_loss_coeff: float
+    sequences: int
+    z_loss_coeff: float
+
+
+def _aux_counts(logits, o, lc, axes):
+    """The load-balancing loss's scores [T, E] and counts: [E] the batch's (summed over the mesh
+    axes `axes` the batch is split over), or [B, E] per sequence (this call's sequences)."""
+    E = logits.shape[1]
+    scores, aux_map = aux_loss_scores(logits, o.k, score=o.score)
+    if lc.sequences:
+        return scores, jnp.sum(aux_map.reshape(lc.sequences, -1, E), axis=1, dtype=jnp.int32)
+    counts = jnp.sum(aux_map, axis=0, dtype=jnp.int32)
+    return scores, jax.lax.psum(counts, axes) if axes else counts
+
+
+def _loss_shares(logits, scores, counts, o, lc, pieces):
+    """This call's shares of the batch's load-balancing loss and z-loss, from its logits [T, E]
+    and _aux_counts' scores and counts, with the batch split into `pieces` calls of T tokens:
+    the losses are the shares' sums (the load-balancing loss on the batch's counts and token
+    count; per sequence, and the z-loss, the means of the pieces' means)."""
     zero = jnp.zeros((), jnp.float32)
     aux = zero
-    if aux_loss_coeff and sequences:
-        # Each sequence's loss on its own counts, the mean over every device's sequences.
-        scores, aux_map = aux_loss_scores(logits, k, score=score)
-        counts = jnp.sum(aux_map.reshape(sequences, -1, E), axis=1, dtype=jnp.int32)  # [B, E]
-        aux = over_devices(load_balancing_loss(scores, counts, k=k, coeff=aux_loss_coeff)
-                           / ranks)
-    elif aux_loss_coeff:
-        scores, aux_map = aux_loss_scores(logits, k, score=score)
-        counts = over_devices(jnp.sum(aux_map, axis=0, dtype=jnp.int32))
-        aux = over_devices(load_balancing_loss(
-            scores, counts, k=k, coeff=aux_loss_coeff,
-            total_tokens=None if ep_axis is None else T * ranks))
-    z = over_devices(z_loss(logits, z_loss_coeff) / ranks) if z_loss_coeff else zero
+    if lc.aux_loss_coeff and lc.sequences:
+        aux = load_balancing_loss(scores, counts, k=o.k, coeff=lc.aux_loss_coeff) / pieces
+    elif lc.aux_loss_coeff:
+        aux = load_balancing_loss(scores, counts, k=o.k, coeff=lc.aux_loss_coeff,
+                                  total_tokens=logits.shape[0] * pieces if pieces > 1 else None)
+    z = z_loss(logits, lc.z_loss_coeff) / pieces if lc.z_loss_coeff else zero
+    return aux, z
 
-    by_probs = capacity_factor is not None and drop_policy == "probs"
+
+def _losses(logits, o, lc, axes=(), pieces=1):
+    """The batch's load-balancing loss and z-loss from this call's logits [T, E] (None where
+    both coefficients are 0). Inside shard_map the batch is split over the mesh axes `axes`
+    (ep_axis and token_axes) into `pieces`, and the devices' shares are summed over them."""
+    zero = jnp.zeros((), jnp.float32)
+    if not (lc.aux_loss_coeff or lc.z_loss_coeff):
+        return zero, zero
+    scores, counts = _aux_counts(logits, o, lc, axes) if lc.aux_loss_coeff else (None, None)
+    aux, z = _loss_shares(logits, scores, counts, o, lc, pieces)
+    return (jax.lax.psum(aux, axes), jax.lax.psum(z, axes)) if axes else (aux, z)
+
+
+def _steps(x, weights, bias, o, ep_axis=None, exchange=None):
+    """The layer step by step on x [T, H]: (out [T, H], tokens_per_expert [E], logits [T, E]
+    f32). weights as _layer's; bias the expert bias ([0]: none). With ep_axis, exchange is
+    (ep_exchange, ranks), and tokens_per_expert is the whole batch's."""
+    router, w_in, w_out, shared_in, shared_out = weights
+    T, E = x.shape[0], router.shape[1]
+    logits = _dense(x, router, o.batch_invariant)  # [T, E]
+    r = _route_of(logits, bias, o)
+    by_probs = o.capacity_factor is not None and o.drop_policy == "probs"
     p = permute(x, r.topk_indices, r.topk_weights if by_probs else None, num_experts=E,
-                align_size=align_size, capacity_factor=capacity_factor, drop_policy=drop_policy)
+                align_size=o.align_size, capacity_factor=o.capacity_factor,
+                drop_policy=o.drop_policy)
+    tokens_per_expert = p.tokens_per_expert
     if ep_axis is None:
         rows, sizes = p.x, p.tokens_per_expert  # [N, H], [E]
     else:
+        ep_exchange, ranks = exchange
         dispatch, combine = _EXCHANGES[ep_exchange]
-        capacity = ep.block_rows(T, E, ranks, k, rows=p.x.shape[0],
-                                 capacity_factor=capacity_factor, align_size=align_size)
-        rows, exchange = dispatch(p.x, p.tokens_per_expert, ep_axis, capacity=capacity)
-        sizes = exchange.local_tokens_per_expert  # [E_loc]
+        capacity = ep.block_rows(T, E, ranks, o.k, rows=p.x.shape[0],
+                                 capacity_factor=o.capacity_factor, align_size=o.align_size)
+        rows, plan = dispatch(p.x, p.tokens_per_expert, ep_axis, capacity=capacity)
+        sizes = plan.local_tokens_per_expert  # [E_loc]
+        tokens_per_expert = jax.lax.psum(tokens_per_expert, ep_axis)
     # [rows, 2F | F]; 0 past the groups
-    h = ragged_dot(rows, w_in, sizes, batch_invariant=batch_invariant)
+    h = ragged_dot(rows, w_in, sizes, batch_invariant=o.batch_invariant)
     # The groups' rows only (on a GPU every row: those past the groups are 0 and map to 0).
-    a = _activation(h, jnp.sum(sizes).astype(jnp.int32), activation_kind, True)
-    y = ragged_dot(a, w_out, sizes, batch_invariant=batch_invariant)  # [rows, H]
+    a = _activation(h, jnp.sum(sizes).astype(jnp.int32), o.activation_kind, True)
+    y = ragged_dot(a, w_out, sizes, batch_invariant=o.batch_invariant)  # [rows, H]
     if ep_axis is not None:
-        y = combine(y, exchange, ep_axis)  # [N, H], back in p.x's order
+        y = combine(y, plan, ep_axis)  # [N, H], back in p.x's order
     out = unpermute(y, p, r.topk_weights)  # [T, H]
-    if shared:
-        hs = dense(x, shared_in).astype(x.dtype)
-        out = out + dense(activation(hs, activation_kind), shared_out).astype(x.dtype)
-    return out, MoeAux(aux, z, over_devices(p.tokens_per_expert))
+    if shared_in.size:
+        hs = _dense(x, shared_in, o.batch_invariant).astype(x.dtype)
+        out = out + _dense(activation(hs, o.activation_kind), shared_out,
+                           o.batch_invariant).astype(x.dtype)
+    return out, tokens_per_expert, logits

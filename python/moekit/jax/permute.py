@@ -87,6 +87,11 @@ def permute(x, routing_map, probs=None, *, num_experts=None, k=None, align_size=
       `Permuted(x, probs, tokens_per_expert, row_map, pad_offsets)`, for `unpermute`.
 
     Gradients flow to x and probs (the C++ permute_backward).
+
+    Under `jit` with the tokens sharded over a mesh, permute keeps its one-device
+    result: the rows are laid out across all tokens, so XLA gathers them first. To work
+    on each device's own tokens, call it inside `jax.shard_map` (as `moe_layer` does with
+    ep_axis), or use `moe_layer`, which runs on each device's tokens under a sharded jit.
     """
     fn = "permute"
     x, routing_map = jnp.asarray(x), jnp.asarray(routing_map)
@@ -196,6 +201,11 @@ def unpermute(y, perm, merging_probs=None):
 
     Returns:
       ``[T, H]`` in y's dtype; gradients flow to y and merging_probs.
+
+    Under `jit` with the tokens sharded over a mesh, unpermute keeps its one-device
+    result: the rows are laid out across all tokens, so XLA gathers them first. To work
+    on each device's own tokens, call it inside `jax.shard_map` (as `moe_layer` does with
+    ep_axis), or use `moe_layer`, which runs on each device's tokens under a sharded jit.
     """
     fn = "unpermute"
     y = jnp.asarray(y)
@@ -256,6 +266,11 @@ def sort_chunks_by_index(x, split_sizes, sorted_index, probs=None, *, inverse=Fa
 
     Returns:
       ``[N, H]``, or ``([N, H], [N])`` when probs is given; gradients flow to x and probs.
+
+    Under `jit` with the tokens sharded over a mesh, sort_chunks_by_index keeps its one-device
+    result: the rows are laid out across all tokens, so XLA gathers them first. To work
+    on each device's own tokens, call it inside `jax.shard_map` (as `moe_layer` does with
+    ep_axis), or use `moe_layer`, which runs on each device's tokens under a sharded jit.
     """
     fn = "sort_chunks_by_index"
     x = jnp.asarray(x)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moekit.jax import _ffi
+from moekit.jax import _token_sharding as ts
 
 __all__ = ["Route", "aux_loss_scores", "count_tokens_per_expert", "load_balancing_loss", "route",
            "update_expert_bias", "z_loss"]
@@ -39,10 +40,28 @@ def _route_outputs(logits, k):
             ((T, k), logits.dtype)]
 
 
+def _route_body(logits, bias, *, split, **attrs):
+    return _ffi.call("moekit_route_fwd", _route_outputs(logits, int(attrs["k"])), logits, bias,
+                     cuda=_ffi.Cuda(), **attrs)
+
+
+def _route_bwd_body(logits, idx, d_probs, d_weights, *, split, **attrs):
+    return [_ffi.call("moekit_route_bwd", (logits.shape, logits.dtype), logits, idx, d_probs,
+                      d_weights, cuda=_ffi.Cuda(), **attrs)]
+
+
+# Token by token: under a sharded jit each device routes its own tokens (_token_sharding).
+_ROUTE_FWD = ts.token_primitive(ts.TokenOp(
+    "moekit_route_fwd", _route_body, (("t", "e"), ("e0",)),
+    (("t", "e"), ("t", "e"), ("t", "k"), ("t", "k"))))
+_ROUTE_BWD = ts.token_primitive(ts.TokenOp(
+    "moekit_route_bwd", _route_bwd_body, (("t", "e"), ("t", "k"), ("t", "e"), ("t", "k")),
+    (("t", "e"),)))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _route(logits, bias, attrs):
-    return Route(*_ffi.call("moekit_route_fwd", _route_outputs(logits, attrs[0][1]), logits, bias,
-                            cuda=_ffi.Cuda(), **dict(attrs)))
+    return Route(*ts.bind(_ROUTE_FWD, logits, bias, **dict(attrs)))
 
 
 def _route_fwd(logits, bias, attrs):
@@ -52,8 +71,7 @@ def _route_fwd(logits, bias, attrs):
 
 def _route_bwd(attrs, residuals, ct):
     logits, bias, idx = residuals
-    d_logits = _ffi.call("moekit_route_bwd", (logits.shape, logits.dtype), logits, idx,
-                         ct.probs, ct.topk_weights, cuda=_ffi.Cuda(), **dict(attrs))
+    d_logits, = ts.bind(_ROUTE_BWD, logits, idx, ct.probs, ct.topk_weights, **dict(attrs))
     # The bias chooses; it is not differentiated.
     return _ffi.match_vma((d_logits, jnp.zeros_like(bias)), (logits, bias))
 
@@ -93,7 +111,8 @@ def route(logits, k, *, score="softmax", pre_softmax=False, num_groups=None, gro
       weight (differs from the choice order only when a bias reorders it).
 
     Gradients flow to `logits` from `probs` and `topk_weights` (summed); the choice itself is
-    not differentiated.
+    not differentiated. Under `jit` with the tokens sharded over mesh axes, each device routes
+    its own tokens (E stays whole), with the one-device result's bits.
     """
     fn = "route"
     logits = jnp.asarray(logits)
@@ -143,11 +162,26 @@ def route_attrs(fn, E, k, score, pre_softmax, num_groups, group_topk, scaling_fa
     return bias, attrs
 
 
+def _aux_body(logits, *, split, **attrs):
+    T, E = logits.shape
+    return _ffi.call("moekit_aux_scores_fwd", [((T, E), jnp.float32), ((T, E), jnp.bool_)],
+                     logits, cuda=_ffi.Cuda(), **attrs)
+
+
+def _aux_bwd_body(logits, d_scores, *, split, **attrs):
+    return [_ffi.call("moekit_aux_scores_bwd", (logits.shape, logits.dtype), logits, d_scores,
+                      cuda=_ffi.Cuda(), **attrs)]
+
+
+_AUX_FWD = ts.token_primitive(ts.TokenOp("moekit_aux_scores_fwd", _aux_body, (("t", "e"),),
+                                         (("t", "e"), ("t", "e"))))
+_AUX_BWD = ts.token_primitive(ts.TokenOp("moekit_aux_scores_bwd", _aux_bwd_body,
+                                         (("t", "e"), ("t", "e")), (("t", "e"),)))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _aux(logits, attrs):
-    T, E = logits.shape
-    return tuple(_ffi.call("moekit_aux_scores_fwd", [((T, E), jnp.float32), ((T, E), jnp.bool_)],
-                           logits, cuda=_ffi.Cuda(), **dict(attrs)))
+    return tuple(ts.bind(_AUX_FWD, logits, **dict(attrs)))
 
 
 def _aux_fwd(logits, attrs):
@@ -156,8 +190,7 @@ def _aux_fwd(logits, attrs):
 
 def _aux_bwd(attrs, logits, ct):
     d_scores, _ = ct
-    d_logits = _ffi.call("moekit_aux_scores_bwd", (logits.shape, logits.dtype), logits, d_scores,
-                         cuda=_ffi.Cuda(), **dict(attrs))
+    d_logits, = ts.bind(_AUX_BWD, logits, d_scores, **dict(attrs))
     return _ffi.match_vma((d_logits,), (logits,))
 
 
@@ -177,6 +210,7 @@ def aux_loss_scores(logits, k, *, score="softmax"):
 
     Returns:
       ``(scores [T, E] float32, routing_map [T, E] bool)``; gradients flow to logits from scores.
+      Under a sharded `jit`, token by token on each device, as `route`.
     """
     fn = "aux_loss_scores"
     logits = jnp.asarray(logits)
@@ -197,11 +231,51 @@ def _unit_cotangent(shape, dtype):
                      finish=scale)
 
 
+def _balance_attrs(attrs, scores, split):
+    """The loss's attributes for a device's piece of the tokens: the batch's token count where
+    the caller gave none (the kernel would count the piece's)."""
+    if split.count > 1 and not attrs["per_sequence"] and not attrs["total_tokens"]:
+        attrs = {**attrs, "total_tokens": np.int64(scores.shape[0] * split.count)}
+    return attrs
+
+
+def _balance_body(scores, tokens_per_expert, *, split, **attrs):
+    cuda = _ffi.Cuda(workspace=_ffi.cuda_router_workspace_bytes(*scores.shape))
+    loss = _ffi.call("moekit_load_balancing_loss_fwd", ((), jnp.float32), scores,
+                     tokens_per_expert, cuda=cuda, **_balance_attrs(attrs, scores, split))
+    # The batch's loss is the sum of the pieces' terms; the per-sequence loss the mean of the
+    # pieces' means over their (as many) sequences.
+    return [split.mean(loss) if attrs["per_sequence"] else split.sum(loss)]
+
+
+def _balance_bwd_body(scores, tokens_per_expert, d_loss, *, split, **attrs):
+    """scores gives the gradient's shape (the kernel reads only the counts and d_loss)."""
+    if attrs["per_sequence"]:
+        d_loss = split.share(d_loss)
+    return [_ffi.call("moekit_load_balancing_loss_bwd", (scores.shape, scores.dtype),
+                      tokens_per_expert, d_loss,
+                      cuda=_unit_cotangent(scores.shape, scores.dtype),
+                      **_balance_attrs(attrs, scores, split))]
+
+
+# tokens_per_expert: [E] the batch's counts (whole on every device), or [B, E] per sequence
+# (split with the tokens, B dividing the pieces).
+def _balance_ops(per_sequence):
+    counts = ("seq", "e") if per_sequence else ("e",)
+    fwd = ts.token_primitive(ts.TokenOp("moekit_load_balancing_loss_fwd", _balance_body,
+                                        (("t", "e"), counts), ((),)))
+    bwd = ts.token_primitive(ts.TokenOp("moekit_load_balancing_loss_bwd", _balance_bwd_body,
+                                        (("t", "e"), counts, ()), (("t", "e"),)))
+    return fwd, bwd
+
+
+_BALANCE = {per_sequence: _balance_ops(per_sequence) for per_sequence in (False, True)}
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _balance(scores, tokens_per_expert, attrs):
-    cuda = _ffi.Cuda(workspace=_ffi.cuda_router_workspace_bytes(*scores.shape))
-    return _ffi.call("moekit_load_balancing_loss_fwd", ((), jnp.float32), scores,
-                     tokens_per_expert, cuda=cuda, **dict(attrs))
+    fwd, _ = _BALANCE[bool(dict(attrs)["per_sequence"])]
+    return ts.bind(fwd, scores, tokens_per_expert, **dict(attrs))[0]
 
 
 def _balance_fwd(scores, tokens_per_expert, attrs):
@@ -210,9 +284,9 @@ def _balance_fwd(scores, tokens_per_expert, attrs):
 
 def _balance_bwd(attrs, residuals, d_loss):
     scores, tokens_per_expert = residuals
-    d_scores = _ffi.call("moekit_load_balancing_loss_bwd", (scores.shape, scores.dtype),
-                         tokens_per_expert, d_loss.astype(jnp.float32),
-                         cuda=_unit_cotangent(scores.shape, scores.dtype), **dict(attrs))
+    _, bwd = _BALANCE[bool(dict(attrs)["per_sequence"])]
+    d_scores, = ts.bind(bwd, scores, tokens_per_expert, d_loss.astype(jnp.float32),
+                        **dict(attrs))
     return _ffi.match_vma((d_scores,), (scores,)) + (None,)
 
 
@@ -236,6 +310,11 @@ def load_balancing_loss(scores, tokens_per_expert, *, k, coeff=1.0, total_tokens
 
     Returns:
       a float32 scalar; gradients flow to scores (not to the counts).
+
+    Under `jit` with the tokens sharded over mesh axes, each device computes its tokens' share
+    (with per-sequence counts, its own sequences': B must divide into the shards, else the
+    tokens are gathered) and the shares are summed: the one-device loss, up to float32
+    summation order.
     """
     fn = "load_balancing_loss"
     scores = jnp.asarray(scores)
@@ -259,10 +338,26 @@ def load_balancing_loss(scores, tokens_per_expert, *, k, coeff=1.0, total_tokens
     return _balance(scores, _ffi.as_int32(fn, "tokens_per_expert", tokens_per_expert), attrs)
 
 
+def _z_body(logits, *, split, coeff):
+    cuda = _ffi.Cuda(workspace=_ffi.cuda_router_workspace_bytes(*logits.shape))
+    loss = _ffi.call("moekit_z_loss_fwd", ((), jnp.float32), logits, cuda=cuda, coeff=coeff)
+    return [split.mean(loss)]
+
+
+def _z_bwd_body(logits, d_loss, *, split, coeff):
+    return [_ffi.call("moekit_z_loss_bwd", (logits.shape, logits.dtype), logits,
+                      split.share(d_loss), cuda=_unit_cotangent(logits.shape, logits.dtype),
+                      coeff=coeff)]
+
+
+_Z_FWD = ts.token_primitive(ts.TokenOp("moekit_z_loss_fwd", _z_body, (("t", "e"),), ((),)))
+_Z_BWD = ts.token_primitive(ts.TokenOp("moekit_z_loss_bwd", _z_bwd_body, (("t", "e"), ()),
+                                       (("t", "e"),)))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _z(logits, coeff):
-    cuda = _ffi.Cuda(workspace=_ffi.cuda_router_workspace_bytes(*logits.shape))
-    return _ffi.call("moekit_z_loss_fwd", ((), jnp.float32), logits, cuda=cuda, coeff=coeff)
+    return ts.bind(_Z_FWD, logits, coeff=coeff)[0]
 
 
 def _z_fwd(logits, coeff):
@@ -270,9 +365,7 @@ def _z_fwd(logits, coeff):
 
 
 def _z_bwd(coeff, logits, d_loss):
-    d_logits = _ffi.call("moekit_z_loss_bwd", (logits.shape, logits.dtype), logits,
-                         d_loss.astype(jnp.float32),
-                         cuda=_unit_cotangent(logits.shape, logits.dtype), coeff=coeff)
+    d_logits, = ts.bind(_Z_BWD, logits, d_loss.astype(jnp.float32), coeff=coeff)
     return _ffi.match_vma((d_logits,), (logits,))
 
 
@@ -286,7 +379,8 @@ def z_loss(logits, coeff=1.0):
       logits: ``[T, E]`` float32 or bfloat16.
 
     Returns:
-      a float32 scalar; gradients flow to logits.
+      a float32 scalar; gradients flow to logits. Under a sharded `jit`, each device's tokens'
+      mean, averaged over the devices (the one-device loss up to float32 summation order).
     """
     logits = jnp.asarray(logits)
     _ffi.check_rank("z_loss", "logits", logits, 2, "[T, E]")
@@ -305,7 +399,9 @@ def count_tokens_per_expert(routing_map, num_sequences=None):
         load-balancing loss.
 
     Returns:
-      int32 ``[E]`` or ``[B, E]`` (integers: no gradient).
+      int32 ``[E]`` or ``[B, E]`` (integers: no gradient). Under `jit` with the tokens sharded,
+      each device counts its own tokens (per sequence: its own sequences, B dividing over the
+      devices), the batch's counts summed over them.
     """
     fn = "count_tokens_per_expert"
     routing_map = jnp.asarray(routing_map)
@@ -313,14 +409,31 @@ def count_tokens_per_expert(routing_map, num_sequences=None):
     if routing_map.dtype != jnp.bool_:
         raise TypeError(f"{fn}: routing_map dtype {routing_map.dtype} is not bool")
     T, E = routing_map.shape
-    shape = (E,)
-    if num_sequences is not None:
-        B = _ffi.int_arg(fn, "num_sequences", num_sequences, 1)
-        if T % B:
-            raise ValueError(f"{fn}: num_sequences = {B}: must divide the {T} tokens")
-        shape = (B, E)
-    return _ffi.call("moekit_count_tokens_per_expert", (shape, jnp.int32), routing_map,
-                     cuda=_ffi.Cuda())
+    if num_sequences is None:
+        return ts.bind(_COUNT_BATCH, routing_map)[0]
+    B = _ffi.int_arg(fn, "num_sequences", num_sequences, 1)
+    if T % B:
+        raise ValueError(f"{fn}: num_sequences = {B}: must divide the {T} tokens")
+    return ts.bind(_COUNT_SEQUENCES, routing_map.reshape(B, T // B, E))[0]
+
+
+def _count_batch_body(routing_map, *, split):
+    counts = _ffi.call("moekit_count_tokens_per_expert", ((routing_map.shape[1],), jnp.int32),
+                       routing_map, cuda=_ffi.Cuda())
+    return [split.sum(counts)]  # the batch's: the sum of the pieces'
+
+
+def _count_sequences_body(routing_map, *, split):
+    B, S, E = routing_map.shape  # each piece counts its own sequences
+    return [_ffi.call("moekit_count_tokens_per_expert", ((B, E), jnp.int32),
+                      routing_map.reshape(B * S, E), cuda=_ffi.Cuda())]
+
+
+_COUNT_BATCH = ts.token_primitive(ts.TokenOp("moekit_count_tokens_per_expert", _count_batch_body,
+                                             (("t", "e"),), (("e",),)))
+_COUNT_SEQUENCES = ts.token_primitive(ts.TokenOp(
+    "moekit_count_tokens_per_sequence", _count_sequences_body, (("seq", "s", "e"),),
+    (("seq", "e"),)))
 
 
 def update_expert_bias(expert_bias, tokens_per_expert, rate):
