@@ -27,6 +27,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -336,6 +337,15 @@ Status check_weights(const char* op, const MoeLayerWeights& w, const Dims& d) {
                               : (local ? "[E_loc, H, 2F] (gate | up)" : "[E, H, 2F] (gate | up)")));
   MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.w_out", w.w_out, d.dt, {d.El, d.F, d.H},
                                       local ? "[E_loc, F, H]" : "[E, F, H]"));
+  if (present(w.b_in)) {
+    MOEKIT_RETURN_IF_ERROR(check_weight(
+        op, "weights.b_in", w.b_in, d.dt, {d.El, d.W},
+        d.W == d.F ? (local ? "[E_loc, F]" : "[E, F]") : (local ? "[E_loc, 2F]" : "[E, 2F]")));
+  }
+  if (present(w.b_out)) {
+    MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.b_out", w.b_out, d.dt, {d.El, d.H},
+                                        local ? "[E_loc, H]" : "[E, H]"));
+  }
   if (d.Fs == 0) {
     if (present(w.shared_in) || present(w.shared_out)) {
       return Status::invalid_argument(op, "weights.shared_in", shape_str(w.shared_in),
@@ -535,15 +545,20 @@ Status forward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& con
                        std::span<const int32_t> sizes, const Saved& s, const TensorView& y_rows,
                        const Exec& exec, MoeLayerProfile* profile) {
   const int64_t rows = used_rows(sizes, s.x_rows.shape[0], exec);
-  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kGmmUp, [&] {
-    return ragged_dot(s.x_rows, weights.w_in, sizes, s.h, gemm(config), exec);
+  MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kGmmUp, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(ragged_dot(s.x_rows, weights.w_in, sizes, s.h, gemm(config), exec));
+    if (!present(weights.b_in)) return {};
+    return detail::add_group_bias(s.h, sizes, weights.b_in, exec);
   }));
   MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kActivation, [&] {
     return activation(first_rows(s.h, rows), config.activation, first_rows(s.a, rows),
                       ActivationImpl::kAuto, exec);
   }));
-  return timed(profile, exec, MoeStep::kGmmDown,
-               [&] { return ragged_dot(s.a, weights.w_out, sizes, y_rows, gemm(config), exec); });
+  return timed(profile, exec, MoeStep::kGmmDown, [&]() -> Status {
+    MOEKIT_RETURN_IF_ERROR(ragged_dot(s.a, weights.w_out, sizes, y_rows, gemm(config), exec));
+    if (!present(weights.b_out)) return {};
+    return detail::add_group_bias(y_rows, sizes, weights.b_out, exec);
+  });
 }
 
 // unpermute and the shared expert: y_perm [N, H] back to this rank's tokens.
@@ -574,6 +589,9 @@ Status backward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& co
   const Exec& exec = b.exec;
   const int64_t rows = used_rows(sizes, s.x_rows.shape[0], exec);
   MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kGmmDown, [&]() -> Status {
+    if (present(grads.b_out)) {
+      MOEKIT_RETURN_IF_ERROR(detail::group_sums(b.d_rows, sizes, grads.b_out, exec));
+    }
     MOEKIT_RETURN_IF_ERROR(
         ragged_dot_dlhs(b.d_rows, weights.w_out, sizes, b.d_a, gemm(config), exec));
     return ragged_dot_drhs(s.a, b.d_rows, sizes, grads.w_out, gemm(config), exec);
@@ -583,6 +601,9 @@ Status backward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& co
                                first_rows(b.d_h, rows), ActivationImpl::kAuto, exec);
   }));
   return timed(profile, exec, MoeStep::kGmmUp, [&]() -> Status {
+    if (present(grads.b_in)) {
+      MOEKIT_RETURN_IF_ERROR(detail::group_sums(b.d_h, sizes, grads.b_in, exec));
+    }
     MOEKIT_RETURN_IF_ERROR(
         ragged_dot_dlhs(b.d_h, weights.w_in, sizes, b.d_rows, gemm(config), exec));
     return ragged_dot_drhs(s.x_rows, b.d_h, sizes, grads.w_in, gemm(config), exec);
@@ -702,6 +723,20 @@ Status check_backward_args(const char* op, const Dims& d, const MoeLayerWeights&
     MOEKIT_RETURN_IF_ERROR(
         check_grad(op, "grads.shared_out", grads.shared_out, weights.shared_out));
   }
+  // The biases' gradients exactly where the weights have biases.
+  for (auto [name, g, w] : {std::tuple{"grads.b_in", grads.b_in, weights.b_in},
+                            std::tuple{"grads.b_out", grads.b_out, weights.b_out}}) {
+    if (present(w) && !present(g)) {
+      return Status::invalid_argument(op, name, "absent",
+                                      "the weights have this bias: its gradient is an output");
+    }
+    if (present(w)) {
+      MOEKIT_RETURN_IF_ERROR(check_grad(op, name, g, w));
+    } else if (present(g)) {
+      return Status::invalid_argument(op, name, shape_str(g),
+                                      "given, but the weights have no such bias");
+    }
+  }
   return {};
 }
 
@@ -715,6 +750,8 @@ std::vector<detail::Region> layer_inputs(ConstTensorView x, const MoeLayerWeight
           {"weights.w_out", w.w_out},
           {"weights.shared_in", w.shared_in},
           {"weights.shared_out", w.shared_out},
+          {"weights.b_in", w.b_in},
+          {"weights.b_out", w.b_out},
           {"config.route.expert_bias", c.route.expert_bias}};
 }
 Status check_forward_disjoint(const char* op, ConstTensorView x, const MoeLayerWeights& w,
@@ -740,6 +777,8 @@ Status check_backward_disjoint(const char* op, ConstTensorView x, const MoeLayer
                                     {"grads.w_out", g.w_out},
                                     {"grads.shared_in", g.shared_in},
                                     {"grads.shared_out", g.shared_out},
+                                    {"grads.b_in", g.b_in},
+                                    {"grads.b_out", g.b_out},
                                     {"scratch", scratch}};
   std::vector<detail::Region> inputs = layer_inputs(x, w, c);
   inputs.insert(inputs.end(), {{"d_out", d_out}, {"saved", saved}});

@@ -1,7 +1,9 @@
 // layer_ops.h: each step on the CPU here, or handed to its CUDA implementation.
 #include "layer_ops.h"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "check.h"
 #include "cpu/convert.h"
@@ -102,6 +104,69 @@ Status convert_rows(const ConstTensorView& in, const TensorView& out, const Exec
   for (int64_t r = 0; r < rows; ++r) {
     store_row_from_float(reinterpret_cast<const float*>(row_ptr(in, r)), cols, row_ptr(out, r),
                          out.dtype);
+  }
+  return {};
+}
+
+namespace {
+
+// The end row of each group (an inclusive prefix sum of sizes), capped at `rows`.
+std::vector<int64_t> group_ends(std::span<const int32_t> sizes, int64_t rows) {
+  std::vector<int64_t> ends(sizes.size());
+  int64_t end = 0;
+  for (size_t g = 0; g < sizes.size(); ++g) {
+    end += sizes[g];
+    ends[g] = std::min(end, rows);
+  }
+  return ends;
+}
+
+}  // namespace
+
+Status add_group_bias(const TensorView& rows, std::span<const int32_t> sizes,
+                      const ConstTensorView& bias, const Exec& exec) {
+#if MOEKIT_HAS_CUDA
+  if (on_gpu(exec)) return cuda::add_group_bias_cuda(rows, sizes, bias, exec);
+#endif
+  const std::vector<int64_t> ends = group_ends(sizes, rows.shape[0]);
+  const int64_t used = ends.empty() ? 0 : ends.back(), W = rows.shape[1];
+#pragma omp parallel if (used * W >= (1 << 16))
+  {
+    std::vector<float> row(static_cast<size_t>(W)), b(static_cast<size_t>(W));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < used; ++r) {
+      const auto g = std::upper_bound(ends.begin(), ends.end(), r) - ends.begin();
+      load_row_as_float(row_ptr(rows, r), rows.dtype, W, row.data());
+      load_row_as_float(row_ptr(bias, g), bias.dtype, W, b.data());
+#pragma omp simd
+      for (int64_t j = 0; j < W; ++j) row[j] += b[j];
+      store_row_from_float(row.data(), W, row_ptr(rows, r), rows.dtype);
+    }
+  }
+  return {};
+}
+
+Status group_sums(const ConstTensorView& rows, std::span<const int32_t> sizes,
+                  const TensorView& out, const Exec& exec) {
+#if MOEKIT_HAS_CUDA
+  if (on_gpu(exec)) return cuda::group_sums_cuda(rows, sizes, out, exec);
+#endif
+  const std::vector<int64_t> ends = group_ends(sizes, rows.shape[0]);
+  const int64_t G = out.shape[0], W = out.shape[1];
+  // One group a task: its rows summed in order (the same bits on any number of threads).
+#pragma omp parallel if (rows.shape[0] * W >= (1 << 16))
+  {
+    std::vector<float> sum(static_cast<size_t>(W)), row(static_cast<size_t>(W));
+#pragma omp for schedule(dynamic)
+    for (int64_t g = 0; g < G; ++g) {
+      std::fill(sum.begin(), sum.end(), 0.0f);
+      for (int64_t r = g == 0 ? 0 : ends[g - 1]; r < ends[g]; ++r) {
+        load_row_as_float(row_ptr(rows, r), rows.dtype, W, row.data());
+#pragma omp simd
+        for (int64_t j = 0; j < W; ++j) sum[j] += row[j];
+      }
+      store_row_from_float(sum.data(), W, row_ptr(out, g), out.dtype);
+    }
   }
   return {};
 }

@@ -4,12 +4,15 @@
 //                 group of every row (oneDNN), on CUDA cuBLAS (cuda/dense_dot_cublas.cpp);
 //   add_rows      an f32 sum of two gradients; convert_rows: f32 rows rounded once into another
 //                 dtype; copy_2d, zero_bytes: plain memory moves;
+//   add_group_bias, group_sums  the expert biases: a per-group row added to the rows of the
+//                 group, and its gradient, the sum of each group's rows;
 //   synchronize   waits for the stream (the per-step timings of a profiled call only).
 // Shapes are the layer's, checked there; a mismatch here is an internal error.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "moekit/exec.h"
 #include "moekit/ragged_dot.h"
@@ -35,6 +38,15 @@ size_t dense_dot_workspace_size(Device device);
 Status add_rows(const TensorView& acc, const ConstTensorView& v, const Exec& exec);
 // out [rows, cols] (any float dtype, strided) = in [rows, cols] f32, rounded once.
 Status convert_rows(const ConstTensorView& in, const TensorView& out, const Exec& exec);
+// rows [R, W] (x's dtype) += bias [G, W] (the same dtype) row g on the rows of group g, the rows
+// grouped by sizes [G] (in exec's memory, as ragged_dot takes them): f32 sums, rounded once. Rows
+// past the groups are left alone.
+Status add_group_bias(const TensorView& rows, std::span<const int32_t> sizes,
+                      const ConstTensorView& bias, const Exec& exec);
+// out [G, W] (f32 or rows' dtype) = the sum of the rows of group g, in f32 (0 for an empty
+// group), of rows [R, W] grouped by sizes as above.
+Status group_sums(const ConstTensorView& rows, std::span<const int32_t> sizes,
+                  const TensorView& out, const Exec& exec);
 // `rows` rows of `row_bytes` bytes from src (pitch src_pitch) to dst (pitch dst_pitch).
 Status copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
                size_t rows, const Exec& exec);

@@ -87,16 +87,14 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   dev.fill(shared_in.data(), dt, H * 2 * Fs, o.seed + 6);
   dev.fill(shared_out.data(), dt, Fs * H, o.seed + 7);
 
-  MoeLayerWeights wv{ConstTensorView(router.data(), dt, {H, E}),
-                     ConstTensorView(w_in.data(), dt, {E, H, W}),
-                     ConstTensorView(w_out.data(), dt, {E, F, H}),
-                     {},
-                     {}};
-  MoeLayerWeightGrads gv{TensorView(g_router.data(), dt, {H, E}),
-                         TensorView(g_in.data(), dt, {E, H, W}),
-                         TensorView(g_out.data(), dt, {E, F, H}),
-                         {},
-                         {}};
+  MoeLayerWeights wv;
+  wv.router = ConstTensorView(router.data(), dt, {H, E});
+  wv.w_in = ConstTensorView(w_in.data(), dt, {E, H, W});
+  wv.w_out = ConstTensorView(w_out.data(), dt, {E, F, H});
+  MoeLayerWeightGrads gv;
+  gv.router = TensorView(g_router.data(), dt, {H, E});
+  gv.w_in = TensorView(g_in.data(), dt, {E, H, W});
+  gv.w_out = TensorView(g_out.data(), dt, {E, F, H});
   if (Fs > 0) {
     wv.shared_in = ConstTensorView(shared_in.data(), dt, {H, 2 * Fs});
     wv.shared_out = ConstTensorView(shared_out.data(), dt, {Fs, H});

@@ -109,16 +109,14 @@ struct LayerData {
     }
     fill_uniform(shared_in.data(), dt, H * 2 * Fs, seed + 6);
     fill_uniform(shared_out.data(), dt, Fs * H, seed + 7);
-    w = {ConstTensorView(router.data(), dt, {H, p.E}),
-         ConstTensorView(w_in.data(), dt, {El, H, W}),
-         ConstTensorView(w_out.data(), dt, {El, F, H}),
-         {},
-         {}};
-    g = {TensorView(g_router.data(), dt, {H, p.E}),
-         TensorView(g_in.data(), dt, {El, H, W}),
-         TensorView(g_out.data(), dt, {El, F, H}),
-         {},
-         {}};
+    w = MoeLayerWeights();
+    w.router = ConstTensorView(router.data(), dt, {H, p.E});
+    w.w_in = ConstTensorView(w_in.data(), dt, {El, H, W});
+    w.w_out = ConstTensorView(w_out.data(), dt, {El, F, H});
+    g = MoeLayerWeightGrads();
+    g.router = TensorView(g_router.data(), dt, {H, p.E});
+    g.w_in = TensorView(g_in.data(), dt, {El, H, W});
+    g.w_out = TensorView(g_out.data(), dt, {El, F, H});
     if (Fs > 0) {
       w.shared_in = ConstTensorView(shared_in.data(), dt, {H, 2 * Fs});
       w.shared_out = ConstTensorView(shared_out.data(), dt, {Fs, H});

@@ -4,8 +4,10 @@
 //   route(logits) -> topk_indices, topk_weights           [T, k]          (router.h)
 //   x_perm = permute(x, topk_indices)                     [N, H]          (permute.h)
 //   h      = ragged_dot(x_perm, w_in, tokens_per_expert)  [N, 2F] or [N, F]   (gmm_up)
+//            (+ b_in[e] on the rows of expert e, with expert biases)
 //   a      = activation(h)                                [N, F]          (activation.h)
 //   y      = ragged_dot(a, w_out, tokens_per_expert)      [N, H]          (gmm_down)
+//            (+ b_out[e])
 //   out    = unpermute(y, row_map, topk_weights)          [T, H]          (combine)
 //          + activation(x @ shared_in) @ shared_out, with a shared expert
 //   aux_loss, z_loss: the router's losses (router.h), beside the output
@@ -94,12 +96,20 @@ struct MoeLayerWeights {
   ConstTensorView w_out;       // [E, F, H]
   ConstTensorView shared_in;   // [H, 2Fs] | [H, Fs], present when shared_ffn > 0
   ConstTensorView shared_out;  // [Fs, H]
+  // Optional biases of the expert FFNs (MaxText's w0 / w1 / wo biases, gpt-oss's), each present
+  // or absent on its own: h = x_perm @ w_in[e] + b_in[e] and y = a @ w_out[e] + b_out[e] for
+  // the rows of expert e. The matmul's result is rounded to x's dtype, the bias added in f32
+  // and the sum rounded again (as a framework adds a bias to a matmul's output). Padding rows
+  // of an alignment or a capacity get the bias too; unpermute never reads them.
+  ConstTensorView b_in;   // [E, 2F] | [E, F]
+  ConstTensorView b_out;  // [E, H]
 };
 
 // Weight gradients, shaped as the weights, f32 or x's dtype. Absent shared ones are allowed
-// only without a shared expert.
+// only without a shared expert; b_in and b_out are present exactly where the weights have them
+// (d b_in[e]: the sum of the rows of expert e of d_h, in f32; d b_out[e]: of d_y).
 struct MoeLayerWeightGrads {
-  TensorView router, w_in, w_out, shared_in, shared_out;
+  TensorView router, w_in, w_out, shared_in, shared_out, b_in, b_out;
 };
 
 struct MoeLayerOutputs {
@@ -186,7 +196,8 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
 // dtypes differ, is an error on every rank, and no rank waits for ever.
 //
 // Weights: router, shared_in and shared_out are the same on every rank (replicated); w_in
-// [E_loc, H, 2F | F] and w_out [E_loc, F, H] hold this rank's experts. Gradients: each rank's
+// [E_loc, H, 2F | F] and w_out [E_loc, F, H] hold this rank's experts, as do the biases b_in
+// [E_loc, 2F | F] and b_out [E_loc, H] where given. Gradients: each rank's
 // w_in and w_out gradients are its experts' own; the replicated weights' gradients are summed
 // over the ranks inside the backward (in f32, then rounded once to the gradients' dtype), so
 // every rank returns the same, complete gradient.

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 
 #include "moekit/exec.h"
 #include "moekit/status.h"
@@ -18,6 +20,11 @@ size_t cublas_workspace_bytes();
 
 Status add_rows_cuda(const TensorView& acc, const ConstTensorView& v, const Exec& exec);
 Status convert_rows_cuda(const ConstTensorView& in, const TensorView& out, const Exec& exec);
+// layer_ops.h's add_group_bias and group_sums, sizes in device memory.
+Status add_group_bias_cuda(const TensorView& rows, std::span<const int32_t> sizes,
+                           const ConstTensorView& bias, const Exec& exec);
+Status group_sums_cuda(const ConstTensorView& rows, std::span<const int32_t> sizes,
+                       const TensorView& out, const Exec& exec);
 Status copy_2d_cuda(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                     size_t row_bytes, size_t rows, const Exec& exec);
 Status zero_bytes_cuda(void* dst, size_t bytes, const Exec& exec);

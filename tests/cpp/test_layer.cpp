@@ -171,7 +171,7 @@ TEST(Activation, LargeInputsStayFiniteAndNamedErrorsWriteNothing) {
 // The layer's oracle.
 
 struct Params {  // the differentiable inputs, in double
-  Vec x, router, w_in, w_out, shared_in, shared_out;
+  Vec x, router, w_in, w_out, shared_in, shared_out, b_in, b_out;
 };
 
 struct LayerCase {
@@ -189,6 +189,7 @@ struct LayerCase {
   int64_t align = 1;
   float aux_coeff = 0, z_coeff = 0;
   int32_t sequences = 0;
+  bool b_in = false, b_out = false;  // the expert FFNs' biases
 };
 
 // The discrete decisions, made once from the unperturbed parameters and then held fixed.
@@ -334,15 +335,21 @@ struct Oracle {
     return ch;
   }
 
-  // FFN rows: a = act(v @ win) [F] then a @ wout [H]; win [H, W] and wout [F, H] row-major.
-  Vec ffn(const double* v, const double* win, const double* wout, int64_t F, int64_t Wd) const {
+  // FFN rows: a = act(v @ win + bin) [F] then a @ wout + bout [H]; win [H, W] and wout [F, H]
+  // row-major, the biases bin [W] and bout [H] or null.
+  Vec ffn(const double* v, const double* win, const double* wout, int64_t F, int64_t Wd,
+          const double* bin = nullptr, const double* bout = nullptr) const {
     Vec hrow(Wd, 0.0);
     for (int64_t i = 0; i < c.H; ++i)
       for (int64_t j = 0; j < Wd; ++j) hrow[j] += v[i] * win[i * Wd + j];
+    if (bin)
+      for (int64_t j = 0; j < Wd; ++j) hrow[j] += bin[j];
     const Vec a = act_row(c.act, hrow);
     Vec y(c.H, 0.0);
     for (int64_t j = 0; j < F; ++j)
       for (int64_t i = 0; i < c.H; ++i) y[i] += a[j] * wout[j * c.H + i];
+    if (bout)
+      for (int64_t i = 0; i < c.H; ++i) y[i] += bout[i];
     return y;
   }
 
@@ -360,7 +367,9 @@ struct Oracle {
       for (int64_t j = 0; j < c.k; ++j) {
         if (!ch.kept[t][j]) continue;
         const int64_t e = ch.chosen[t][j];
-        const Vec y = ffn(v, &p.w_in[e * c.H * W()], &p.w_out[e * c.F * c.H], c.F, W());
+        const Vec y =
+            ffn(v, &p.w_in[e * c.H * W()], &p.w_out[e * c.F * c.H], c.F, W(),
+                c.b_in ? &p.b_in[e * W()] : nullptr, c.b_out ? &p.b_out[e * c.H] : nullptr);
         for (int64_t i = 0; i < c.H; ++i) r.out[t * c.H + i] += w[j] * y[i];
       }
       if (c.Fs > 0) {
@@ -409,7 +418,7 @@ struct LayerRun {
   LayerCase c;
   DType dt;
   MoeLayerConfig cfg;
-  HostTensor x, router, w_in, w_out, shared_in, shared_out, out, d_out;
+  HostTensor x, router, w_in, w_out, shared_in, shared_out, b_in, b_out, out, d_out;
   std::vector<float> bias;
 
   LayerRun(const LayerCase& lc, DType t, uint64_t seed)
@@ -421,11 +430,15 @@ struct LayerRun {
         w_out(t, {lc.E, lc.F, lc.H}),
         shared_in(t, {lc.H, is_gated(lc.act) ? 2 * lc.Fs : lc.Fs}),
         shared_out(t, {lc.Fs, lc.H}),
+        b_in(t, {lc.E, is_gated(lc.act) ? 2 * lc.F : lc.F}),
+        b_out(t, {lc.E, lc.H}),
         out(t, {lc.T, lc.H}),
         d_out(t, {lc.T, lc.H}) {
     std::mt19937 rng(static_cast<uint32_t>(seed));
     for (HostTensor* h : {&x, &router, &w_in, &w_out, &shared_in, &shared_out, &d_out})
       h->fill_random(rng);
+    b_in.fill_random(rng);
+    b_out.fill_random(rng);
     if (lc.bias) {
       std::uniform_real_distribution<float> u(-0.1f, 0.1f);
       for (int64_t e = 0; e < lc.E; ++e) bias.push_back(u(rng));
@@ -448,13 +461,15 @@ struct LayerRun {
     cfg.aux_loss_sequences = lc.sequences;
   }
   MoeLayerWeights weights() {
-    MoeLayerWeights w{router.in(), w_in.in(), w_out.in(), {}, {}};
+    MoeLayerWeights w{.router = router.in(), .w_in = w_in.in(), .w_out = w_out.in()};
     if (c.Fs > 0) w.shared_in = shared_in.in(), w.shared_out = shared_out.in();
+    if (c.b_in) w.b_in = b_in.in();
+    if (c.b_out) w.b_out = b_out.in();
     return w;
   }
   Params params() const {
-    return {to_vec(x),     to_vec(router),    to_vec(w_in),
-            to_vec(w_out), to_vec(shared_in), to_vec(shared_out)};
+    return {to_vec(x),         to_vec(router),     to_vec(w_in), to_vec(w_out),
+            to_vec(shared_in), to_vec(shared_out), to_vec(b_in), to_vec(b_out)};
   }
   Oracle oracle(double d_aux, double d_z) const { return {c, bias, to_vec(d_out), d_aux, d_z}; }
 };
@@ -463,17 +478,21 @@ struct LayerRun {
 using Bytes = std::vector<std::byte, Aligned64Allocator<std::byte>>;
 
 struct Grads {
-  HostTensor d_x, router, w_in, w_out, shared_in, shared_out;
+  HostTensor d_x, router, w_in, w_out, shared_in, shared_out, b_in, b_out;
   explicit Grads(LayerRun& r, DType t)
       : d_x(t, r.x.shape),
         router(t, r.router.shape),
         w_in(t, r.w_in.shape),
         w_out(t, r.w_out.shape),
         shared_in(t, r.shared_in.shape),
-        shared_out(t, r.shared_out.shape) {}
-  MoeLayerWeightGrads views(bool shared) {
-    MoeLayerWeightGrads g{router.mut(), w_in.mut(), w_out.mut(), {}, {}};
+        shared_out(t, r.shared_out.shape),
+        b_in(t, r.b_in.shape),
+        b_out(t, r.b_out.shape) {}
+  MoeLayerWeightGrads views(bool shared, bool with_b_in = false, bool with_b_out = false) {
+    MoeLayerWeightGrads g{.router = router.mut(), .w_in = w_in.mut(), .w_out = w_out.mut()};
     if (shared) g.shared_in = shared_in.mut(), g.shared_out = shared_out.mut();
+    if (with_b_in) g.b_in = b_in.mut();
+    if (with_b_out) g.b_out = b_out.mut();
     return g;
   }
 };
@@ -517,8 +536,9 @@ TEST_P(LayerGrid, ForwardAndGradientsMatchTheDenseOracle) {
   }
 
   Grads g(run, DType::kF32);
-  const Status sb = moe_layer_backward(run.x.in(), run.weights(), run.cfg, saved, run.d_out.in(),
-                                       d_aux, d_z, bwd, g.d_x.mut(), g.views(c.Fs > 0));
+  const Status sb =
+      moe_layer_backward(run.x.in(), run.weights(), run.cfg, saved, run.d_out.in(), d_aux, d_z, bwd,
+                         g.d_x.mut(), g.views(c.Fs > 0, c.b_in, c.b_out));
   ASSERT_TRUE(sb.ok()) << sb.message();
 
   // Every gradient entry against central differences of the oracle's loss.
@@ -535,6 +555,8 @@ TEST_P(LayerGrid, ForwardAndGradientsMatchTheDenseOracle) {
     checks.push_back({"d_shared_in", &Params::shared_in, &g.shared_in});
     checks.push_back({"d_shared_out", &Params::shared_out, &g.shared_out});
   }
+  if (c.b_in) checks.push_back({"d_b_in", &Params::b_in, &g.b_in});
+  if (c.b_out) checks.push_back({"d_b_out", &Params::b_out, &g.b_out});
   for (const Check& k : checks) {
     Params q = p;
     Vec& v = q.*k.member;
@@ -642,6 +664,38 @@ std::vector<LayerCase> layer_grid() {
                .align = 4});
   v.push_back({.name = "aligned", .T = 7, .H = 4, .F = 3, .E = 5, .k = 2, .align = 8});
   v.push_back({.name = "one_token", .T = 1, .H = 3, .F = 1, .E = 3, .k = 2, .Fs = 1});
+  // The expert FFNs' biases (gpt-oss; MaxText's w0 / w1 / wo biases), together and each alone,
+  // with padding rows of an alignment and of a capacity (they get the bias; unpermute never
+  // reads them, and their gradient rows are 0), a shared expert (no bias) and the losses.
+  v.push_back({.name = "gpt_oss_biases",
+               .T = 9,
+               .H = 7,
+               .F = 5,
+               .E = 8,
+               .k = 4,
+               .z_coeff = 0.2f,
+               .b_in = true,
+               .b_out = true});
+  v.push_back({.name = "b_in_aligned_shared",
+               .T = 7,
+               .H = 5,
+               .F = 4,
+               .E = 5,
+               .k = 2,
+               .Fs = 3,
+               .align = 4,
+               .aux_coeff = 1.0f,
+               .b_in = true});
+  v.push_back({.name = "b_out_gelu_capacity_padded",
+               .T = 12,
+               .H = 6,
+               .F = 3,
+               .E = 4,
+               .k = 2,
+               .act = Activation::kGelu,
+               .capacity_factor = 0.75,
+               .pad_to_capacity = true,
+               .b_out = true});
   return v;
 }
 
@@ -905,6 +959,20 @@ TEST(LayerErrors, NamedBeforeAnythingIsWritten) {
       "capacity", [](LayerRun& r) { r.cfg.capacity_factor = -1; }, "capacity_factor");
   expect(
       "NaN coeff", [](LayerRun& r) { r.cfg.z_loss_coeff = NAN; }, "config.z_loss_coeff");
+  expect(
+      "b_in as wide as F, not 2F",
+      [](LayerRun& r) {
+        r.c.b_in = true;
+        r.b_in = HostTensor(DType::kF32, {4, 3});
+      },
+      "weights.b_in.shape");
+  expect(
+      "b_out dtype",
+      [](LayerRun& r) {
+        r.c.b_out = true;
+        r.b_out = HostTensor(DType::kBF16, {4, 4});
+      },
+      "weights.b_out.dtype");
 
   // Workspace too small, and misaligned.
   LayerRun run(c, DType::kF32, 1);
@@ -934,6 +1002,17 @@ TEST(LayerErrors, NamedBeforeAnythingIsWritten) {
   s = moe_layer_backward(run.x.in(), run.weights(), run.cfg, std::span(saved).first(ws.saved_bytes),
                          d_out16.in(), 0, 0, bwd, g.d_x.mut(), g.views(false));
   EXPECT_EQ(s.argument(), "d_out.dtype") << s.message();
+  // A bias gradient where the weights have no bias, and none where they have one.
+  s = moe_layer_backward(run.x.in(), run.weights(), run.cfg, std::span(saved).first(ws.saved_bytes),
+                         run.d_out.in(), 0, 0, bwd, g.d_x.mut(), g.views(false, true));
+  EXPECT_EQ(s.argument(), "grads.b_in") << s.message();
+  run.c.b_out = true;
+  ASSERT_TRUE(moe_layer_forward(run.x.in(), run.weights(), run.cfg,
+                                std::span(saved).first(ws.saved_bytes), fwd, {run.out.mut()})
+                  .ok());
+  s = moe_layer_backward(run.x.in(), run.weights(), run.cfg, std::span(saved).first(ws.saved_bytes),
+                         run.d_out.in(), 0, 0, bwd, g.d_x.mut(), g.views(false));
+  EXPECT_EQ(s.argument(), "grads.b_out") << s.message();
   EXPECT_EQ(moe_layer_workspace(MoeLayerConfig{}, 5, DType::kF32).saved_bytes, 0u);
   EXPECT_EQ(moe_layer_rows(run.cfg, 5), c.T * c.k);
 }

@@ -124,6 +124,7 @@ struct LayerCudaCase {
   int64_t T;
   DType dt;
   bool bias = false;
+  bool ffn_biases = false;  // the expert FFNs' b_in and b_out
 };
 void PrintTo(const LayerCudaCase& c, std::ostream* os) { *os << c.name; }
 
@@ -151,6 +152,12 @@ std::vector<LayerCudaCase> layer_cases() {
     pre.route.pre_softmax = true, pre.activation = Activation::kGelu;
     pre.capacity_factor = 1.0, pre.drop_policy = DropPolicy::kPosition, pre.pad_to_capacity = true;
     v.push_back({"presoftmax_gelu_padded_T37_" + d, pre, 37, dt});
+    MoeLayerConfig oss = small_config();  // gpt-oss: the expert FFNs' biases, padding rows too
+    oss.align_size = 8, oss.z_loss_coeff = 1e-3f;
+    v.push_back({"ffn_biases_aligned_T111_" + d, oss, 111, dt, false, true});
+    MoeLayerConfig oss_cap = small_config();
+    oss_cap.capacity_factor = 1.0, oss_cap.pad_to_capacity = true;
+    v.push_back({"ffn_biases_padded_T37_" + d, oss_cap, 37, dt, false, true});
   }
   return v;
 }
@@ -160,8 +167,9 @@ struct LayerData {
   MoeLayerConfig cfg;
   int64_t T;
   DType dt;
-  HostTensor x, router, w_in, w_out, shared_in, shared_out, d_out;
+  HostTensor x, router, w_in, w_out, shared_in, shared_out, b_in, b_out, d_out;
   std::vector<float> bias;
+  bool ffn_biases;
 
   LayerData(const LayerCudaCase& c, uint32_t seed)
       : cfg(c.cfg),
@@ -173,9 +181,13 @@ struct LayerData {
         w_out(c.dt, {c.cfg.num_experts, c.cfg.ffn, c.cfg.hidden}),
         shared_in(c.dt, {c.cfg.hidden, width(c.cfg.shared_ffn)}),
         shared_out(c.dt, {c.cfg.shared_ffn, c.cfg.hidden}),
-        d_out(c.dt, {c.T, c.cfg.hidden}) {
+        b_in(c.dt, {c.cfg.num_experts, width(c.cfg.ffn)}),
+        b_out(c.dt, {c.cfg.num_experts, c.cfg.hidden}),
+        d_out(c.dt, {c.T, c.cfg.hidden}),
+        ffn_biases(c.ffn_biases) {
     std::mt19937 rng(seed);
-    for (HostTensor* h : {&x, &router, &w_in, &w_out, &shared_in, &shared_out, &d_out}) {
+    for (HostTensor* h :
+         {&x, &router, &w_in, &w_out, &shared_in, &shared_out, &b_in, &b_out, &d_out}) {
       h->fill_random(rng);
     }
     if (c.bias) {
@@ -188,7 +200,7 @@ struct LayerData {
 
 // What a pass returns, on the host.
 struct LayerResult {
-  HostTensor out, tpe, d_x, g_router, g_in, g_out, g_sin, g_sout;
+  HostTensor out, tpe, d_x, g_router, g_in, g_out, g_sin, g_sout, g_b_in, g_b_out;
   float aux = 0, z = 0;
   explicit LayerResult(const LayerData& d)
       : out(d.dt, d.x.shape),
@@ -198,14 +210,29 @@ struct LayerResult {
         g_in(DType::kF32, d.w_in.shape),
         g_out(DType::kF32, d.w_out.shape),
         g_sin(DType::kF32, d.shared_in.shape),
-        g_sout(DType::kF32, d.shared_out.shape) {}
+        g_sout(DType::kF32, d.shared_out.shape),
+        g_b_in(DType::kF32, d.b_in.shape),
+        g_b_out(DType::kF32, d.b_out.shape) {}
+  MoeLayerWeightGrads grads_of(const LayerData& d, const TensorView& router, const TensorView& in,
+                               const TensorView& out, const TensorView& s_in,
+                               const TensorView& s_out, const TensorView& b_in,
+                               const TensorView& b_out) const {
+    MoeLayerWeightGrads g;
+    g.router = router, g.w_in = in, g.w_out = out;
+    if (d.cfg.shared_ffn > 0) g.shared_in = s_in, g.shared_out = s_out;
+    if (d.ffn_biases) g.b_in = b_in, g.b_out = b_out;
+    return g;
+  }
 };
 
 MoeLayerWeights weights_of(const LayerData& d, const ConstTensorView& router,
                            const ConstTensorView& w_in, const ConstTensorView& w_out,
-                           const ConstTensorView& s_in, const ConstTensorView& s_out) {
-  MoeLayerWeights w{router, w_in, w_out, {}, {}};
+                           const ConstTensorView& s_in, const ConstTensorView& s_out,
+                           const ConstTensorView& b_in, const ConstTensorView& b_out) {
+  MoeLayerWeights w;
+  w.router = router, w.w_in = w_in, w.w_out = w_out;
   if (d.cfg.shared_ffn > 0) w.shared_in = s_in, w.shared_out = s_out;
+  if (d.ffn_biases) w.b_in = b_in, w.b_out = b_out;
   return w;
 }
 
@@ -216,12 +243,14 @@ LayerResult cpu_layer(LayerData& d) {
   const MoeLayerWorkspace ws = moe_layer_workspace(cfg, d.T, d.dt);
   Bytes saved(ws.saved_bytes), fwd(ws.forward_bytes), bwd(ws.backward_bytes);
   const MoeLayerWeights w =
-      weights_of(d, d.router.in(), d.w_in.in(), d.w_out.in(), d.shared_in.in(), d.shared_out.in());
+      weights_of(d, d.router.in(), d.w_in.in(), d.w_out.in(), d.shared_in.in(), d.shared_out.in(),
+                 d.b_in.in(), d.b_out.in());
   Status s =
       moe_layer_forward(d.x.in(), w, cfg, saved, fwd, {r.out.mut(), &r.aux, &r.z, r.tpe.mut()});
   EXPECT_TRUE(s.ok()) << s.message();
-  MoeLayerWeightGrads g{r.g_router.mut(), r.g_in.mut(), r.g_out.mut(), {}, {}};
-  if (d.cfg.shared_ffn > 0) g.shared_in = r.g_sin.mut(), g.shared_out = r.g_sout.mut();
+  const MoeLayerWeightGrads g =
+      r.grads_of(d, r.g_router.mut(), r.g_in.mut(), r.g_out.mut(), r.g_sin.mut(), r.g_sout.mut(),
+                 r.g_b_in.mut(), r.g_b_out.mut());
   s = moe_layer_backward(d.x.in(), w, cfg, saved, d.d_out.in(), 0.7f, 1.3f, bwd, r.d_x.mut(), g);
   EXPECT_TRUE(s.ok()) << s.message();
   return r;
@@ -231,8 +260,8 @@ LayerResult cpu_layer(LayerData& d) {
 struct GpuLayer {
   LayerData& d;
   LayerResult r;
-  DeviceTensor x, router, w_in, w_out, s_in, s_out, d_out, out, tpe, d_x, g_router, g_in, g_out,
-      g_sin, g_sout, bias, losses, saved, fwd, bwd;
+  DeviceTensor x, router, w_in, w_out, s_in, s_out, b_in, b_out, d_out, out, tpe, d_x, g_router,
+      g_in, g_out, g_sin, g_sout, g_b_in, g_b_out, bias, losses, saved, fwd, bwd;
   MoeLayerConfig cfg;
 
   static size_t bytes_of(const LayerData& d, size_t MoeLayerWorkspace::*which) {
@@ -247,6 +276,8 @@ struct GpuLayer {
         w_out(data.w_out),
         s_in(data.shared_in),
         s_out(data.shared_out),
+        b_in(data.b_in),
+        b_out(data.b_out),
         d_out(data.d_out),
         out(r.out),
         tpe(r.tpe),
@@ -256,6 +287,8 @@ struct GpuLayer {
         g_out(r.g_out),
         g_sin(r.g_sin),
         g_sout(r.g_sout),
+        g_b_in(r.g_b_in),
+        g_b_out(r.g_b_out),
         bias(data.bias.size() * sizeof(float)),
         losses(2 * sizeof(float)),
         saved(bytes_of(data, &MoeLayerWorkspace::saved_bytes)),
@@ -269,7 +302,8 @@ struct GpuLayer {
   }
   MoeLayerWeights weights() {
     return weights_of(d, router.in(d.router), w_in.in(d.w_in), w_out.in(d.w_out),
-                      s_in.in(d.shared_in), s_out.in(d.shared_out));
+                      s_in.in(d.shared_in), s_out.in(d.shared_out), b_in.in(d.b_in),
+                      b_out.in(d.b_out));
   }
   std::span<std::byte> span(DeviceTensor& t, size_t MoeLayerWorkspace::*which) {
     return {static_cast<std::byte*>(t.ptr), bytes_of(d, which)};
@@ -281,8 +315,9 @@ struct GpuLayer {
         moe_layer_forward(x.in(d.x), weights(), cfg, span(saved, &MoeLayerWorkspace::saved_bytes),
                           span(fwd, &MoeLayerWorkspace::forward_bytes),
                           {out.mut(r.out), &l[0], &l[1], tpe.mut(r.tpe)}, nullptr, exec));
-    MoeLayerWeightGrads g{g_router.mut(r.g_router), g_in.mut(r.g_in), g_out.mut(r.g_out), {}, {}};
-    if (d.cfg.shared_ffn > 0) g.shared_in = g_sin.mut(r.g_sin), g.shared_out = g_sout.mut(r.g_sout);
+    const MoeLayerWeightGrads g = r.grads_of(
+        d, g_router.mut(r.g_router), g_in.mut(r.g_in), g_out.mut(r.g_out), g_sin.mut(r.g_sin),
+        g_sout.mut(r.g_sout), g_b_in.mut(r.g_b_in), g_b_out.mut(r.g_b_out));
     return moe_layer_backward(x.in(d.x), weights(), cfg,
                               span(saved, &MoeLayerWorkspace::saved_bytes), d_out.in(d.d_out), 0.7f,
                               1.3f, span(bwd, &MoeLayerWorkspace::backward_bytes), d_x.mut(r.d_x),
@@ -296,7 +331,9 @@ struct GpuLayer {
                              {&g_in, &r.g_in},
                              {&g_out, &r.g_out},
                              {&g_sin, &r.g_sin},
-                             {&g_sout, &r.g_sout}}) {
+                             {&g_sout, &r.g_sout},
+                             {&g_b_in, &r.g_b_in},
+                             {&g_b_out, &r.g_b_out}}) {
       dev->download(*host);
     }
     float l[2];
@@ -344,6 +381,10 @@ TEST_P(LayerCuda, ForwardAndBackwardMatchTheCpuLayer) {
   if (c.cfg.shared_ffn > 0) {
     expect_close(got.g_sin, want.g_sin, tol, "grads.shared_in");
     expect_close(got.g_sout, want.g_sout, tol, "grads.shared_out");
+  }
+  if (c.ffn_biases) {
+    expect_close(got.g_b_in, want.g_b_in, tol, "grads.b_in");
+    expect_close(got.g_b_out, want.g_b_out, tol, "grads.b_out");
   }
   EXPECT_NEAR(got.aux, want.aux, 1e-4 * (1 + std::fabs(want.aux)));
   EXPECT_NEAR(got.z, want.z, 1e-4 * (1 + std::fabs(want.z)));

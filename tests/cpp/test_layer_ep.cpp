@@ -18,6 +18,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ep_ranks.h"
@@ -45,6 +46,7 @@ struct EpCase {
   int32_t sequences = 0;
   std::vector<int64_t> tokens = {5, 0, 9, 3};  // rank p's: tokens[p % size]
   bool invariant = false;  // MoeLayerConfig::batch_invariant: then out and d_x are bit-equal
+  bool biases = false;     // the expert FFNs' biases b_in and b_out
 };
 
 // The whole problem for P ranks, the same on every rank.
@@ -59,7 +61,7 @@ struct Problem {
   // counts every rank's sequences (P * B; equal only with equal token counts).
   MoeLayerConfig all_cfg;
   std::vector<float> bias;
-  HostTensor x, router, w_in, w_out, shared_in, shared_out, d_out;
+  HostTensor x, router, w_in, w_out, shared_in, shared_out, b_in, b_out, d_out;
 
   Problem(const EpCase& ec, int ranks, DType t)
       : c(ec),
@@ -73,6 +75,8 @@ struct Problem {
         w_out(t, {E, ec.F, ec.H}),
         shared_in(t, {ec.H, is_gated(ec.act) ? 2 * ec.Fs : ec.Fs}),
         shared_out(t, {ec.Fs, ec.H}),
+        b_in(t, {E, is_gated(ec.act) ? 2 * ec.F : ec.F}),
+        b_out(t, {E, ec.H}),
         d_out(t, {T, ec.H}) {
     first.push_back(0);
     for (int p = 0; p < P; ++p) first.push_back(first.back() + tokens_of(ec, p));
@@ -80,6 +84,8 @@ struct Problem {
     for (HostTensor* h : {&x, &router, &w_in, &w_out, &shared_in, &shared_out, &d_out}) {
       h->fill_random(rng);
     }
+    b_in.fill_random(rng);
+    b_out.fill_random(rng);
     if (ec.skew) {
       bias.assign(static_cast<size_t>(E), -4.0f);
       for (int64_t e = 0; e < ec.k; ++e) bias[static_cast<size_t>(e)] = 4.0f;
@@ -120,7 +126,7 @@ View rows(HostTensor& t, int64_t lo, int64_t hi) {
 
 // One layer's outputs and gradients.
 struct Result {
-  HostTensor out, d_x, router, w_in, w_out, shared_in, shared_out;
+  HostTensor out, d_x, router, w_in, w_out, shared_in, shared_out, b_in, b_out;
   float aux = 0, z = 0;
   Result(const Problem& pb, int64_t T, int64_t experts)
       : out(pb.dt, {T, pb.c.H}),
@@ -129,10 +135,13 @@ struct Result {
         w_in(pb.dt, {experts, pb.w_in.shape[1], pb.w_in.shape[2]}),
         w_out(pb.dt, {experts, pb.w_out.shape[1], pb.w_out.shape[2]}),
         shared_in(pb.dt, pb.shared_in.shape),
-        shared_out(pb.dt, pb.shared_out.shape) {}
-  MoeLayerWeightGrads grads(bool shared) {
-    MoeLayerWeightGrads g{router.mut(), w_in.mut(), w_out.mut(), {}, {}};
-    if (shared) g.shared_in = shared_in.mut(), g.shared_out = shared_out.mut();
+        shared_out(pb.dt, pb.shared_out.shape),
+        b_in(pb.dt, {experts, pb.b_in.shape[1]}),
+        b_out(pb.dt, {experts, pb.b_out.shape[1]}) {}
+  MoeLayerWeightGrads grads(const EpCase& c) {
+    MoeLayerWeightGrads g{.router = router.mut(), .w_in = w_in.mut(), .w_out = w_out.mut()};
+    if (c.Fs > 0) g.shared_in = shared_in.mut(), g.shared_out = shared_out.mut();
+    if (c.biases) g.b_in = b_in.mut(), g.b_out = b_out.mut();
     return g;
   }
 };
@@ -144,6 +153,10 @@ MoeLayerWeights weights_of(Problem& pb, int64_t e0, int64_t e1) {
                     {},
                     {}};
   if (pb.c.Fs > 0) w.shared_in = pb.shared_in.in(), w.shared_out = pb.shared_out.in();
+  if (pb.c.biases) {
+    w.b_in = rows<ConstTensorView>(pb.b_in, e0, e1);
+    w.b_out = rows<ConstTensorView>(pb.b_out, e0, e1);
+  }
   return w;
 }
 
@@ -160,7 +173,7 @@ Result one_rank(Problem& pb, int64_t t0, int64_t t1, float d_aux, float d_z) {
   Status s = moe_layer_forward(x, w, cfg, saved, fwd, {r.out.mut(), &r.aux, &r.z, {}});
   EXPECT_TRUE(s.ok()) << s.message();
   s = moe_layer_backward(x, w, cfg, saved, rows<ConstTensorView>(pb.d_out, t0, t1), d_aux, d_z, bwd,
-                         r.d_x.mut(), r.grads(pb.c.Fs > 0));
+                         r.d_x.mut(), r.grads(pb.c));
   EXPECT_TRUE(s.ok()) << s.message();
   return r;
 }
@@ -204,7 +217,7 @@ void check_rank(Communicator& comm, Problem& pb, const std::vector<Result>& refs
                                   {r.out.mut(), &r.aux, &r.z, tpe.mut()}, &prof);
   ASSERT_TRUE(s.ok()) << s.message();  // every rank alike: the ranks agreed
   s = moe_layer_ep_backward(x, w, pb.cfg, comm, &state, rows<ConstTensorView>(pb.d_out, t0, t1),
-                            d_aux, d_z, r.d_x.mut(), r.grads(pb.c.Fs > 0));
+                            d_aux, d_z, r.d_x.mut(), r.grads(pb.c));
   ASSERT_TRUE(s.ok()) << s.message();
   if (pb.P > 1 && t1 > t0) {
     EXPECT_GT(prof.ms[static_cast<int>(MoeStep::kDispatch)], 0.0);
@@ -234,11 +247,29 @@ void check_rank(Communicator& comm, Problem& pb, const std::vector<Result>& refs
     }
     compare("d_w_in", r.w_in, w_in_sum, 0, 10 * tol);
     compare("d_w_out", r.w_out, w_out_sum, 0, 10 * tol);
+    if (pb.c.biases) {  // likewise the sum of every rank's
+      for (auto [name, got, want] : {std::tuple{"d_b_in", &r.b_in, &Result::b_in},
+                                     std::tuple{"d_b_out", &r.b_out, &Result::b_out}}) {
+        HostTensor sum(DType::kF32, got->shape);
+        sum.fill(0.0f);
+        const int64_t n = got->shape[1];
+        for (const Result& q : refs) {
+          for (int64_t i = 0; i < El * n; ++i) {
+            sum.set_flat(i, sum.get_flat(i) + (q.*want).get_flat(p * El * n + i));
+          }
+        }
+        compare(name, *got, sum, 0, 10 * tol);
+      }
+    }
   } else {
     // Each expert sees the one-rank layer's rows, in its order (SPEC.md section 4): the same
     // grouped matmul problems, so its gradients are bit-equal.
     report.experts += compare("d_w_in", r.w_in, ref.w_in, p * El, tol);
     report.experts += compare("d_w_out", r.w_out, ref.w_out, p * El, tol);
+    if (pb.c.biases) {  // each expert's rows' sums, in the same order
+      report.experts += compare("d_b_in", r.b_in, ref.b_in, p * El, tol);
+      report.experts += compare("d_b_out", r.b_out, ref.b_out, p * El, tol);
+    }
     EXPECT_EQ(report.experts, 0) << "an expert's gradient is not bit-equal to the one-rank layer's";
     report.replicated += compare("d_router", r.router, ref.router, 0, 10 * tol);
     if (pb.c.Fs > 0) {
@@ -330,6 +361,16 @@ const EpCase kCases[] = {
      .z = 0.001f,
      .tokens = {40, 1, 77, 3},
      .invariant = true},
+    // The expert FFNs' biases live with their experts: each rank adds its own and returns their
+    // gradients; dropless, with a shared expert and the losses, and with a capacity.
+    {.name = "biases",
+     .k = 3,
+     .Fs = 6,
+     .aux = 0.01f,
+     .z = 0.001f,
+     .tokens = {5, 0, 9, 3},
+     .biases = true},
+    {.name = "biases_capacity", .capacity_factor = 0.75, .biases = true},
 };
 
 void PrintTo(const EpCase& c, std::ostream* os) { *os << c.name; }
@@ -367,7 +408,7 @@ TEST(LayerEpErrors, ABadArgumentOnAnyRankIsAnErrorOnEveryRank) {
       ASSERT_TRUE(moe_layer_ep_forward(x, w, pb.cfg, comm, &state, out).ok());
       MoeLayerEpState fresh;
       expect_everywhere(moe_layer_ep_backward(x, w, pb.cfg, comm, p == last ? &fresh : &state,
-                                              d_out, 0, 0, r.d_x.mut(), r.grads(false)),
+                                              d_out, 0, 0, r.d_x.mut(), r.grads(pb.c)),
                         "state", last);
       if (P > 1) {
         // Experts not divisible by the ranks.
@@ -390,14 +431,14 @@ TEST(LayerEpErrors, ABadArgumentOnAnyRankIsAnErrorOnEveryRank) {
         // Cotangents of the losses that differ between ranks.
         ASSERT_TRUE(moe_layer_ep_forward(x, w, pb.cfg, comm, &state, out).ok());
         s = moe_layer_ep_backward(x, w, pb.cfg, comm, &state, d_out, p == 0 ? 2.0f : 1.0f, 0,
-                                  r.d_x.mut(), r.grads(false));
+                                  r.d_x.mut(), r.grads(pb.c));
         EXPECT_NE(s.message().find("d_aux_loss"), std::string::npos) << s.message();
       }
       // After all that, the group works.
       ASSERT_TRUE(moe_layer_ep_forward(x, w, pb.cfg, comm, &state, out).ok());
-      ASSERT_TRUE(moe_layer_ep_backward(x, w, pb.cfg, comm, &state, d_out, 0, 0, r.d_x.mut(),
-                                        r.grads(false))
-                      .ok());
+      ASSERT_TRUE(
+          moe_layer_ep_backward(x, w, pb.cfg, comm, &state, d_out, 0, 0, r.d_x.mut(), r.grads(pb.c))
+              .ok());
     });
   }
 }
