@@ -297,27 +297,32 @@ ffi::Error saved_for_reading(ffi::AnyBuffer b, AlignedBytes& moved,
 }
 
 // The router's, x's and the weights' views; the shared expert's are absent (placeholders) when
-// the config has none.
+// the config has none, and an expert bias where its placeholder is empty (a bias [E, n] has
+// elements).
 ffi::Error layer_inputs(AnyBuffer x, AnyBuffer router, AnyBuffer w_in, AnyBuffer w_out,
-                        AnyBuffer shared_in, AnyBuffer shared_out, const MoeLayerConfig& c,
-                        ConstTensorView* vx, MoeLayerWeights* w) {
+                        AnyBuffer shared_in, AnyBuffer shared_out, AnyBuffer b_in, AnyBuffer b_out,
+                        const MoeLayerConfig& c, ConstTensorView* vx, MoeLayerWeights* w) {
   const bool shared = c.shared_ffn > 0;
   MOEKIT_FFI_TRY(view_of(x, "x", vx));
   MOEKIT_FFI_TRY(view_of(router, "router", &w->router));
   MOEKIT_FFI_TRY(view_of(w_in, "w_in", &w->w_in));
   MOEKIT_FFI_TRY(view_of(w_out, "w_out", &w->w_out));
   MOEKIT_FFI_TRY(view_of(shared_in, "shared_in", &w->shared_in, shared));
-  return view_of(shared_out, "shared_out", &w->shared_out, shared);
+  MOEKIT_FFI_TRY(view_of(shared_out, "shared_out", &w->shared_out, shared));
+  MOEKIT_FFI_TRY(view_of(b_in, "b_in", &w->b_in, b_in.element_count() > 0));
+  return view_of(b_out, "b_out", &w->b_out, b_out.element_count() > 0);
 }
 
 ffi::Error layer_fwd(AnyBuffer x, AnyBuffer router, AnyBuffer w_in, AnyBuffer w_out,
-                     AnyBuffer shared_in, AnyBuffer shared_out, F32 bias, Ret<AnyBuffer> out,
-                     Ret<F32> aux_loss, Ret<F32> z_loss, Ret<AnyBuffer> tokens_per_expert,
-                     Ret<AnyBuffer> saved, Ret<AnyBuffer> scratch, LayerAttrs a) {
+                     AnyBuffer shared_in, AnyBuffer shared_out, AnyBuffer b_in, AnyBuffer b_out,
+                     F32 bias, Ret<AnyBuffer> out, Ret<F32> aux_loss, Ret<F32> z_loss,
+                     Ret<AnyBuffer> tokens_per_expert, Ret<AnyBuffer> saved, Ret<AnyBuffer> scratch,
+                     LayerAttrs a) {
   const MoeLayerConfig c = layer_config(a, {bias.typed_data(), bias.element_count()});
   ConstTensorView vx;
   MoeLayerWeights w;
-  MOEKIT_FFI_TRY(layer_inputs(x, router, w_in, w_out, shared_in, shared_out, c, &vx, &w));
+  MOEKIT_FFI_TRY(
+      layer_inputs(x, router, w_in, w_out, shared_in, shared_out, b_in, b_out, c, &vx, &w));
   MoeLayerOutputs o;
   MOEKIT_FFI_TRY(view_of(*out, "out", &o.out));
   MOEKIT_FFI_TRY(view_of(*tokens_per_expert, "tokens_per_expert", &o.tokens_per_expert));
@@ -327,16 +332,18 @@ ffi::Error layer_fwd(AnyBuffer x, AnyBuffer router, AnyBuffer w_in, AnyBuffer w_
 }
 
 ffi::Error layer_bwd(AnyBuffer x, AnyBuffer router, AnyBuffer w_in, AnyBuffer w_out,
-                     AnyBuffer shared_in, AnyBuffer shared_out, F32 bias, AnyBuffer saved,
-                     AnyBuffer d_out, F32 d_aux_loss, F32 d_z_loss, Ret<AnyBuffer> d_x,
-                     Ret<AnyBuffer> d_router, Ret<AnyBuffer> d_w_in, Ret<AnyBuffer> d_w_out,
-                     Ret<AnyBuffer> d_shared_in, Ret<AnyBuffer> d_shared_out,
+                     AnyBuffer shared_in, AnyBuffer shared_out, AnyBuffer b_in, AnyBuffer b_out,
+                     F32 bias, AnyBuffer saved, AnyBuffer d_out, F32 d_aux_loss, F32 d_z_loss,
+                     Ret<AnyBuffer> d_x, Ret<AnyBuffer> d_router, Ret<AnyBuffer> d_w_in,
+                     Ret<AnyBuffer> d_w_out, Ret<AnyBuffer> d_shared_in,
+                     Ret<AnyBuffer> d_shared_out, Ret<AnyBuffer> d_b_in, Ret<AnyBuffer> d_b_out,
                      Ret<AnyBuffer> scratch, LayerAttrs a) {
   const MoeLayerConfig c = layer_config(a, {bias.typed_data(), bias.element_count()});
   const bool shared = c.shared_ffn > 0;
   ConstTensorView vx, vd;
   MoeLayerWeights w;
-  MOEKIT_FFI_TRY(layer_inputs(x, router, w_in, w_out, shared_in, shared_out, c, &vx, &w));
+  MOEKIT_FFI_TRY(
+      layer_inputs(x, router, w_in, w_out, shared_in, shared_out, b_in, b_out, c, &vx, &w));
   MOEKIT_FFI_TRY(view_of(d_out, "d_out", &vd));
   TensorView vdx;
   MoeLayerWeightGrads g;
@@ -346,6 +353,8 @@ ffi::Error layer_bwd(AnyBuffer x, AnyBuffer router, AnyBuffer w_in, AnyBuffer w_
   MOEKIT_FFI_TRY(view_of(*d_w_out, "d_w_out", &g.w_out));
   MOEKIT_FFI_TRY(view_of(*d_shared_in, "d_shared_in", &g.shared_in, shared));
   MOEKIT_FFI_TRY(view_of(*d_shared_out, "d_shared_out", &g.shared_out, shared));
+  MOEKIT_FFI_TRY(view_of(*d_b_in, "d_b_in", &g.b_in, b_in.element_count() > 0));
+  MOEKIT_FFI_TRY(view_of(*d_b_out, "d_b_out", &g.b_out, b_out.element_count() > 0));
   AlignedBytes moved;
   std::span<const std::byte> s;
   MOEKIT_FFI_TRY(saved_for_reading(saved, moved, &s));
@@ -397,16 +406,16 @@ XLA_FFI_DEFINE_HANDLER(
     kToInt32, OnWorker<to_int32>::call,
     (ffi::Ffi::Bind().Arg<AnyBuffer>().Ret<ffi::Buffer<ffi::S32>>().Attr<std::string_view>(
         "what")));
-// x, the five weights, expert_bias; forward: out, the two losses, tokens_per_expert, saved,
-// scratch; backward: saved, d_out and the two losses' cotangents, then d_x, the five weights'
-// gradients and scratch.
+// x, the seven weights (router, w_in, w_out, shared_in, shared_out, b_in, b_out), expert_bias;
+// forward: out, the two losses, tokens_per_expert, saved, scratch; backward: saved, d_out and
+// the two losses' cotangents, then d_x, the seven weights' gradients and scratch.
 XLA_FFI_DEFINE_HANDLER(
     kLayerFwd, OnWorker<layer_fwd>::call,
-    (buffers<0, 3>(buffers<6, 0>().Arg<F32>().Ret<AnyBuffer>().Ret<F32>().Ret<F32>())
+    (buffers<0, 3>(buffers<8, 0>().Arg<F32>().Ret<AnyBuffer>().Ret<F32>().Ret<F32>())
          .Attrs<LayerAttrs>()));
 XLA_FFI_DEFINE_HANDLER(
     kLayerBwd, OnWorker<layer_bwd>::call,
-    (buffers<0, 7>(buffers<2, 0>(buffers<6, 0>().Arg<F32>()).Arg<F32>().Arg<F32>())
+    (buffers<0, 9>(buffers<2, 0>(buffers<8, 0>().Arg<F32>()).Arg<F32>().Arg<F32>())
          .Attrs<LayerAttrs>()));
 XLA_FFI_DEFINE_HANDLER(kEpPack, OnWorker<ep_pack_fwd>::call, (buffers<2, 1>()));
 XLA_FFI_DEFINE_HANDLER(kEpUnpack, OnWorker<ep_unpack_fwd>::call, (buffers<2, 1>()));

@@ -49,6 +49,8 @@ class MoeLayer(nnx.Module):
       w_out       [E, F, H]                   (expert_axis, mlp_axis, embed_axis)
       shared_in   [H, 2Fs | Fs]               (embed_axis, mlp_axis)   with shared_ffn > 0
       shared_out  [Fs, H]                     (mlp_axis, embed_axis)
+      b_in        [E, 2F] | [E, F]            (expert_axis, mlp_axis)    with use_bias (zeros)
+      b_out       [E, H]                      (expert_axis, embed_axis)
       expert_bias [E] float32, an `ExpertBias` (zeros), with use_expert_bias (sigmoid or
                   sqrtsoftplus routing)
 
@@ -57,6 +59,8 @@ class MoeLayer(nnx.Module):
       shared_ffn: the shared expert's width Fs (DeepSeek: shared experts * F); 0: none.
       activation_kind: "swiglu" (default), "geglu", "gelu" or "relu" (the gated ones fuse gate
         and up in w_in).
+      use_bias: the expert FFNs' biases b_in and b_out (gpt-oss; MaxText's w0 / w1 / wo
+        biases).
       use_expert_bias: hold an expert bias for loss-free balancing (needs score "sigmoid" or
         "sqrtsoftplus"), moved by `update_bias`.
       param_dtype: the weights' dtype; dtype: the computation's (None: x's). moe_layer runs in
@@ -74,7 +78,8 @@ class MoeLayer(nnx.Module):
     """
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, k: int, *, shared_ffn: int = 0,
-                 activation_kind: str = "swiglu", use_expert_bias: bool = False,
+                 activation_kind: str = "swiglu", use_bias: bool = False,
+                 use_expert_bias: bool = False,
                  param_dtype: Any = jnp.float32, dtype: Optional[Any] = None,
                  expert_axis: str = "expert", embed_axis: str = "embed", mlp_axis: str = "mlp",
                  rngs: nnx.Rngs, **options):
@@ -102,6 +107,9 @@ class MoeLayer(nnx.Module):
                           if shared_ffn else None)
         self.shared_out = (param(lecun, (shared_ffn, H), (mlp_axis, embed_axis))
                            if shared_ffn else None)
+        zeros = nnx.initializers.zeros_init()
+        self.b_in = param(zeros, (E, width), (expert_axis, mlp_axis)) if use_bias else None
+        self.b_out = param(zeros, (E, H), (expert_axis, embed_axis)) if use_bias else None
         self.expert_bias = (ExpertBias(jnp.zeros((E,), jnp.float32), out_sharding=(None,),
                                        eager_sharding=eager)
                             if use_expert_bias else None)
@@ -115,7 +123,8 @@ class MoeLayer(nnx.Module):
         def value(p):
             return None if p is None else jnp.asarray(p[...], dtype)
         return MoeParams(value(self.router), value(self.w_in), value(self.w_out),
-                         value(self.shared_in), value(self.shared_out))
+                         value(self.shared_in), value(self.shared_out), value(self.b_in),
+                         value(self.b_out))
 
     def __call__(self, x):
         x = jnp.asarray(x)

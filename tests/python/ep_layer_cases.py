@@ -25,7 +25,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 import moekit.jax as mj  # noqa: E402
-from ep_problem import cases, compare, layer_kwargs, loss, problem, reference  # noqa: E402,E501
+from ep_problem import (cases, compare, grad_names, layer_kwargs, loss, param_specs,  # noqa
+                        problem, reference)  # noqa: E402,E501
 import ragged_all_to_all_reference  # noqa: E402
 
 jax.lax.ragged_all_to_all = ragged_all_to_all_reference.ragged_all_to_all
@@ -34,8 +35,7 @@ def run_case(name, case, dtype, exchange):
     mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("ep",))
     x, params, ct = problem(case, dtype, DEVICES)
     kw = layer_kwargs(case)
-    shared = params.shared_in is not None
-    spec = mj.MoeParams(P(), P("ep"), P("ep"), P() if shared else None, P() if shared else None)
+    spec = param_specs(params)
 
     def sharded(x, params):
         return jax.shard_map(
@@ -49,7 +49,7 @@ def run_case(name, case, dtype, exchange):
     g_want = jax.jit(jax.grad(loss(one, ct), argnums=(0, 1)))(x, params)
     np_tree = lambda t: jax.tree.map(np.asarray, t)  # noqa: E731
     how = compare(name, case, dtype, (*np_tree(got), jax.tree.leaves(np_tree(g_got))),
-                  (*np_tree(want), jax.tree.leaves(np_tree(g_want))))
+                  (*np_tree(want), jax.tree.leaves(np_tree(g_want))), grad_names(params))
     print(f"ok {name} {np.dtype(dtype).name} on {DEVICES} devices ({exchange}): {how}")
 
 

@@ -5,6 +5,7 @@ jax.distributed): import after XLA_FLAGS is set."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 import moekit.jax as mj
 
@@ -22,11 +23,28 @@ def problem(case, dtype, devices, seed=0):
                           n(ks[3], (E, F, H), 0.3),
                           n(ks[4], (H, (2 if gated else 1) * Fs), 0.3) if Fs else None,
                           n(ks[5], (Fs, H), 0.3) if Fs else None)
+    if case.get("biases"):  # the expert FFNs' biases, split with their experts
+        kb = jax.random.split(ks[0], 2)
+        params = params._replace(b_in=n(kb[0], (E, params.w_in.shape[2]), 0.3),
+                                 b_out=n(kb[1], (E, H), 0.3))
     x = n(ks[0], (devices * T_LOC, H), 1.0)
     ct = n(ks[6], (devices * T_LOC, H), 1.0)
     if case.get("sequences"):  # [devices * sequences, S, H]: each device's own sequences
         x, ct = (a.reshape(devices * case["sequences"], -1, H) for a in (x, ct))
     return x, params, ct
+
+
+def param_specs(params):
+    """The shard_map specs of params: the experts' weights (and biases) split over "ep", the
+    router and the shared expert replicated, absent weights absent."""
+    split = {"w_in", "w_out", "b_in", "b_out"}
+    return mj.MoeParams(*(None if v is None else P("ep") if f in split else P()
+                          for f, v in zip(mj.MoeParams._fields, params)))
+
+
+def grad_names(params):
+    """The names of the gradients of (x, params), in jax.tree.leaves order."""
+    return ["d_x"] + [f"d_{f}" for f, v in zip(mj.MoeParams._fields, params) if v is not None]
 
 
 def layer_kwargs(case):
@@ -58,6 +76,8 @@ def cases(devices):
         # is the one that tells the modes apart.)
         "batch_invariant": dict(base, H=128, F=40, k=3, Fs=24, aux_loss_coeff=0.01,
                                 z_loss_coeff=0.001, batch_invariant=True),
+        # The expert FFNs' biases live with their experts (gpt-oss).
+        "biases": dict(base, k=3, Fs=6, aux_loss_coeff=0.01, biases=True),
     }
 
 
@@ -87,13 +107,10 @@ def loss(layer, ct):
     return value
 
 
-GRAD_NAMES = ["d_x", "d_router", "d_w_in", "d_w_out", "d_shared_in", "d_shared_out"]
-
-
-def compare(name, case, dtype, got, want):
+def compare(name, case, dtype, got, want, names):
     """got and want: (out, MoeAux, grads) as NumPy arrays (or the parts of them one process
-    holds, both the same parts). Dropless: equal within f32 rounding (bf16: one bf16 rounding).
-    Raises AssertionError; returns a line saying how close."""
+    holds, both the same parts), names the gradients' (grad_names). Dropless: equal within f32
+    rounding (bf16: one bf16 rounding). Raises AssertionError; returns a line saying how close."""
     (out, aux, grads), (w_out, w_aux, w_grads) = got, want
     tol = dict(rtol=2e-5, atol=2e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
     f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
@@ -106,7 +123,8 @@ def compare(name, case, dtype, got, want):
         np.testing.assert_allclose(f32(aux.z_loss), f32(w_aux.z_loss), rtol=1e-5,
                                    atol=1e-7, err_msg=f"{name}: z_loss")
     worst = []
-    for n, g, w in zip(GRAD_NAMES, grads, w_grads):
+    assert len(names) == len(grads) == len(w_grads), (names, len(grads), len(w_grads))
+    for n, g, w in zip(names, grads, w_grads):
         scale = float(np.abs(f32(w)).max()) or 1.0
         np.testing.assert_allclose(f32(g), f32(w), rtol=tol["rtol"], atol=tol["atol"] * scale,
                                    err_msg=f"{name}: {n}")

@@ -24,7 +24,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import moekit.jax as mj  # noqa: E402
-from ep_problem import cases, compare, layer_kwargs, loss, problem, reference  # noqa: E402
+from ep_problem import (cases, compare, grad_names, layer_kwargs, loss, param_specs,  # noqa
+                        problem, reference)  # noqa: E402
 
 
 def global_array(mesh, value, pspec):
@@ -53,8 +54,7 @@ def sharded_layer(mesh, case, spec, exchange):
 def run_case(name, case, dtype, exchange, mesh):
     n = len(mesh.devices)
     x, params, ct = problem(case, dtype, n)
-    shared = params.shared_in is not None
-    spec = mj.MoeParams(P(), P("ep"), P("ep"), P() if shared else None, P() if shared else None)
+    spec = param_specs(params)
     g_x, g_ct = global_array(mesh, x, P("ep")), global_array(mesh, ct, P("ep"))
     g_params = jax.tree.map(lambda v, s: global_array(mesh, v, s), params, spec)
     layer = sharded_layer(mesh, case, spec, exchange)
@@ -66,7 +66,8 @@ def run_case(name, case, dtype, exchange, mesh):
     g_want = jax.jit(jax.grad(loss(one, ct), argnums=(0, 1)))(x, params)
     (out, aux, grads), (w_out, w_aux, w_grads) = local_parts(
         (*got, jax.tree.leaves(g_got)), (*want, jax.tree.leaves(g_want)))
-    how = compare(name, case, dtype, (out, aux, grads), (w_out, w_aux, w_grads))
+    how = compare(name, case, dtype, (out, aux, grads), (w_out, w_aux, w_grads),
+                  grad_names(params))
     print(f"ok {name} {np.dtype(dtype).name} on {n} processes ({exchange}): {how}", flush=True)
 
 

@@ -169,12 +169,14 @@ def case_permute_gathers():
     raise AssertionError("permute on sharded tokens compiled without an all-gather")
 
 
-def layer_problem(T, H, F, E, dtype, shared=False):
+def layer_problem(T, H, F, E, dtype, shared=False, biases=False):
     x = normal((T, H), dtype, 0.5)
     params = mj.MoeParams(normal((H, E), dtype, H**-0.5), normal((E, H, 2 * F), dtype, H**-0.5),
                           normal((E, F, H), dtype, F**-0.5),
                           normal((H, 2 * F), dtype, H**-0.5) if shared else None,
-                          normal((F, H), dtype, F**-0.5) if shared else None)
+                          normal((F, H), dtype, F**-0.5) if shared else None,
+                          normal((E, 2 * F), dtype, 0.1) if biases else None,
+                          normal((E, H), dtype, 0.1) if biases else None)
     return x, params, normal((T, H), F32)
 
 
@@ -222,6 +224,9 @@ def case_layer():
     for fused in (True, False):
         x, params, ct = layer_problem(32, 8, 6, 8, F32, shared=True)
         check_layer(f"moe_layer fused={fused}, shared expert, losses", x, params, ct,
+                    dict(k=2, fused=fused, **losses))
+        x, params, ct = layer_problem(32, 8, 6, 8, F32, biases=True)
+        check_layer(f"moe_layer fused={fused}, expert FFN biases", x, params, ct,
                     dict(k=2, fused=fused, **losses))
         x, params, ct = layer_problem(16, 8, 5, 4, F32)
         routing = dict(k=2, score="sigmoid", num_groups=2, group_topk=1,

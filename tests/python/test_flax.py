@@ -18,10 +18,15 @@ def x_of(shape, dtype=F32, seed=1):
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
-@pytest.mark.parametrize("shared_ffn", [0, 6], ids=["routed", "shared"])
-def test_module_is_moe_layer_on_its_weights(shared_ffn):
+@pytest.mark.parametrize("shared_ffn,use_bias", [(0, False), (6, False), (0, True)],
+                         ids=["routed", "shared", "biases"])
+def test_module_is_moe_layer_on_its_weights(shared_ffn, use_bias):
     kw = dict(aux_loss_coeff=0.1, z_loss_coeff=0.01)
-    layer = MoeLayer(8, 5, 4, 2, shared_ffn=shared_ffn, rngs=nnx.Rngs(0), **kw)
+    layer = MoeLayer(8, 5, 4, 2, shared_ffn=shared_ffn, use_bias=use_bias, rngs=nnx.Rngs(0),
+                     **kw)
+    if use_bias:  # zeros at first: made nonzero, so that a dropped bias would show
+        layer.b_in[...] = x_of((4, 10), seed=3)
+        layer.b_out[...] = x_of((4, 8), seed=4)
     x = x_of((3, 5, 8))  # [B, S, H]
     out, aux = layer(x)
     params = layer.params(F32)
@@ -31,6 +36,7 @@ def test_module_is_moe_layer_on_its_weights(shared_ffn):
         np.testing.assert_array_equal(got, want)
     assert params.w_in.shape == (4, 8, 10) and params.w_out.shape == (4, 5, 8)
     assert (params.shared_in is None) == (shared_ffn == 0)
+    assert (params.b_in is None) == (not use_bias) and (params.b_out is None) == (not use_bias)
 
     # Gradients to every weight through nnx.grad equal moe_layer's through jax.grad.
     ct = x_of((3, 5, 8), seed=2)
@@ -49,13 +55,16 @@ def test_module_is_moe_layer_on_its_weights(shared_ffn):
 
 
 def test_weights_are_initialised_by_fan_in_with_partitioning_metadata():
-    layer = MoeLayer(64, 16, 4, 2, shared_ffn=8, rngs=nnx.Rngs(0), expert_axis="exp")
+    layer = MoeLayer(64, 16, 4, 2, shared_ffn=8, use_bias=True, rngs=nnx.Rngs(0),
+                     expert_axis="exp")
     specs = nnx.get_partition_spec(nnx.state(layer, nnx.Param))
     assert tuple(specs["router"].get_value()) == ("embed", None)
     assert tuple(specs["w_in"].get_value()) == ("exp", "embed", "mlp")
     assert tuple(specs["w_out"].get_value()) == ("exp", "mlp", "embed")
     assert tuple(specs["shared_in"].get_value()) == ("embed", "mlp")
     assert tuple(specs["shared_out"].get_value()) == ("mlp", "embed")
+    assert tuple(specs["b_in"].get_value()) == ("exp", "mlp")
+    assert tuple(specs["b_out"].get_value()) == ("exp", "embed")
     # Lecun normal per expert: each expert's matrix has variance about 1 / fan_in, which is H for
     # w_in and F for w_out (not E * H: the experts are a batch axis).
     w_in, w_out = layer.w_in[...], layer.w_out[...]

@@ -45,7 +45,7 @@ def ref_layer(x, params, *, k, keep=None, activation_kind="swiglu", aux_loss_coe
     the k copies combined with the routing weights (times keep, the capacity's mask [T, k]).
     Returns (out, aux_loss, z_loss, tokens_per_expert)."""
     x32 = x.astype(F32)
-    router, w_in, w_out, shared_in, shared_out = (
+    router, w_in, w_out, shared_in, shared_out, b_in, b_out = (
         None if w is None else w.astype(F32) for w in params)
     T, E = x.shape[0], router.shape[1]
     logits = x32 @ router
@@ -55,8 +55,13 @@ def ref_layer(x, params, *, k, keep=None, activation_kind="swiglu", aux_loss_coe
     order = jnp.argsort(flat, stable=True)
     sizes = jnp.bincount(flat, length=E).astype(jnp.int32)
     xs = x32[order // k]
-    y = jax.lax.ragged_dot(ref_ffn(jax.lax.ragged_dot(xs, w_in, sizes), activation_kind), w_out,
-                           sizes)
+    expert = flat[order]  # the expert of each sorted row
+    h = jax.lax.ragged_dot(xs, w_in, sizes)
+    if b_in is not None:
+        h = h + b_in[expert]
+    y = jax.lax.ragged_dot(ref_ffn(h, activation_kind), w_out, sizes)
+    if b_out is not None:
+        y = y + b_out[expert]
     y_tok = jnp.zeros_like(y).at[order].set(y).reshape(T, k, -1)
     out = jnp.einsum("tk,tkh->th", w, y_tok)
     if shared_in is not None:
@@ -106,6 +111,11 @@ CASES = [
      dict(score="sqrtsoftplus", activation_kind="geglu", aux_loss_coeff=1.0)),
     ("sigmoid_gelu", 8, 6, 5, 4, 1, 0, dict(score="sigmoid", activation_kind="gelu")),
     ("relu", 6, 5, 4, 4, 2, 2, dict(activation_kind="relu", z_loss_coeff=0.5)),
+    # The expert FFNs' biases (gpt-oss), together and each alone.
+    ("gpt_oss_biases", 7, 9, 9, 8, 4, 0, dict(biases=("b_in", "b_out"), z_loss_coeff=0.2)),
+    ("b_in_shared_geglu", 9, 10, 7, 6, 2, 3,
+     dict(biases=("b_in",), activation_kind="geglu", aux_loss_coeff=1.0)),
+    ("b_out_gelu", 8, 6, 5, 4, 2, 0, dict(biases=("b_out",), activation_kind="gelu")),
 ]
 
 
@@ -118,6 +128,12 @@ def setup(T, H, F, E, Fs, opts, dtype=F32, seed=0):
     params = make_params(kp, H, F, E, Fs, gated, dtype)
     if opts.pop("bias", False):
         opts["expert_bias"] = 0.1 * jax.random.normal(kb, (E,))
+    biases = opts.pop("biases", ())  # the expert FFNs' biases: "b_in", "b_out" or both
+    kbi, kbo = jax.random.split(kb)
+    if "b_in" in biases:
+        params = params._replace(b_in=jax.random.normal(kbi, params.w_in.shape[::2]).astype(dtype))
+    if "b_out" in biases:
+        params = params._replace(b_out=jax.random.normal(kbo, (E, H)).astype(dtype))
     g = jax.random.normal(kg, (T, H))
     return x, params, opts, g
 
@@ -162,10 +178,12 @@ def test_bf16_follows_f32(fused):
     T, H, F, E, k = 33, 64, 24, 8, 2
     x, params, _, g = setup(T, H, F, E, 16, {}, dtype=F32, seed=3)
     x16 = x.astype(BF16)
-    params16 = mj.MoeParams(*(w.astype(BF16) for w in params))
+    params = params._replace(b_in=0.1 * jax.random.normal(jax.random.key(4), (E, 2 * F)),
+                             b_out=0.1 * jax.random.normal(jax.random.key(5), (E, H)))
+    params16 = jax.tree.map(lambda w: w.astype(BF16), params)
     # The f32 layer on the bf16-rounded inputs is the target; bf16 rounds each intermediate.
     x32 = x16.astype(F32)
-    params32 = mj.MoeParams(*(w.astype(F32) for w in params16))
+    params32 = jax.tree.map(lambda w: w.astype(F32), params16)
     want, _ = mj.moe_layer(x32, params32, k=k, fused=fused)
     got, _ = mj.moe_layer(x16, params16, k=k, fused=fused)
     assert got.dtype == BF16
@@ -287,6 +305,14 @@ def test_named_errors():
         mj.moe_layer(x, params, k=5)
     with pytest.raises(ValueError, match="activation_kind"):
         mj.moe_layer(x, params, k=2, activation_kind="tanh")
+    # The expert biases: [E, 2F | F] and [E, H] in x's dtype.
+    with pytest.raises(ValueError, match=r"params.b_in must be \[E, 2F \| F\] = \[4, 6\], got "
+                                         r"\(4, 3\)"):
+        mj.moe_layer(x, params._replace(b_in=jnp.zeros((4, 3))), k=2)
+    with pytest.raises(ValueError, match=r"params.b_out must be \[E, H\] = \[4, 8\]"):
+        mj.moe_layer(x, params._replace(b_out=jnp.zeros((8,))), k=2)
+    with pytest.raises(TypeError, match="params.b_out is bfloat16, x is float32"):
+        mj.moe_layer(x, params._replace(b_out=jnp.zeros((4, 8), BF16)), k=2)
 
 
 @pytest.mark.parametrize("kw,match", [
@@ -381,6 +407,10 @@ FUSED_CASES = [
     ("sigmoid_groups_bias", 21, 16, 5, 16, 4, 5,
      dict(score="sigmoid", num_groups=4, group_topk=2, scaling_factor=2.5, bias=True,
           aux_loss_coeff=1.0, z_loss_coeff=0.5, activation_kind="geglu")),
+    # The expert FFNs' biases on padding rows (alignment, and a capacity padded to it).
+    ("biases_aligned", 17, 12, 7, 6, 3, 0, dict(align_size=4, biases=("b_in", "b_out"))),
+    ("biases_capacity", 23, 12, 7, 6, 2, 5,
+     dict(capacity_factor=0.8, align_size=3, biases=("b_in", "b_out"), aux_loss_coeff=0.1)),
 ]
 
 
@@ -462,7 +492,7 @@ def test_fused_backward_reads_a_residual_moved_to_another_alignment():
     x, params, _, g = setup(13, H, F, E, 0, {}, seed=4)
     attrs = _layer_attrs(H, F, E, k, aux_loss_coeff=0.1)
     none = jnp.zeros((0,), F32)
-    weights = (params.router, params.w_in, params.w_out, none, none)
+    weights = (params.router, params.w_in, params.w_out, none, none, none, none)
     _, residuals = jax.jit(_layer_fwd, static_argnums=3)(x, weights, none, attrs)
     saved = np.asarray(residuals[3])
     offset = int(saved[:8].view(np.uint64)[0])
@@ -488,7 +518,7 @@ def test_fused_errors():
     attrs = _layer_attrs(8, 3, 4, 2)
     saved_bytes, _, scratch_bytes = _ffi.layer_workspace(attrs, 5, False)
     none = jnp.zeros((0,), F32)
-    weights = (params.router, params.w_in, params.w_out, none, none)
+    weights = (params.router, params.w_in, params.w_out, none, none, none, none)
     results = [(a.shape, a.dtype) for a in (x, *weights)] + [((scratch_bytes,), jnp.uint8)]
     with pytest.raises(Exception, match="saved is not a residual of moekit's moe_layer forward"):
         jax.block_until_ready(_ffi.call(

@@ -17,6 +17,10 @@ import pytest
 from moekit.jax import ep, ep_mpi
 
 HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from ep_problem import cases  # noqa: E402
+
+CASES = len(cases(2))  # ep_problem's cases, each run in f32 and bf16
 
 
 def test_block_rows():
@@ -48,11 +52,11 @@ def test_sharded_layer_equals_the_one_device_layer(devices):
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    # Seven cases, f32 and bf16, with each of XLA's exchanges, each on every device; and the
+    # Every case, f32 and bf16, with each of XLA's exchanges, each on every device; and the
     # three bad arguments.
     for exchange in ("all_to_all", "ragged"):
         assert sum(line.startswith("ok ") and f"on {devices} devices ({exchange})" in line
-                   for line in lines) == 14, exchange
+                   for line in lines) == 2 * CASES, exchange
     assert sum(line.startswith("ok error: ") for line in lines) == 3
     assert lines[-1] == "0 failed"
 
@@ -99,4 +103,4 @@ def test_mpi_exchange_under_mpiexec_equals_the_one_device_layer(processes):
         assert f"ok process {i} of {processes}" in out, out
     assert out.count("ok auto is mpi") == processes, out
     assert out.count("ok error on a mesh in the wrong order") == processes, out
-    assert out.count("(mpi): out") == processes * 14, out
+    assert out.count("(mpi): out") == processes * 2 * CASES, out

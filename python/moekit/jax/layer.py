@@ -21,12 +21,17 @@ __all__ = ["MoeAux", "MoeParams", "activation", "moe_layer"]
 
 
 class MoeParams(NamedTuple):
-    """The layer's weights, all in x's dtype. Gated activations fuse gate and up in w_in."""
+    """The layer's weights, all in x's dtype. Gated activations fuse gate and up in w_in. The
+    expert FFNs' biases (gpt-oss; MaxText's w0 / w1 / wo biases) are optional, each on its own:
+    h = x @ w_in[e] + b_in[e], y = a @ w_out[e] + b_out[e] on the rows of expert e (the matmul
+    rounded to x's dtype, the bias added in float32 and the sum rounded again)."""
     router: jax.Array                       # [H, E]
     w_in: jax.Array                         # [E, H, 2F] (gate | up) gated, [E, H, F] otherwise
     w_out: jax.Array                        # [E, F, H]
     shared_in: Optional[jax.Array] = None   # [H, 2Fs] | [H, Fs]: the shared expert, or None
     shared_out: Optional[jax.Array] = None  # [Fs, H]
+    b_in: Optional[jax.Array] = None        # [E, 2F] | [E, F]: the experts' first bias, or None
+    b_out: Optional[jax.Array] = None       # [E, H]
 
 
 class MoeAux(NamedTuple):
@@ -140,8 +145,9 @@ _activation.defvjp(_activation_fwd, _activation_bwd)
 
 
 # The whole layer, one FFI call each way: weights = (router, w_in, w_out, shared_in,
-# shared_out), the shared pair as [0] placeholders without a shared expert; bias the routing's
-# expert_bias ([0]: none); attrs the handlers' LayerAttrs (_ffi.layer_attrs).
+# shared_out, b_in, b_out), the shared pair as [0] placeholders without a shared expert and a
+# bias as [0] where there is none; bias the routing's expert_bias ([0]: none); attrs the
+# handlers' LayerAttrs (_ffi.layer_attrs).
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _layer(x, weights, bias, attrs):
     return _layer_fwd(x, weights, bias, attrs)[0]
@@ -271,15 +277,15 @@ def _steps_bwd_body(x, *args, split, options, losses):
 
 # The layer on each device's tokens under a sharded jit: x, out, d_out and the saved residual
 # split by tokens, the weights whole (replicated), the counts and the weight gradients summed.
-_X, _W = ("t", None), (None,) * 6  # x; the five weights and the expert bias
+_X, _W = ("t", None), (None,) * 8  # x; the seven weights and the expert bias
 _FUSED_FWD = ts.token_primitive(ts.TokenOp("moekit_layer_fwd", _fused_fwd_body, (_X,) + _W,
                                            (_X, None, ("t", None))))
 _FUSED_BWD = ts.token_primitive(ts.TokenOp("moekit_layer_bwd", _fused_bwd_body,
-                                           (_X,) + _W + (("t", None), _X), (_X,) + _W[:5]))
+                                           (_X,) + _W + (("t", None), _X), (_X,) + _W[:7]))
 _STEPS_FWD = ts.token_primitive(ts.TokenOp("moe_layer_steps_fwd", _steps_fwd_body, (_X,) + _W,
                                            (_X, None, (), ())))
 _STEPS_BWD = ts.token_primitive(ts.TokenOp("moe_layer_steps_bwd", _steps_bwd_body,
-                                           (_X,) + _W + (_X, (), ()), (_X,) + _W[:5]))
+                                           (_X,) + _W + (_X, (), ()), (_X,) + _W[:7]))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -359,8 +365,9 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
       x: ``[..., H]`` float32 or bfloat16: the T tokens of all leading axes (``[T, H]``, or
         MaxText's ``[B, S, H]``); the losses and counts are over all of them.
       params: `MoeParams`, or a mapping with its names (a dict, as Flax and Equinox hold
-        weights: router, w_in, w_out, and shared_in, shared_out or neither), every weight in
-        x's dtype. Gradients come back in the same structure.
+        weights: router, w_in, w_out, and shared_in, shared_out or neither, and the optional
+        expert biases b_in ``[E, 2F | F]`` and b_out ``[E, H]``), every weight in x's dtype.
+        Gradients come back in the same structure.
       k, score, pre_softmax, num_groups, group_topk, scaling_factor, expert_bias: the routing,
         as in `route`.
       activation_kind: "swiglu" (default), "geglu", "gelu" or "relu"; also the shared expert's.
@@ -509,6 +516,20 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
         for name, w in (("shared_in", shared_in), ("shared_out", shared_out)):
             if w.dtype != x.dtype:
                 raise TypeError(f"{fn}: params.{name} is {w.dtype}, x is {x.dtype}")
+    biases = []
+    for name, value, want in (("b_in", params.b_in, (E_loc, want_in[2])),
+                              ("b_out", params.b_out, (E_loc, H))):
+        if value is None:
+            biases.append(None)
+            continue
+        b = jnp.asarray(value)
+        if tuple(b.shape) != want:
+            raise ValueError(f"{fn}: params.{name} must be [{experts}, "
+                             f"{'2F | F' if name == 'b_in' else 'H'}] = {list(want)}, got "
+                             f"{tuple(b.shape)}")
+        if b.dtype != x.dtype:
+            raise TypeError(f"{fn}: params.{name} is {b.dtype}, x is {x.dtype}")
+        biases.append(b)
 
     # Every option checked here, so that an error names moe_layer, not a step.
     bias, route_attrs_ = route_attrs(fn, E, k, score, pre_softmax, num_groups, group_topk,
@@ -531,7 +552,7 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
                  drop_policy=drop_policy, align_size=align_size, batch_invariant=batch_invariant)
     none = jnp.zeros((0,), x.dtype)
     weights = (router, w_in, w_out, shared_in if shared else none,
-               shared_out if shared else none)
+               shared_out if shared else none, *(none if b is None else b for b in biases))
     lc = _Losses(aux_loss_coeff, sequences, z_loss_coeff)
     # Under jit on several devices each device runs the layer on its own tokens, wherever they
     # are sharded (_layer_split). Not with a capacity, which ranks every token of an expert:
@@ -650,11 +671,22 @@ def _losses(logits, o, lc, axes=(), pieces=1):
     return (jax.lax.psum(aux, axes), jax.lax.psum(z, axes)) if axes else (aux, z)
 
 
+def _add_group_bias(rows, sizes, bias):
+    """rows [R, n] + bias [G, n] row g on the rows of group g (sizes [G]), in float32 and
+    rounded once to rows' dtype; rows past the groups stay as they are (0), as the C++ layer's
+    add_group_bias does."""
+    ends = jnp.cumsum(sizes)
+    r = jnp.arange(rows.shape[0], dtype=ends.dtype)
+    group = jnp.minimum(jnp.searchsorted(ends, r, side="right"), bias.shape[0] - 1)  # [R]
+    summed = (rows.astype(jnp.float32) + bias[group].astype(jnp.float32)).astype(rows.dtype)
+    return jnp.where((r < ends[-1])[:, None], summed, rows)
+
+
 def _steps(x, weights, bias, o, ep_axis=None, exchange=None):
     """The layer step by step on x [T, H]: (out [T, H], tokens_per_expert [E], logits [T, E]
     f32). weights as _layer's; bias the expert bias ([0]: none). With ep_axis, exchange is
     (ep_exchange, ranks), and tokens_per_expert is the whole batch's."""
-    router, w_in, w_out, shared_in, shared_out = weights
+    router, w_in, w_out, shared_in, shared_out, b_in, b_out = weights
     T, E = x.shape[0], router.shape[1]
     logits = _dense(x, router, o.batch_invariant)  # [T, E]
     r = _route_of(logits, bias, o)
@@ -675,9 +707,13 @@ def _steps(x, weights, bias, o, ep_axis=None, exchange=None):
         tokens_per_expert = jax.lax.psum(tokens_per_expert, ep_axis)
     # [rows, 2F | F]; 0 past the groups
     h = ragged_dot(rows, w_in, sizes, batch_invariant=o.batch_invariant)
+    if b_in.size:
+        h = _add_group_bias(h, sizes, b_in)
     # The groups' rows only (on a GPU every row: those past the groups are 0 and map to 0).
     a = _activation(h, jnp.sum(sizes).astype(jnp.int32), o.activation_kind, True)
     y = ragged_dot(a, w_out, sizes, batch_invariant=o.batch_invariant)  # [rows, H]
+    if b_out.size:
+        y = _add_group_bias(y, sizes, b_out)
     if ep_axis is not None:
         y = combine(y, plan, ep_axis)  # [N, H], back in p.x's order
     out = unpermute(y, p, r.topk_weights)  # [T, H]
