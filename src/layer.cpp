@@ -726,16 +726,14 @@ Status check_backward_args(const char* op, const Dims& d, const MoeLayerWeights&
   // The biases' gradients exactly where the weights have biases.
   for (auto [name, g, w] : {std::tuple{"grads.b_in", grads.b_in, weights.b_in},
                             std::tuple{"grads.b_out", grads.b_out, weights.b_out}}) {
-    if (present(w) && !present(g)) {
-      return Status::invalid_argument(op, name, "absent",
-                                      "the weights have this bias: its gradient is an output");
+    if (present(w) != present(g)) {
+      return present(w) ? Status::invalid_argument(op, name, "absent",
+                                                   "the weights have this bias: its gradient is "
+                                                   "an output")
+                        : Status::invalid_argument(op, name, shape_str(g),
+                                                   "given, but the weights have no such bias");
     }
-    if (present(w)) {
-      MOEKIT_RETURN_IF_ERROR(check_grad(op, name, g, w));
-    } else if (present(g)) {
-      return Status::invalid_argument(op, name, shape_str(g),
-                                      "given, but the weights have no such bias");
-    }
+    if (present(w)) MOEKIT_RETURN_IF_ERROR(check_grad(op, name, g, w));
   }
   return {};
 }

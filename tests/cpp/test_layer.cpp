@@ -710,7 +710,7 @@ Status forward_backward(LayerRun& run, Grads* grads = nullptr) {
       moe_layer_forward(run.x.in(), run.weights(), run.cfg, saved, fwd, {run.out.mut()}));
   if (!grads) return {};
   return moe_layer_backward(run.x.in(), run.weights(), run.cfg, saved, run.d_out.in(), 0, 0, bwd,
-                            grads->d_x.mut(), grads->views(run.c.Fs > 0));
+                            grads->d_x.mut(), grads->views(run.c.Fs > 0, run.c.b_in, run.c.b_out));
 }
 
 TEST(Layer, Bf16FollowsTheF32Layer) {
@@ -766,13 +766,29 @@ TEST(Activation, ReluHasNoGradientAtZeroAndEveryActivationMapsZeroToZero) {
 
 TEST(Layer, EveryTokenOnOneExpertLeavesTheOthersEmpty) {
   // A zero router gives equal logits: every token's top-1 is expert 0 (ties: lower index), and
-  // experts 1..E-1 get no rows. Their weight gradients are exactly 0.
-  const LayerCase c{.name = "one_group", .T = 9, .H = 5, .F = 3, .E = 4, .k = 1};
+  // experts 1..E-1 get no rows. Their weight gradients, and their biases', are exactly 0; expert
+  // 0's bias gradients are the column sums of d_out (b_out) and of d_h (b_in, not 0).
+  const LayerCase c{
+      .name = "one_group", .T = 9, .H = 5, .F = 3, .E = 4, .k = 1, .b_in = true, .b_out = true};
   LayerRun run(c, DType::kF32, 3);
   run.router.fill(0.0f);
   Grads g(run, DType::kF32);
   g.w_in.fill(7.0f);
+  g.b_in.fill(7.0f);
+  g.b_out.fill(7.0f);
   ASSERT_TRUE(forward_backward(run, &g).ok());
+  for (int64_t j = 0; j < c.H; ++j) {  // one expert, weight 1 (k = 1): d_y = d_out
+    double sum = 0;
+    for (int64_t t = 0; t < c.T; ++t) sum += run.d_out.get({t, j});
+    EXPECT_NEAR(g.b_out.get({0, j}), sum, 1e-5) << j;
+  }
+  for (int64_t e = 1; e < c.E; ++e) {
+    for (int64_t j = 0; j < c.H; ++j) ASSERT_EQ(g.b_out.get({e, j}), 0.0) << e;
+    for (int64_t j = 0; j < 2 * c.F; ++j) ASSERT_EQ(g.b_in.get({e, j}), 0.0) << e;
+  }
+  double b_in_used = 0;
+  for (int64_t j = 0; j < 2 * c.F; ++j) b_in_used += std::fabs(g.b_in.get({0, j}));
+  EXPECT_GT(b_in_used, 0.0);
   const Oracle oracle = run.oracle(0, 0);
   const Params p = run.params();
   const Choices ch = oracle.decide(p);
@@ -794,12 +810,16 @@ TEST(Layer, NoTokens) {
                     .k = 2,
                     .Fs = 2,
                     .aux_coeff = 0.1f,
-                    .z_coeff = 0.1f};
+                    .z_coeff = 0.1f,
+                    .b_in = true,
+                    .b_out = true};
   LayerRun run(c, DType::kF32, 1);
   Grads g(run, DType::kF32);
   g.w_in.fill(7.0f);
   g.router.fill(7.0f);
   g.shared_in.fill(7.0f);
+  g.b_in.fill(7.0f);
+  g.b_out.fill(7.0f);
   const Status s = forward_backward(run, &g);
   ASSERT_TRUE(s.ok()) << s.message();
   // The losses of no tokens are 0, and no weight gets gradient.
@@ -811,7 +831,7 @@ TEST(Layer, NoTokens) {
           .ok());
   EXPECT_EQ(aux, 0.0f);
   EXPECT_EQ(z, 0.0f);
-  for (const HostTensor* t : {&g.router, &g.shared_in}) {
+  for (const HostTensor* t : {&g.router, &g.shared_in, &g.b_in, &g.b_out}) {
     for (int64_t i = 0; i < static_cast<int64_t>(t->bytes.size() / 4); ++i) {
       ASSERT_EQ(t->get_flat(i), 0.0);
     }
