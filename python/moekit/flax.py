@@ -32,11 +32,10 @@ class ExpertBias(nnx.Variable):
     moves it."""
 
 
-def _experts_init(scale_axis):
-    """A lecun-normal initializer for stacked expert weights [E, fan_in, fan_out]: each expert's
-    matrix scaled by its own fan-in."""
-    return nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
-                                             in_axis=scale_axis, out_axis=-1, batch_axis=(0,))
+# Lecun normal for stacked expert weights [E, fan_in, fan_out]: each expert's matrix scaled by
+# its own fan-in.
+_EXPERTS_INIT = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2,
+                                                  out_axis=-1, batch_axis=(0,))
 
 
 class MoeLayer(nnx.Module):
@@ -100,8 +99,8 @@ class MoeLayer(nnx.Module):
                              eager_sharding=eager)
 
         self.router = param(lecun, (H, E), (embed_axis, None))
-        self.w_in = param(_experts_init(-2), (E, H, width), (expert_axis, embed_axis, mlp_axis))
-        self.w_out = param(_experts_init(-2), (E, F, H), (expert_axis, mlp_axis, embed_axis))
+        self.w_in = param(_EXPERTS_INIT, (E, H, width), (expert_axis, embed_axis, mlp_axis))
+        self.w_out = param(_EXPERTS_INIT, (E, F, H), (expert_axis, mlp_axis, embed_axis))
         shared_width = 2 * shared_ffn if activation_kind in _GATED else shared_ffn
         self.shared_in = (param(lecun, (H, shared_width), (embed_axis, mlp_axis))
                           if shared_ffn else None)

@@ -202,12 +202,13 @@ def check_layer(name, x, params, ct, kw, exact_out=False, tol=1e-5, sharded_dims
         out, aux, (d_x, d_params) = got
         w_out, w_aux, (w_d_x, w_d_params) = want
         counts = w_aux.tokens_per_expert
-        if kw.get("align_size"):
-            a, pieces = kw["align_size"], x.shape[0] // int(np.prod(
-                [MESH.shape[n] for n in ((axes,) if isinstance(axes, str) else axes)]))
-            counts = sum(-(-mj.moe_layer(piece, params, **{**kw, "align_size": None})[1]
-                           .tokens_per_expert // a) * a
-                         for piece in np.split(np.asarray(x), x.shape[0] // pieces))
+        if kw.get("align_size"):  # each piece's own counts, padded to the alignment, summed
+            a = kw["align_size"]
+            pieces = int(np.prod([MESH.shape[n] for n in
+                                  ((axes,) if isinstance(axes, str) else axes)]))
+            unaligned = {**kw, "align_size": None}
+            counts = sum(-(-mj.moe_layer(piece, params, **unaligned)[1].tokens_per_expert // a)
+                         * a for piece in np.split(np.asarray(x), pieces))
         equal(aux.tokens_per_expert, counts, what + ": tokens_per_expert")
         equal(out, w_out, what + ": out", exact_out, rtol=tol, atol=tol)
         equal((aux.aux_loss, aux.z_loss), (w_aux.aux_loss, w_aux.z_loss), what + ": losses",
@@ -246,6 +247,19 @@ def case_layer():
                     sharded_dims=3)
     x, params, ct = layer_problem(32, 8, 6, 8, BF16, shared=True)
     check_layer("moe_layer bf16", x, params, ct, dict(k=2, **losses), tol=2e-2)
+    # Every token on one expert (a router whose column 2 dominates): the other experts' groups
+    # are empty on every device, their gradients (and biases') 0.
+    x, params, ct = layer_problem(32, 8, 6, 8, F32, biases=True)
+    params = params._replace(router=jnp.zeros((8, 8), F32).at[:, 2].set(1.0))
+    for fused in (True, False):
+        check_layer(f"moe_layer fused={fused}, every token on one expert", jnp.abs(x), params, ct,
+                    dict(k=1, fused=fused, **losses))
+    # No tokens: nothing to split (the one-device call), zeros and the shapes back.
+    for fused in (True, False):
+        f = jax.jit(lambda x, p: mj.moe_layer(x, p, k=2, fused=fused, **losses))
+        out, aux = f(jnp.zeros((0, 8), F32), params)
+        assert out.shape == (0, 8) and int(aux.tokens_per_expert.sum()) == 0
+        assert float(aux.aux_loss) == 0.0 and float(aux.z_loss) == 0.0
 
 
 def case_layer_batch_invariant():

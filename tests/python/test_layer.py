@@ -409,6 +409,9 @@ FUSED_CASES = [
           aux_loss_coeff=1.0, z_loss_coeff=0.5, activation_kind="geglu")),
     # The expert FFNs' biases on padding rows (alignment, and a capacity padded to it).
     ("biases_aligned", 17, 12, 7, 6, 3, 0, dict(align_size=4, biases=("b_in", "b_out"))),
+    ("biases_one_group", 19, 8, 5, 4, 1, 0,
+     dict(one_group=True, biases=("b_in", "b_out"), aux_loss_coeff=0.1)),
+    ("biases_no_tokens", 0, 8, 5, 4, 2, 0, dict(biases=("b_in", "b_out"))),
     ("biases_capacity", 23, 12, 7, 6, 2, 5,
      dict(capacity_factor=0.8, align_size=3, biases=("b_in", "b_out"), aux_loss_coeff=0.1)),
 ]
@@ -432,7 +435,7 @@ def test_fused_equals_the_steps(case):
 
     (l1, (out1, aux1)), g1 = run(True)
     (l2, (out2, aux2)), g2 = run(False)
-    if case[0] == "one_group":
+    if case[0] in ("one_group", "biases_one_group"):
         assert aux1.tokens_per_expert.tolist() == [0, 0, T, 0]
     np.testing.assert_array_equal(aux1.tokens_per_expert, aux2.tokens_per_expert)
     scale = float(jnp.max(jnp.abs(out2), initial=0.0)) + 1e-6
@@ -551,6 +554,28 @@ def test_bench_script_runs_and_prints_its_json():
     assert "moekit/cpp" in done.stderr and "lax/moekit" in done.stderr
 
 
+def test_bench_summary_takes_each_rounds_ratio_or_the_medians(tmp_path):
+    """bench/summarize_jax_layer.py: where both layers ran in one process, the median of each
+    round's own ratio; where each ran in processes of its own, each JAX round over the C++
+    rounds' median."""
+    row = dict(op="jax_layer", tokens=4)
+    both = [{**row, "preset": "both", "pass": "fwd", "moekit_rounds_ms": [10.0, 30.0, 12.0],
+             "cpp_rounds_ms": [10.0, 10.0, 10.0]}]
+    alone = [[{**row, "preset": "apart", "pass": "fwd", "moekit_rounds_ms": [22.0]}],
+             [{**row, "preset": "apart", "pass": "fwd", "cpp_rounds_ms": [10.0]}],
+             [{**row, "preset": "apart", "pass": "fwd", "moekit_rounds_ms": [26.0]}],
+             [{**row, "preset": "apart", "pass": "fwd", "cpp_rounds_ms": [30.0]}]]
+    for i, rows in enumerate([both] + alone):
+        (tmp_path / f"{i}.json").write_text(json.dumps(rows))
+    root = pathlib.Path(__file__).parents[2]
+    done = subprocess.run([sys.executable, str(root / "bench" / "summarize_jax_layer.py"),
+                           str(tmp_path)], capture_output=True, text=True, check=True)
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()[1:]}
+    assert "1.20x  1.00, 3.00, 1.20 (in one process)" in lines["both"]
+    # cpp's median of 10 and 30 is 20: 22 / 20, 26 / 20.
+    assert "1.20x  1.10, 1.30 (processes alternating" in lines["apart"]
+
+
 def test_bench_script_skips_a_preset_over_its_memory_limit():
     # --preset all on this machine runs every preset but deepseek-v3 (22 GiB of bf16 expert
     # weights): under a limit below every preset's needs, each is skipped, named, and nothing is
@@ -640,6 +665,32 @@ def test_per_sequence_loss_against_jnp(B, S, fused):
     if B > 1 and S > 1:  # the batch-level loss differs: the option is not ignored
         batch = mj.moe_layer(xs, params, k=k, aux_loss_coeff=coeff, fused=fused)[1].aux_loss
         assert abs(float(batch) - float(got[0])) > 1e-6
+
+
+def test_token_axes_errors():
+    """token_axes names the manual axes the tokens are split over besides ep_axis: an axis that
+    is not one, ep_axis itself, a repeat, or a non-name is refused, naming moe_layer."""
+    x, params, _, _ = setup(4, 8, 3, 4, 0, {})
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "ep"))
+    spec = mj.MoeParams(jax.P(), jax.P("ep"), jax.P("ep"))
+
+    def call(**kw):
+        return jax.shard_map(lambda x, p: mj.moe_layer(x, p, k=2, **kw)[0], mesh=mesh,
+                             in_specs=(jax.P(("data", "ep")), spec),
+                             out_specs=jax.P(("data", "ep")))(x, params)
+    with pytest.raises(ValueError, match="moe_layer: token_axes = 'ep' names ep_axis 'ep'"):
+        call(ep_axis="ep", token_axes="ep")
+    with pytest.raises(ValueError, match="'fsdp' is not a manual axis"):
+        call(ep_axis="ep", token_axes=("data", "fsdp"))
+    with pytest.raises(ValueError, match="names an axis twice"):
+        call(token_axes=("data", "data"))
+    with pytest.raises(TypeError, match="must be a mesh axis name or a tuple of them"):
+        call(token_axes=(0,))
+    with pytest.raises(ValueError, match="is not a manual axis"):  # outside shard_map
+        mj.moe_layer(x, params, k=2, token_axes="data")
+    # Over axes of size 1 the layer is the one-device layer.
+    np.testing.assert_allclose(call(ep_axis="ep", token_axes="data"),
+                               mj.moe_layer(x, params, k=2)[0], rtol=1e-6, atol=1e-6)
 
 
 def test_per_sequence_loss_needs_sequences():

@@ -254,19 +254,15 @@ def _steps_fwd_body(x, *weights_and_bias, split, options, losses):
 def _steps_bwd_body(x, *args, split, options, losses):
     """The steps' forward again on this piece's tokens, and its gradients (the steps keep their
     residuals in arrays of shapes the piece's tokens decide, which no result of fixed shape can
-    carry from the forward). The losses are the sums of the pieces' shares: each share's
-    cotangent is the loss's, the batch's counts (no gradient) taken outside."""
+    carry from the forward). The losses are the sums of the pieces' shares, so each share's
+    cotangent is the loss's; the batch's counts (integers: no gradient) are summed inside."""
     *weights, bias, d_out, d_aux, d_z = args
     lc = _piece_losses(losses, split)
-    counts = None
-    if lc.aux_loss_coeff:
-        logits = _dense(x, weights[0], options.batch_invariant)
-        counts = _aux_counts(logits, options, lc, split.axes)[1]
 
     def layer(x, weights):
         out, _, logits = _steps(x, weights, bias, options)
-        scores = (aux_loss_scores(logits, options.k, score=options.score)[0]
-                  if lc.aux_loss_coeff else None)
+        scores, counts = (_aux_counts(logits, options, lc, split.axes) if lc.aux_loss_coeff
+                          else (None, None))
         return (out, *_loss_shares(logits, scores, counts, options, lc, split.count))
 
     _, vjp = jax.vjp(layer, x, tuple(weights))
@@ -330,7 +326,8 @@ _layer_split.defvjp(_layer_split_fwd, _layer_split_bwd)
 
 def _as_params(fn, params):
     """params as a MoeParams: one already, or a mapping with MoeParams' names (a dict, a Flax or
-    Equinox tree), router, w_in and w_out required, shared_in and shared_out optional."""
+    Equinox tree), router, w_in and w_out required, shared_in, shared_out, b_in and b_out
+    optional."""
     if isinstance(params, MoeParams):
         return params
     if not isinstance(params, collections.abc.Mapping):
