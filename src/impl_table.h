@@ -33,16 +33,20 @@ struct Implementation {
   // asked for by name and does not.
   bool (*takes)(const Problem&) = nullptr;
   const char* needs = "";
+  // Whether kAuto picks it for a call it takes (null: every such call): a shape where another
+  // implementation further down the table runs faster.
+  bool (*picks)(const Problem&) = nullptr;
 };
 
-// Runs the first implementation in `table` that takes the problem (want == Impl::kAuto), or the
-// one named by `want`.
+// Runs the first implementation in `table` that takes the problem and picks it (want ==
+// Impl::kAuto), or the one named by `want`.
 template <typename Impl, typename Problem, size_t N>
 Status run_implementation(const char* op, const Implementation<Impl, Problem> (&table)[N],
                           Impl want, const Problem& problem) {
   for (const auto& impl : table) {
     const bool takes = impl.takes == nullptr || impl.takes(problem);
-    if (want == Impl::kAuto && takes) return impl.run(problem);
+    if (want == Impl::kAuto && takes && (impl.picks == nullptr || impl.picks(problem)))
+      return impl.run(problem);
     if (want != impl.id) continue;
     if (!takes) {
       return Status::unimplemented(op, fmt::format("impl {} does not take this call: it needs {}",

@@ -54,6 +54,13 @@ constexpr const char* kSm80Needs =
     ">= 8.0 and a build with sm_80";
 #endif
 
+// The streaming kernel's calls: on the CPU, outside the batch-invariant mode (where kAuto keeps
+// oneDNN's invariant schedule; asked for by name it would be invariant too, but not the same
+// bits). kAuto picks it where its groups are small enough (detail::stream_picks).
+bool stream_takes(const RowGroupedGemm& g) { return on_cpu(g) && !g.batch_invariant; }
+bool stream_picks(const RowGroupedGemm& g) { return detail::stream_picks(g); }
+constexpr const char* kStreamNeeds = "host buffers and the default mode (not batch_invariant)";
+
 // In order of preference; the CPU's reference last.
 constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
 #if MOEKIT_HAS_CUDA
@@ -61,6 +68,8 @@ constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
     {RaggedDotImpl::kCudaSm80, cu::row_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, kCudaNeeds},
 #endif
+    {RaggedDotImpl::kCpuStream, detail::row_grouped_gemm_stream, stream_takes, kStreamNeeds,
+     stream_picks},
     {RaggedDotImpl::kOneDnn, detail::row_grouped_gemm_onednn, on_cpu, kCpuNeeds},
     {RaggedDotImpl::kReference, detail::row_grouped_gemm_ref, on_cpu, kCpuNeeds},
 };

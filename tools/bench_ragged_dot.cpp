@@ -2,10 +2,14 @@
 // on a preset's real shapes (m = tokens * k routed rows, K = H, n = F, E groups), each beside a
 // dense matmul of the same FLOPs and operand layouts run in the same process (oneDNN, or cuBLAS
 // with --device cuda), and with --ep-shards S one shard's call (E/S local groups) beside the full
-// call.
+// call. On the CPU each call is also set against its floor (roofline.h): the weight bytes it must
+// read at the read rate, or its FLOPs at the dense rate, both measured in the same run; the
+// weights are cold by default (--cache), as in a model whose layers do not fit the caches.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <stdexcept>
@@ -15,6 +19,7 @@
 #include "benches.h"
 #include "moekit/ragged_dot.h"
 #include "presets.h"
+#include "roofline.h"
 
 namespace moekit::tools {
 namespace {
@@ -24,8 +29,20 @@ struct RaggedDotBenchOptions : BenchOptions {
   int shards = 1;
   int shard = -1;  // which shard's call to time; -1: the middle one
   double imbalance = 0.25;
-  bool invariant = false;  // also time the batch-invariant mode (CPU)
+  bool invariant = false;      // also time the batch-invariant mode (CPU)
+  std::string cache = "cold";  // cold: cycle through copies of the weights (CPU); warm: one copy
+  std::vector<std::string> passes{"fwd", "dlhs", "drhs"};
+  std::string impl = "auto";  // RaggedDotOptions::impl of the timed calls
 };
+
+RaggedDotImpl parse_impl(const std::string& name) {
+  if (name == "onednn") return RaggedDotImpl::kOneDnn;
+  if (name == "stream") return RaggedDotImpl::kCpuStream;
+  if (name == "reference") return RaggedDotImpl::kReference;
+  return RaggedDotImpl::kAuto;
+}
+
+constexpr int64_t kPeakRows = 4096;  // the dense matmul that measures the dense rate
 
 // One timed case: a pass (fwd, dlhs, drhs) of the full call or of one shard, beside the dense
 // matmul of all m rows run in the same loop.
@@ -37,6 +54,13 @@ struct RaggedDotRow {
   Timing invariant;                    // with --invariant: the same call in the mode
   double flops, dense_flops, full_ms;  // full_ms: the full call's time, for shard rows
   std::string dense_impl;
+  // The floor (CPU): the distinct local groups' weight bytes, the rates measured beside it, the
+  // copies of the weights cycled (1: warm, or the weights already larger than the caches).
+  double weight_bytes = 0;
+  Roofline roof;
+  int64_t copies = 1;
+  double floor_ms() const { return roof.floor_ms(weight_bytes, flops); }
+  bool has_floor() const { return roof.read_gbps > 0; }
 };
 
 // The problem of one token count: m routed rows over E groups (a stated subset of the preset's
@@ -56,9 +80,10 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
   const int64_t K = p.H, n = p.F;
   int64_t E = p.E, m = tokens * p.k;
+  const bool drhs = std::find(o.passes.begin(), o.passes.end(), "drhs") != o.passes.end();
   auto bytes = [&](int64_t e, int64_t mm) {
     return static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
-                               out_es * (mm * n + mm * K + e * K * n));
+                               out_es * (mm * n + mm * K + (drhs ? e * K * n : 0)));
   };
   const double limit = o.mem_limit_gib * (1ull << 30);
   if (bytes(E, m) > limit) {
@@ -89,16 +114,19 @@ RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
 
 // One pass timed on dev in one interleaved loop: call(E, 0, {}) (the full call), dense() beside
 // it, with o.shards > 1 one shard's call (E/shards local groups from group_offset
-// shard*E/shards), and with o.invariant each of those calls again in the batch-invariant mode;
-// `label` names the step in the progress line. Appends the full call's row and the shard's.
+// shard*E/shards), with o.invariant each of those calls again in the batch-invariant mode, and
+// read() (of read_bytes; may be empty), whose rate becomes the rows' read rate; `label` names the
+// step in the progress line. Appends the full call's row and the shard's.
 void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDotProblem& pr,
                int shard, RaggedDotRow full,
                const std::function<Status(int64_t, int32_t, const RaggedDotOptions&)>& call,
-               const std::function<void()>& dense, const std::string& label, Progress& progress,
+               const std::function<void()>& dense, const std::function<void()>& read,
+               double read_bytes, const std::string& label, Progress& progress,
                std::vector<RaggedDotRow>& rows) {
-  RaggedDotOptions invariant;
+  RaggedDotOptions plain, invariant;
+  plain.impl = parse_impl(o.impl);
   invariant.batch_invariant = true;
-  std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0, {})); }, dense};
+  std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0, plain)); }, dense};
   if (o.invariant) fns.push_back([&] { check(call(pr.E, 0, invariant)); });
   RaggedDotRow one = full;
   if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
@@ -108,15 +136,26 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
     one.local_rows =
         ragged_dot_flops(pr.sizes, static_cast<int32_t>(one.offset), one.e_loc, 1, 1) / 2;
     one.flops = 2.0 * one.local_rows * pr.K * pr.n;
+    int64_t touched = 0, touched_here = 0;  // groups with rows: all of them, the shard's
+    for (int64_t e = 0; e < pr.E; ++e) {
+      touched += pr.sizes[e] > 0;
+      touched_here += pr.sizes[e] > 0 && e >= one.offset && e < one.offset + one.e_loc;
+    }
+    one.weight_bytes = touched > 0 ? full.weight_bytes * touched_here / touched : 0;
     const auto offset = static_cast<int32_t>(one.offset);
-    fns.push_back([&, offset] { check(call(one.e_loc, offset, {})); });
+    fns.push_back([&, offset] { check(call(one.e_loc, offset, plain)); });
     if (o.invariant) fns.push_back([&, offset] { check(call(one.e_loc, offset, invariant)); });
   }
   progress.step(fmt::format("{}{}{}, interleaved", label,
                             o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : "",
                             o.invariant ? ", invariant mode" : ""));
+  if (read) fns.push_back(read);
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
   const size_t per_call = o.invariant ? 2 : 1;  // timings per call: the default, the mode
+  if (read) {                                   // the read rate of these very runs
+    full.roof.read_gbps = read_bytes / (t.back().median_ms * 1e6);
+    one.roof.read_gbps = full.roof.read_gbps;
+  }
   full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
   if (o.invariant) full.invariant = t[2];
   rows.push_back(full);
@@ -128,22 +167,105 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
   }
 }
 
+// The weights of a call: `copies` copies of [E, K, n] cycled call by call, copy c starting
+// c * span experts past the first (span: one past the last group with rows, so that the copies'
+// touched experts never share memory while the untouched ones may).
+struct Weights {
+  Mem mem;
+  int64_t copies = 1, span = 0, touched = 0;
+  size_t expert_bytes = 0;
+  int64_t next = 0;
+  void* data() { return mem.bytes_data() + ((next++) % copies) * span * expert_bytes; }
+};
+
+Weights make_weights(BenchDevice& dev, const Options& o, const RaggedDotProblem& pr, DType in,
+                     std::FILE* text) {
+  Weights w;
+  w.expert_bytes = static_cast<size_t>(pr.K * pr.n) * dtype_size(in);
+  for (int64_t e = 0; e < pr.E; ++e) {
+    if (pr.sizes[e] > 0) ++w.touched, w.span = e + 1;
+  }
+  if (o.cache == "cold" && dev.has_read()) {
+    w.copies = cold_copies(static_cast<double>(w.touched * w.expert_bytes));
+    // Within the memory limit, leaving a GiB for everything else.
+    const double room = (o.mem_limit_gib - 1) * (1ull << 30) -
+                        static_cast<double>(pr.E * w.expert_bytes) - 4.0 * pr.m * (pr.K + pr.n);
+    const auto fit = static_cast<int64_t>(room / std::max<double>(1, w.span * w.expert_bytes)) + 1;
+    if (fit < w.copies) {
+      fmt::print(text, "note: T={}: {} copies of the weights would pass --mem-limit-gib; {}\n",
+                 pr.tokens, w.copies, fit > 1 ? fmt::format("{} copies", fit) : "warm");
+      w.copies = std::max<int64_t>(1, fit);
+    }
+  }
+  const int64_t experts = pr.E + (w.copies - 1) * w.span;
+  w.mem = dev.alloc(experts * w.expert_bytes);
+  dev.fill(w.mem.data(), in, experts * pr.K * pr.n, o.seed + 2);
+  return w;
+}
+
+// The read rate and the dense rate of each pass's layout, measured together (CPU).
+struct Rates {
+  double read_gbps = 0;
+  std::map<std::string, double> dense_tflops;
+};
+
+Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& pr, DType in,
+                    DType out, const Mem& probe, const void* weights) {
+  Rates r;
+  const int64_t M = kPeakRows, K = pr.K, n = pr.n;
+  const size_t in_es = dtype_size(in), out_es = dtype_size(out);
+  Mem a = dev.alloc(M * std::max(K, n) * in_es), b = dev.alloc(M * n * in_es),
+      c = dev.alloc(std::max(M * std::max(K, n), K * n) * out_es);
+  dev.fill(a.data(), in, M * std::max(K, n), o.seed + 4);
+  dev.fill(b.data(), in, M * n, o.seed + 5);
+  std::vector<std::unique_ptr<DenseRef>> dense;
+  std::vector<std::function<void()>> fns{[&] { dev.read(probe.data(), probe.bytes()); }};
+  for (const std::string& pass : o.passes) {
+    if (pass == "fwd") {
+      dense.push_back(dev.dense(in, out, M, K, n));
+      fns.push_back([&, d = dense.back().get()] { d->run(a.data(), weights, c.data()); });
+    } else if (pass == "dlhs") {
+      dense.push_back(dev.dense(in, out, M, n, K, false, true));
+      fns.push_back([&, d = dense.back().get()] { d->run(a.data(), weights, c.data()); });
+    } else {
+      dense.push_back(dev.dense(in, out, K, M, n, true, false));
+      fns.push_back([&, d = dense.back().get()] { d->run(a.data(), b.data(), c.data()); });
+    }
+  }
+  const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
+  r.read_gbps = static_cast<double>(probe.bytes()) / (t[0].median_ms * 1e6);
+  for (size_t i = 0; i < o.passes.size(); ++i)
+    r.dense_tflops[o.passes[i]] = 2.0 * M * K * n / (t[i + 1].median_ms * 1e9);
+  return r;
+}
+
 // Each pass on `dev` beside a dense matmul of all m rows with the same FLOPs and operand layouts
-// (oneDNN on the CPU, cuBLAS on a GPU; bench_device.h), and with --ep-shards one shard's call.
+// (oneDNN on the CPU, cuBLAS on a GPU; bench_device.h), and with --ep-shards one shard's call;
+// on the CPU first the rates of the floor.
 void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DType out, int shard,
              std::FILE* text, Progress& progress, std::vector<Row>& rows) {
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
+  const bool drhs = std::find(o.passes.begin(), o.passes.end(), "drhs") != o.passes.end();
+  Mem probe;
+  if (dev.has_read()) {
+    probe = dev.alloc(read_probe_bytes());
+    dev.fill(probe.data(), DType::kF32, static_cast<int64_t>(probe.bytes() / 4), o.seed + 6);
+  }
 
   for (int64_t T : o.tokens) {
     const RaggedDotProblem pr = ragged_dot_problem(p, T, in, out, o, text);
     const int64_t m = pr.m, E = pr.E, K = pr.K, n = pr.n;
-    Mem lhs = dev.alloc(m * K * in_es), rhs = dev.alloc(E * K * n * in_es),
-        d_out = dev.alloc(m * n * in_es);
+    Weights rhs = make_weights(dev, o, pr, in, text);
+    Mem lhs = dev.alloc(m * K * in_es), d_out = dev.alloc(m * n * in_es);
     Mem y = dev.alloc(m * n * out_es), d_lhs = dev.alloc(m * K * out_es),
-        d_rhs = dev.alloc(E * K * n * out_es);
+        d_rhs = dev.alloc(drhs ? E * K * n * out_es : 1);
     dev.fill(lhs.data(), in, m * K, o.seed + 1);
-    dev.fill(rhs.data(), in, E * K * n, o.seed + 2);
     dev.fill(d_out.data(), in, m * n, o.seed + 3);
+    Rates rates;
+    if (dev.has_read()) {
+      progress.step(fmt::format("{} T={}: read rate, dense rate ({} rows)", p.name, T, kPeakRows));
+      rates = measure_rates(dev, o, pr, in, out, probe, rhs.mem.data());
+    }
     // The group sizes where the calls read them (device memory on a GPU).
     Mem sizes = dev.alloc(pr.sizes.size() * sizeof(int32_t));
     dev.upload(sizes.data(), pr.sizes.data(), pr.sizes.size() * sizeof(int32_t));
@@ -153,19 +275,22 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
     const ConstTensorView lhs_v(lhs.data(), in, {m, K}), d_out_v(d_out.data(), in, {m, n});
     const TensorView y_v(y.data(), out, {m, n}), d_lhs_v(d_lhs.data(), out, {m, K});
 
-    for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
-      // One call of this pass with e_loc local groups starting at `offset`.
+    for (const std::string& pass : o.passes) {
+      // One call of this pass with e_loc local groups starting at `offset`, on the next copy of
+      // the weights.
       auto call = [&](int64_t e_loc, int32_t offset, const RaggedDotOptions& opt) {
         const RaggedDotGroups groups{sizes_v, offset};
+        if (pass == "drhs") {
+          return ragged_dot_drhs(lhs_v, d_out_v, groups,
+                                 TensorView(d_rhs.data(), out, {e_loc, K, n}), opt, exec);
+        }
         const ConstTensorView w(rhs.data(), in, {e_loc, K, n});
         if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
-        if (pass == "dlhs") return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, opt, exec);
-        return ragged_dot_drhs(lhs_v, d_out_v, groups, TensorView(d_rhs.data(), out, {e_loc, K, n}),
-                               opt, exec);
+        return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, opt, exec);
       };
       // The dense matmul of all m rows with the pass's operand layouts (one weight matrix).
       std::unique_ptr<DenseRef> dense = dev.dense(in, out, m, K, n);
-      const void *da = lhs.data(), *db = rhs.data();
+      const void *da = lhs.data(), *db = rhs.mem.data();
       void* dc = y.data();
       if (pass == "dlhs") {  // [m, n] @ rhs[0]^T, rhs[0] stored [K, n]
         dense = dev.dense(in, out, m, n, K, false, true);
@@ -174,10 +299,22 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
         dense = dev.dense(in, out, K, m, n, true, false);
         db = d_out.data(), dc = d_rhs.data();
       }
+      RaggedDotRow full = full_row(pass, pr, dense->impl());
+      // The floor: the weights of the groups with rows (the weight gradient writes them).
+      full.weight_bytes = static_cast<double>(rhs.touched * rhs.expert_bytes) *
+                          (pass == "drhs" ? static_cast<double>(out_es) / in_es : 1.0);
+      full.roof = {rates.read_gbps, rates.dense_tflops[pass]};
+      full.copies = pass == "drhs" ? 1 : rhs.copies;
+      // Cold, the read rate is taken in the same loop as the calls (the read evicts the caches
+      // anyway); warm, beside the dense rate before, so that it does not.
+      std::function<void()> read;
+      if (o.cache == "cold" && dev.has_read())
+        read = [&] { dev.read(probe.data(), probe.bytes()); };
       time_pass(
-          dev, o, pr, shard, full_row(pass, pr, dense->impl()), call,
-          [&] { dense->run(da, db, dc); },
-          fmt::format("{} T={} {}: ragged_dot, dense ({})", p.name, T, pass, dense->impl()),
+          dev, o, pr, shard, full, call, [&] { dense->run(da, db, dc); }, read,
+          static_cast<double>(probe.bytes()),
+          fmt::format("{} T={} {}: ragged_dot, dense ({}){}", p.name, T, pass, dense->impl(),
+                      full.copies > 1 ? fmt::format(", {} weight copies", full.copies) : ""),
           progress, rows);
     }
   }
@@ -203,34 +340,42 @@ int run(const Options& o) {
   std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
   fmt::print(text,
              "moekit bench ragged_dot  preset={} (H={} F={} E={} k={})  dtype={} out={}  "
-             "device={}  {}\n",
-             p->name, p->H, p->F, p->E, p->k, dtype_name(in), dtype_name(out), o.device,
-             today_iso());
+             "device={}  impl={}  cache={}  {}\n",
+             p->name, p->H, p->F, p->E, p->k, dtype_name(in), dtype_name(out), o.device, o.impl,
+             o.cache, today_iso());
   fmt::print(text,
              "groups: expert e gets rows in proportion to 1 + {}*u_e, u_e ~ U(-1,1), seed {}\n",
              o.imbalance, o.seed);
   std::vector<Row> rows;
-  Progress progress(static_cast<int>(o.tokens.size()) * 3);
   const std::unique_ptr<BenchDevice> dev = make_bench_device(o.device);
+  Progress progress(static_cast<int>(o.tokens.size() * (o.passes.size() + dev->has_read())));
   time_on(*dev, o, *p, in, out, shard, text, progress, rows);
   progress.finish();
   const std::string machine = dev->description();
   fmt::print(text, "machine: {}\n", machine);
 
   // The table.
-  fmt::print(text, "\n{:>6} {:>5} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}{}\n", "tokens",
-             "pass", "shard", "rows", "ms", "TFLOP/s", "dense ms", "dense TF", "vs dense",
-             "of full", o.invariant ? fmt::format(" {:>9} {:>9}", "inv ms", "inv rate") : "");
+  const bool floor = !rows.empty() && rows.front().has_floor();
+  fmt::print(
+      text, "\n{:>6} {:>5} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}{}{}\n", "tokens", "pass",
+      "shard", "rows", "ms", "TFLOP/s", "dense ms", "dense TF", "vs dense", "of full",
+      floor ? fmt::format(" {:>8} {:>9} {:>7} {:>8}", "MB read", "floor ms", "bound", "of floor")
+            : "",
+      o.invariant ? fmt::format(" {:>9} {:>9}", "inv ms", "inv rate") : "");
   for (const Row& r : rows) {
     const double tf = r.flops / (r.t.median_ms * 1e9);
     const double dense_tf = r.dense_flops / (r.dense.median_ms * 1e9);
     const std::string shard_s =
         r.shards == 1 ? "all" : fmt::format("{}/{}", r.offset / r.e_loc, r.shards);
     fmt::print(
-        text, "{:>6} {:>5} {:>7} {:>8} {:>9.2f} {:>8.3f} {:>9.2f} {:>8.3f} {:>8.1f}% {:>8}{}\n",
+        text, "{:>6} {:>5} {:>7} {:>8} {:>9.2f} {:>8.3f} {:>9.2f} {:>8.3f} {:>8.1f}% {:>8}{}{}\n",
         r.tokens, r.pass, shard_s, r.local_rows, r.t.median_ms, tf, r.dense.median_ms, dense_tf,
         100.0 * tf / dense_tf,
         r.shards == 1 ? std::string("") : fmt::format("{:.1f}%", 100.0 * r.t.median_ms / r.full_ms),
+        floor ? fmt::format(" {:>8.1f} {:>9.2f} {:>7} {:>7.1f}%", r.weight_bytes / 1e6,
+                            r.floor_ms(), r.roof.bound(r.weight_bytes, r.flops),
+                            100.0 * r.floor_ms() / r.t.median_ms)
+              : "",
         o.invariant ? fmt::format(" {:>9.2f} {:>8.1f}%", r.invariant.median_ms,
                                   100.0 * r.t.median_ms / r.invariant.median_ms)
                     : "");
@@ -244,18 +389,42 @@ int run(const Options& o) {
              o.invariant ? " inv: the same call in the batch-invariant mode, in the same loop; "
                            "'inv rate' its throughput as a share of the default mode's."
                          : "");
+  if (floor) {
+    fmt::print(
+        text,
+        "floor = max(MB read / read rate, FLOPs / dense rate): MB read = the weights of the "
+        "groups with rows (written, for drhs); read rate: a parallel read of {} MiB, timed "
+        "in the same loop as the pass (cold) or before it (warm); dense rate: a {}-row dense "
+        "matmul of the pass's layout, timed before each token count's passes. Weights {}.\n",
+        read_probe_bytes() >> 20, kPeakRows,
+        o.cache == "cold" ? "cold: the forward and input gradient cycle through copies of "
+                            "them where one call's would fit 4x in the last-level cache"
+                          : "warm: one copy, cached where it fits");
+    fmt::print(text, "\n{:>6} {:>10} {:>8} {:>7}\n", "tokens", "read GB/s", "dense TF", "copies");
+    for (const Row& r : rows) {
+      if (r.pass != o.passes.front() || r.shards != 1) continue;
+      fmt::print(text, "{:>6} {:>10.1f} {:>8.3f} {:>7}\n", r.tokens, r.roof.read_gbps,
+                 r.roof.dense_tflops, r.copies);
+    }
+  }
 
-  if (o.tokens.size() > 1) {  // how time scales with tokens
-    for (const std::string pass : {"fwd", "dlhs", "drhs"}) {
+  if (o.tokens.size() > 1) {  // how time scales with tokens, or the share of the floor
+    for (const std::string& pass : o.passes) {
       std::vector<std::string> labels;
-      std::vector<double> per_token;
+      std::vector<double> values;
       for (const Row& r : rows) {
         if (r.pass != pass || r.shards != 1) continue;
-        labels.push_back(fmt::format("T={} {:.1f} ms", r.tokens, r.t.median_ms));
-        per_token.push_back(1e3 * r.t.median_ms / r.tokens);
+        labels.push_back(fmt::format("T={} {:.2f} ms", r.tokens, r.t.median_ms));
+        values.push_back(floor ? 100.0 * r.floor_ms() / r.t.median_ms
+                               : 1e3 * r.t.median_ms / r.tokens);
       }
-      fmt::print(text, "\n{}: time per token (flat bars = linear in tokens)\n{}", pass,
-                 ascii_bars(labels, per_token, "us/token"));
+      if (floor) {
+        fmt::print(text, "\n{}: share of the floor (100% = at the floor)\n{}", pass,
+                   ascii_bars(labels, values, "%"));
+      } else {
+        fmt::print(text, "\n{}: time per token (flat bars = linear in tokens)\n{}", pass,
+                   ascii_bars(labels, values, "us/token"));
+      }
     }
   }
 
@@ -282,10 +451,21 @@ int run(const Options& o) {
                        {"dense_ms", r.dense.median_ms},
                        {"dense_tflops", r.dense_flops / (r.dense.median_ms * 1e9)},
                        {"dense_impl", r.dense_impl},
+                       {"impl", o.impl},
                        {"device", o.device},
                        {"machine", machine}};
       j["ratio_to_dense"] = j["tflops"].get<double>() / j["dense_tflops"].get<double>();
       if (r.shards > 1) j["ratio_to_full"] = r.t.median_ms / r.full_ms;
+      if (r.has_floor()) {
+        j.update({{"weight_bytes", r.weight_bytes},
+                  {"read_gbps", r.roof.read_gbps},
+                  {"dense_peak_tflops", r.roof.dense_tflops},
+                  {"floor_ms", r.floor_ms()},
+                  {"bound", r.roof.bound(r.weight_bytes, r.flops)},
+                  {"share_of_floor", r.floor_ms() / r.t.median_ms},
+                  {"cache", o.cache},
+                  {"weight_copies", r.copies}});
+      }
       if (o.invariant) {
         j["invariant_ms"] = r.invariant.median_ms;
         j["invariant_rate"] = r.t.median_ms / r.invariant.median_ms;
@@ -321,6 +501,19 @@ void register_bench_ragged_dot(CLI::App& bench) {
       ->check(integer_in(0, 1 << 20, "a shard index in [0, --ep-shards)"));
   cmd->add_flag("--invariant", opts->invariant,
                 "Also time each call in the batch-invariant mode, in the same loop (CPU)");
+  cmd->add_option("--cache", opts->cache,
+                  "cold: cycle through copies of the weights where one call's would stay cached, "
+                  "as a model's layers do (CPU); warm: one copy")
+      ->check(CLI::IsMember({"cold", "warm"}))
+      ->capture_default_str();
+  cmd->add_option("--passes", opts->passes, "Passes to time, comma-separated: fwd, dlhs, drhs")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fwd", "dlhs", "drhs"}))
+      ->capture_default_str();
+  cmd->add_option("--impl", opts->impl,
+                  "Implementation of the timed calls (RaggedDotOptions::impl): auto picks by shape")
+      ->check(CLI::IsMember({"auto", "onednn", "stream", "reference"}))
+      ->capture_default_str();
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();

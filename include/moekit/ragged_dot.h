@@ -57,10 +57,22 @@ struct RaggedDotGroups {
 // Which implementation runs. kAuto takes the first one in order of preference that takes the
 // call: on CUDA the CUTLASS grouped GEMMs on tensor cores (sm90a kernels on compute capability
 // 9.0, sm80 kernels on 8.x and later; bf16/f16 inputs with 16-byte aligned pointers and row
-// strides, K and n multiples of 8), then a portable kernel; on the CPU oneDNN. kReference is the
+// strides, K and n multiples of 8), then a portable kernel; on the CPU, for the forward and input
+// gradient with few rows in every local group (outside the batch-invariant mode; the bound
+// depends on the dtype and the layout, as measured), kCpuStream, which streams each group's
+// weights once with the rows' sums in registers (asked for by name it takes any group sizes), and
+// oneDNN for everything else. kReference is the
 // CPU's scalar reference the tests compare against (slow; for checking only). Naming an
 // implementation that cannot take the call is an error that says what it needs.
-enum class RaggedDotImpl { kAuto, kOneDnn, kReference, kCudaSm90, kCudaSm80, kCudaPortable };
+enum class RaggedDotImpl {
+  kAuto,
+  kOneDnn,
+  kReference,
+  kCudaSm90,
+  kCudaSm80,
+  kCudaPortable,
+  kCpuStream,  // forward and input gradient only
+};
 
 struct RaggedDotOptions {
   bool rhs_transposed = false;  // rhs is [E_loc, n, K] instead of [E_loc, K, n]

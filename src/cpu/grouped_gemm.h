@@ -20,6 +20,11 @@ Status contraction_grouped_gemm_ref(const ContractionGroupedGemm& g);
 Status row_grouped_gemm_onednn(const RowGroupedGemm& g);
 Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g);
 
+// Few rows per group (src/cpu/ragged_dot_stream.cpp): each group's weights streamed once; and
+// whether it runs faster than oneDNN on a call (by its largest local group, as measured).
+Status row_grouped_gemm_stream(const RowGroupedGemm& g);
+bool stream_picks(const RowGroupedGemm& g);
+
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.
 inline void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end) {
   const size_t es = dtype_size(t);

@@ -2,6 +2,7 @@
 // accumulation), for every implementation: the oneDNN one and the scalar reference.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "host_tensor.h"
@@ -80,6 +82,13 @@ class RaggedDotTest : public ::testing::TestWithParam<std::tuple<Case, RaggedDot
   }
 
   RaggedDotGroups groups() const { return {c.sizes, c.offset}; }
+  // The weight gradient's options: kCpuStream computes the forward and input gradient only (its
+  // refusal of the weight gradient is tested on its own), so with it the gradient runs kAuto.
+  RaggedDotOptions drhs_options() const {
+    RaggedDotOptions o = opt;
+    if (o.impl == RaggedDotImpl::kCpuStream) o.impl = RaggedDotImpl::kAuto;
+    return o;
+  }
 
   Case c;
   RaggedDotOptions opt;
@@ -164,7 +173,7 @@ TEST_P(RaggedDotTest, WeightGradient) {
   poison_nonlocal_rows(lhs);
   poison_nonlocal_rows(d_out);
   const HostTensor before = d_rhs;
-  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), groups(), d_rhs.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), groups(), d_rhs.mut(), drhs_options()).ok());
   int failures = 0;
   for (int64_t j = 0; j < c.e_loc; ++j) {
     for (int64_t k = 0; k < c.K; ++k) {
@@ -202,7 +211,7 @@ TEST_P(RaggedDotTest, PassesAreAdjoint) {
   d_out.fill_random(rng);
   ASSERT_TRUE(ragged_dot(lhs.in(), rhs.in(), groups(), y.mut(), opt).ok());
   ASSERT_TRUE(ragged_dot_dlhs(d_out.in(), rhs.in(), groups(), d_lhs.mut(), opt).ok());
-  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), groups(), d_rhs.mut(), opt).ok());
+  ASSERT_TRUE(ragged_dot_drhs(lhs.in(), d_out.in(), groups(), d_rhs.mut(), drhs_options()).ok());
   double a = 0, b = 0, d = 0, scale = 1e-30;
   for (int64_t r = 0; r < c.m; ++r) {
     for (int64_t col = 0; col < c.n; ++col) a += y.get({r, col}) * d_out.get({r, col});
@@ -266,6 +275,11 @@ std::vector<Case> cases() {
   add({500, 64, 48, random_sizes(rng, 32, 480), 8, 16}, "many_groups_shard");
   // Larger contraction, K and n not multiples of 16.
   add({300, 257, 129, random_sizes(rng, 6, 300), 0, 6}, "K257_n129");
+  // The streaming kernel (kCpuStream): several 64-column panels and a partial one, contractions
+  // of odd length and with whole and partial blocks of 16 pairs, groups of more rows than one
+  // chunk of 6 (1 to 64 rows).
+  add({300, 200, 140, {1, 64, 7, 0, 6, 13, 60, 2}, 0, 8}, "K200_n140_stream_rows");
+  add({90, 75, 128, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 2, 7}, "K75_n128_stream_shard");
   // One group of more rows than the batch-invariant mode's blocks.
   add({600, 33, 17, {600}, 0, 1}, "rows600_one_group");
   // A weight gradient of more rows (K) than the batch-invariant mode computes in one call, from a
@@ -276,7 +290,8 @@ std::vector<Case> cases() {
   std::vector<Case> variants;
   for (const Case& c : out) {
     if (c.name.rfind("shard1", 0) == 0 || c.name.rfind("empty_groups_edges", 0) == 0 ||
-        c.name.rfind("m111_K70", 0) == 0 || c.name.rfind("many_groups", 0) == 0) {
+        c.name.rfind("m111_K70", 0) == 0 || c.name.rfind("many_groups", 0) == 0 ||
+        c.name.find("_stream_") != std::string::npos || c.name.rfind("K257", 0) == 0) {
       Case t = c;
       t.transposed = true, t.name += "_T";
       variants.push_back(t);
@@ -305,15 +320,116 @@ std::vector<Case> cases() {
   return out;
 }
 
+std::string impl_suffix(RaggedDotImpl impl) {
+  switch (impl) {
+    case RaggedDotImpl::kReference:
+      return "_ref";
+    case RaggedDotImpl::kOneDnn:
+      return "_onednn";
+    case RaggedDotImpl::kCpuStream:
+      return "_stream";
+    default:
+      return "_auto";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, RaggedDotTest,
                          ::testing::Combine(::testing::ValuesIn(cases()),
                                             ::testing::Values(RaggedDotImpl::kAuto,
+                                                              RaggedDotImpl::kOneDnn,
                                                               RaggedDotImpl::kReference)),
                          [](const auto& info) {
                            return std::get<0>(info.param).name +
-                                  (std::get<1>(info.param) == RaggedDotImpl::kReference ? "_ref"
-                                                                                        : "_auto");
+                                  impl_suffix(std::get<1>(info.param));
                          });
+
+// The calls kCpuStream takes: the default mode (any group sizes when asked for by name).
+std::vector<Case> stream_cases() {
+  std::vector<Case> out;
+  for (const Case& c : cases()) {
+    if (!c.batch_invariant) out.push_back(c);
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stream, RaggedDotTest,
+                         ::testing::Combine(::testing::ValuesIn(stream_cases()),
+                                            ::testing::Values(RaggedDotImpl::kCpuStream)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name +
+                                  impl_suffix(std::get<1>(info.param));
+                         });
+
+// kCpuStream on every Highway target this CPU runs (the bf16-pair kernel needs AVX512-BF16 and
+// an AVX-512 target; the others take the f32 kernel, bf16 widened), against the reference: each
+// element within f32 accumulation error of the reference's, the error bound taken from the
+// reference run on the operands' magnitudes.
+TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
+  const int64_t K = 131, n = 200, G = 5;
+  const std::vector<int32_t> sizes{3, 0, 64, 1, 17};
+  const int64_t m = 90;
+  std::mt19937 rng(5);
+  for (DType in : {DType::kF32, DType::kBF16}) {
+    for (bool transposed : {false, true}) {
+      for (bool dlhs : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} transposed={} dlhs={}", dtype_name(in), transposed, dlhs));
+        const int64_t kc = dlhs ? n : K, cols = dlhs ? K : n;
+        HostTensor a(in, {m, kc}),
+            w(in, transposed ? std::vector<int64_t>{G, n, K} : std::vector<int64_t>{G, K, n});
+        a.fill_random(rng);
+        w.fill_random(rng);
+        HostTensor a_abs = a, w_abs = w;
+        for (int64_t i = 0; i < m * kc; ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
+        for (int64_t i = 0; i < G * K * n; ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
+        auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+          RaggedDotOptions o;
+          o.rhs_transposed = transposed, o.impl = impl;
+          HostTensor out(DType::kF32, {m, cols});
+          const Status s = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
+                                : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
+          EXPECT_TRUE(s.ok()) << s.message();
+          return out;
+        };
+        const HostTensor want = run(a, w, RaggedDotImpl::kReference);
+        const HostTensor bound = run(a_abs, w_abs, RaggedDotImpl::kReference);
+        const auto targets = hwy::SupportedAndGeneratedTargets();
+        ASSERT_GE(targets.size(), 2u);
+        for (const int64_t target : targets) {
+          SCOPED_TRACE(hwy::TargetName(target));
+          hwy::SetSupportedTargetsForTest(target);
+          const HostTensor got = run(a, w, RaggedDotImpl::kCpuStream);
+          for (int64_t i = 0; i < m * cols; ++i) {
+            ASSERT_NEAR(got.get_flat(i), want.get_flat(i), (kc + 4) * 1.2e-7 * bound.get_flat(i))
+                << "element " << i;
+          }
+        }
+        hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
+      }
+    }
+  }
+}
+
+// kCpuStream computes the forward and the input gradient in the default mode; asked for anything
+// else, it says so.
+TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
+  const int64_t K = 8, n = 8;
+  std::vector<float> a(100 * K), w(2 * K * n), y(100 * n), dw(2 * K * n);
+  const ConstTensorView av(a.data(), DType::kF32, {100, K}), wv(w.data(), DType::kF32, {2, K, n});
+  RaggedDotOptions o;
+  o.impl = RaggedDotImpl::kCpuStream;
+  const std::vector<int32_t> small{50, 50};
+  EXPECT_TRUE(ragged_dot(av, wv, small, TensorView(y.data(), DType::kF32, {100, n}), o).ok());
+  o.batch_invariant = true;
+  Status s = ragged_dot(av, wv, small, TensorView(y.data(), DType::kF32, {100, n}), o);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  s = ragged_dot(av, wv, small, TensorView(y.data(), DType::kF32, {100, n}), o);
+  EXPECT_NE(s.message().find("batch_invariant"), std::string::npos) << s.message();
+  o.batch_invariant = false;
+  s = ragged_dot_drhs(av, ConstTensorView(y.data(), DType::kF32, {100, n}), small,
+                      TensorView(dw.data(), DType::kF32, {2, K, n}), o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("not an implementation of this op"), std::string::npos) << s.message();
+}
 
 // With group_offset = 0 and E_loc = G every row of every group is computed (the plain
 // jax.lax.ragged_dot), and a zero-row input is fine with null data.

@@ -1,0 +1,775 @@
+// ragged_dot's forward and input gradient for few rows per group (issue 35): each group's weights
+// are read from memory once, front to back, while every row of the group accumulates its products
+// in registers. oneDNN runs a matmul call per group, packs the weights for it and picks small-M
+// paths that leave much of the memory's rate unused between 2 and a few dozen rows per group; here
+// the weights are read in the order they are stored, as they are stored.
+//
+// Two forms, by which dimension of the weights is contiguous:
+//   - the contraction's (the input gradient against [K, n] weights, the forward against
+//     transposed ones): an output column is a dot product of a row with one weight row. The
+//     weight rows go by super-blocks of about kBlockBytes; each chunk of rows runs over a whole
+//     super-block, 4 weight rows at a time (the first chunk from memory, the others from L2,
+//     their rows staying in L1), the sums reduced across lanes at the end; the next super-block
+//     is prefetched in order as they go.
+//   - the output's (the forward against [K, n], the input gradient against transposed weights):
+//     a row's output is a sum of weight rows scaled by its elements. The weights go by blocks of
+//     contraction rows (about kBlockBytes, at least kMinBlockRows rows); within a block, a panel
+//     of output columns at a time, each chunk of rows adds the block's products to its f32 sums
+//     (kept in a per-thread buffer between blocks), and the next block is prefetched in order as
+//     the panels run. (A panel's 128 bytes of every row read straight from memory, a strided
+//     walk, ran at ~70% of a sequential read's rate on an AMD EPYC:
+//     bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
+// A work item is a group, or a slab of its output columns where there are too few groups to keep
+// the threads busy: every item of a call reads the same number of weight bytes, so the items are
+// spread over the threads by bytes.
+//
+// Two kernels: on a CPU with AVX512-BF16, bf16 inputs multiply as bf16 pairs (vdpbf16ps; in the
+// output-contiguous form the pairs are two consecutive weight rows interleaved as the first chunk
+// reads them, and kept so for the chunks after it); everywhere else f32 FMA through Highway (bf16
+// widened to f32). Highway 1.0 (Debian 12) has no bf16 dot product, so the pair kernels are
+// written with intrinsics for the one target and chosen at run time. Sums are f32; a bf16 output
+// is rounded once. Weights with neither dimension contiguous are packed into f32 panels first
+// (correct, not fast). The small loops over a kernel's rows and vectors carry `#pragma GCC unroll`:
+// without it GCC 12 kept the sums in a stack array, stored every step (a third of the speed).
+//
+// A row's result does not depend on the other rows, the chunk it falls in or the thread count,
+// but oneDNN's does, so kAuto never takes this path in the batch-invariant mode (asked for by name,
+// it keeps its own bits).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/ragged_dot_stream.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Must come after foreach_target.h.
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "cpu/grouped_gemm.h"
+#include "cpu/lanes-inl.h"
+
+#ifndef MOEKIT_RAGGED_DOT_STREAM_DECL
+#define MOEKIT_RAGGED_DOT_STREAM_DECL
+namespace moekit::detail::stream {
+
+// The pair kernels' shapes: rows per chunk (their sums take 24 of the 32 AVX-512 registers),
+// output columns per panel (4 vectors of 16), weight rows per dot-product block.
+constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 4, kDotCols = 4;
+// Bytes of weights per block of the output-contiguous form (at least kMinBlockRows rows).
+constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64;
+
+// A group's rows [row, row + rows) and output columns [col, col + cols).
+struct Item {
+  int64_t j, row, rows, col, cols;
+};
+
+// The items of a call: each group with rows, whole, or in `slabs` slabs of whole panels.
+std::vector<Item> items(const RowGroupedGemm& g, int64_t panel);
+
+// Prefetches `lines` cache lines from p on over `steps` steps of a loop, in order.
+class Ahead {
+ public:
+  Ahead(const char* p, int64_t lines, int64_t steps)
+      : p_(p), lines_(lines), per_(steps > 0 ? (lines + steps - 1) / steps : lines) {}
+  void step() {
+    for (int64_t i = 0; i < per_ && lines_ > 0; ++i, --lines_, p_ += 64) __builtin_prefetch(p_);
+  }
+
+ private:
+  const char* p_;
+  int64_t lines_, per_;
+};
+
+// Whether this CPU runs the pair kernels (AVX512-BF16).
+bool has_avx512_bf16();
+
+// The pair kernels (defined once, for AVX512-BF16), on bf16 bits.
+// acc[r][0, 64) += sum over the block's kc contraction rows of A[r][k] * B[k][0, 64) for
+// r < rows <= kAxpyRows: B's rows ldb apart, 64 columns of which the first `cols` exist; acc in
+// the panel's pair order (pair_order_to_columns), rows ld_acc apart.
+// ahead_lines cache lines from `ahead` on are prefetched as the kernel goes. The weights come
+// from b (kNone), from b and are left interleaved in `panel` (kWrite: [ceil(kc / 2)][64] pairs,
+// 64-byte aligned), or from that panel (kRead).
+enum class PanelUse { kNone, kWrite, kRead };
+void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
+                int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const char* ahead,
+                int64_t ahead_lines, uint32_t* panel, PanelUse use);
+// tile[r][0, 64) in column order from acc[r][0, 64) in the pair order.
+void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc, float* tile,
+                           int64_t ld_tile);
+// out[r][c] = sum_k A[r][k] * B[c][k] for r < rows <= kDotRows, c < kDotCols (B's rows ldb
+// apart, contiguous along k), out's rows ld_out apart.
+void dot_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
+               float* out, int64_t ld_out, const char* ahead, int64_t ahead_lines);
+
+}  // namespace moekit::detail::stream
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace moekit::detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using stream::Item;
+
+// Rows per chunk of the f32 kernels: their sums fill at most 24 of the registers (16 on AVX2).
+constexpr int kF32Rows = HWY_TARGET <= HWY_AVX3 ? 6 : 3;
+constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+
+template <typename T>
+HWY_INLINE lanes::V Load(lanes::D d, const T* p, size_t i) {
+  return LoadLanes<std::is_same_v<T, uint16_t>>(d, p, i);
+}
+
+// acc[r][0, 4N) += sum_{k < kc} A[r][k] * B[k][0, 4N), A's and B's elements of type TA and TB.
+template <int R, typename TA, typename TB>
+HWY_NOINLINE void AxpyF32(const TA* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
+                          float* acc, int64_t ld_acc, const char* ahead, int64_t lines) {
+  const lanes::D d;
+  const size_t N = hn::Lanes(d);
+  lanes::V s[R][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; ++i) s[r][i] = hn::LoadU(d, acc + r * ld_acc + i * N);
+  stream::Ahead pf(ahead, lines, kc);
+  for (int64_t k = 0; k < kc; ++k) {
+    pf.step();
+    const TB* row = b + k * ldb;
+    lanes::V bv[4];
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; ++i) bv[i] = Load(d, row, i * N);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const lanes::V av = hn::Set(d, as_float(a[r * lda + k]));
+#pragma GCC unroll 8
+      for (int i = 0; i < 4; ++i) s[r][i] = hn::MulAdd(av, bv[i], s[r][i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; ++i) hn::StoreU(s[r][i], d, acc + r * ld_acc + i * N);
+}
+
+// The sum of the lanes of v.
+HWY_INLINE float SumLanes(lanes::D d, lanes::V v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
+
+// out[r][c] = sum_k A[r][k] * B[c][k] for c < 4: whole vectors, then the tail through zero-padded
+// copies.
+template <int R, typename T>
+HWY_NOINLINE void DotF32(const T* a, int64_t lda, int64_t kc, const T* b, int64_t ldb, float* out,
+                         int64_t ld_out, const char* ahead, int64_t lines) {
+  const lanes::D d;
+  const size_t N = hn::Lanes(d);
+  stream::Ahead pf(ahead, lines, kc / static_cast<int64_t>(N));
+  lanes::V s[R][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < 4; ++c) s[r][c] = hn::Zero(d);
+  auto step = [&](const T* const* ap, const T* const* bp, size_t i) {
+    lanes::V bv[4];
+#pragma GCC unroll 8
+    for (int c = 0; c < 4; ++c) bv[c] = Load(d, bp[c], i);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const lanes::V av = Load(d, ap[r], i);
+#pragma GCC unroll 8
+      for (int c = 0; c < 4; ++c) s[r][c] = hn::MulAdd(av, bv[c], s[r][c]);
+    }
+  };
+  const T* ap[R];
+  const T* bp[4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) ap[r] = a + r * lda;
+#pragma GCC unroll 8
+  for (int c = 0; c < 4; ++c) bp[c] = b + c * ldb;
+  size_t i = 0;
+  for (; i + N <= static_cast<size_t>(kc); i += N) {
+    pf.step();
+    step(ap, bp, i);
+  }
+  if (i < static_cast<size_t>(kc)) {
+    HWY_ALIGN T pad[R + 4][HWY_MAX_BYTES / sizeof(float)] = {};
+    const size_t tail = static_cast<size_t>(kc) - i;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) std::memcpy(pad[r], ap[r] + i, tail * sizeof(T)), ap[r] = pad[r];
+#pragma GCC unroll 8
+    for (int c = 0; c < 4; ++c)
+      std::memcpy(pad[R + c], bp[c] + i, tail * sizeof(T)), bp[c] = pad[R + c];
+    step(ap, bp, 0);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < 4; ++c) out[r * ld_out + c] = SumLanes(d, s[r][c]);
+}
+
+// Runs kernel<R>(rows, ...) for rows in [1, kMax] with R = rows.
+template <int kMax, template <int> class Kernel, typename... Args>
+HWY_INLINE void WithRows(int rows, Args&&... args) {
+  if constexpr (kMax > 0) {
+    if (rows == kMax) return Kernel<kMax>::Run(std::forward<Args>(args)...);
+    return WithRows<kMax - 1, Kernel>(rows, std::forward<Args>(args)...);
+  }
+}
+template <typename TA, typename TB>
+struct Axpy {
+  template <int R>
+  struct K {
+    template <typename... Args>
+    static void Run(Args&&... args) {
+      AxpyF32<R, TA, TB>(std::forward<Args>(args)...);
+    }
+  };
+};
+template <typename T>
+struct Dot {
+  template <int R>
+  struct K {
+    template <typename... Args>
+    static void Run(Args&&... args) {
+      DotF32<R, T>(std::forward<Args>(args)...);
+    }
+  };
+};
+
+// C[r][0, cols) (+)= tile[r][0, cols) for r < rows, tile rows ld_tile apart.
+template <bool kOutBf16>
+void StoreTile(const float* tile, int64_t ld_tile, int64_t rows, int64_t cols, bool accumulate,
+               void* c, int64_t ldc) {
+  const lanes::D d;
+  const size_t N = hn::Lanes(d);
+  using Out = std::conditional_t<kOutBf16, uint16_t, float>;
+  for (int64_t r = 0; r < rows; ++r) {
+    Out* out = static_cast<Out*>(c) + r * ldc;
+    float* t = const_cast<float*>(tile) + r * ld_tile;
+    if (accumulate) {  // the old values join the sum in f32: one rounding
+      size_t i = 0;
+      for (; i + N <= static_cast<size_t>(cols); i += N)
+        hn::StoreU(hn::Add(hn::LoadU(d, t + i), LoadLanes<kOutBf16>(d, out, i)), d, t + i);
+      for (; i < static_cast<size_t>(cols); ++i) t[i] += as_float(out[i]);
+    }
+    StoreRow<kOutBf16, false>(t, static_cast<size_t>(cols), out, [](lanes::V v) { return v; });
+  }
+}
+
+// This thread's f32 buffer, vector-aligned, grown as needed.
+class Buffer {
+ public:
+  float* get(size_t n) {
+    if (n > size_) p_ = hwy::AllocateAligned<float>(size_ = n);
+    return p_.get();
+  }
+
+ private:
+  hwy::AlignedFreeUniquePtr<float[]> p_;
+  size_t size_ = 0;
+};
+float* ThreadBuffer(size_t n) {
+  thread_local Buffer b;
+  return b.get(n);
+}
+float* ThreadPanel(size_t n) {
+  thread_local Buffer b;
+  return b.get(n);
+}
+
+// The output-contiguous form (B's columns contiguous: b_s1 == 1), one item: blocks of
+// contraction rows, panel by panel, chunk by chunk, the next block prefetched as they go.
+// kPairs: the bf16-pair kernel (panels of 64, sums in pair order); else the f32 kernel (panels of
+// 4N). The sums of the item's rows and columns are in `acc` ([rows][cols rounded up to panels]).
+template <bool kPairs, typename T, bool kOutBf16>
+void AxpyItem(const RowGroupedGemm& g, const Item& it) {
+  const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+  const int chunk = kPairs ? stream::kAxpyRows : kF32Rows;
+  const int64_t width = (it.cols + panel - 1) / panel * panel;
+  float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
+  std::fill(acc, acc + it.rows * width, 0.f);
+  const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
+  const T* b = static_cast<const T*>(g.b) + it.j * g.b_batch + it.col;
+  const int64_t row_bytes = it.cols * static_cast<int64_t>(sizeof(T));
+  int64_t kb =
+      std::max(stream::kMinBlockRows, stream::kBlockBytes / std::max<int64_t>(row_bytes, 1));
+  kb += kb % 2;  // whole pairs
+  // The bytes from a block's first row to its last row's end, as cache lines.
+  auto block_lines = [&](int64_t rows) {
+    return rows > 0 ? ((rows - 1) * g.b_s0 * static_cast<int64_t>(sizeof(T)) + row_bytes + 63) / 64
+                    : 0;
+  };
+  stream::Ahead(reinterpret_cast<const char*>(b), block_lines(std::min(kb, g.kc)), 1).step();
+  const int64_t panels = width / panel;
+  auto* pairs = reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)));
+  for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
+    const int64_t kc = std::min(kb, g.kc - k0);
+    // The next block, prefetched in order over this block's panels.
+    const auto* next = reinterpret_cast<const char*>(b + (k0 + kc) * g.b_s0);
+    const int64_t next_lines = block_lines(std::min(kb, g.kc - k0 - kc));
+    const int64_t per_panel = (next_lines + panels - 1) / panels;
+    for (int64_t c0 = 0, p = 0; c0 < width; c0 += panel, ++p) {
+      const int64_t cols = std::min(panel, it.cols - c0);
+      const char* ahead = next + p * per_panel * 64;
+      const int64_t ahead_lines = std::clamp<int64_t>(next_lines - p * per_panel, 0, per_panel);
+      for (int64_t r0 = 0; r0 < it.rows; r0 += chunk) {
+        const int rows = static_cast<int>(std::min<int64_t>(chunk, it.rows - r0));
+        const int64_t lines = r0 == 0 ? ahead_lines : 0;
+        float* s = acc + r0 * width + c0;
+        if constexpr (kPairs) {
+          // The chunks after the first read the block's panel as the first left it.
+          using stream::PanelUse;
+          const PanelUse use = r0 > 0            ? PanelUse::kRead
+                               : it.rows > chunk ? PanelUse::kWrite
+                                                 : PanelUse::kNone;
+          stream::axpy_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, b + k0 * g.b_s0 + c0, g.b_s0,
+                             cols, s, width, ahead, lines, pairs, use);
+        } else if (cols == panel) {
+          WithRows<kF32Rows, Axpy<T, T>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc,
+                                                     b + k0 * g.b_s0 + c0, g.b_s0, s, width, ahead,
+                                                     lines);
+        } else {  // a partial panel: its columns copied into a zero-padded f32 panel
+          float* pp = ThreadPanel(static_cast<size_t>(kc * panel));
+          for (int64_t k = 0; k < kc; ++k) {
+            for (int64_t c = 0; c < panel; ++c)
+              pp[k * panel + c] = c < cols ? as_float(b[(k0 + k) * g.b_s0 + c0 + c]) : 0.f;
+          }
+          WithRows<kF32Rows, Axpy<T, float>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc, pp,
+                                                         panel, s, width, ahead, lines);
+        }
+      }
+    }
+  }
+  if constexpr (kPairs) {  // back to column order, in place, panel by panel
+    float tmp[stream::kAxpyRows * stream::kPanel];
+    for (int64_t c0 = 0; c0 < width; c0 += panel) {
+      for (int64_t r0 = 0; r0 < it.rows; r0 += chunk) {
+        const int rows = static_cast<int>(std::min<int64_t>(chunk, it.rows - r0));
+        stream::pair_order_to_columns(rows, acc + r0 * width + c0, width, tmp, panel);
+        for (int r = 0; r < rows; ++r)
+          std::memcpy(acc + (r0 + r) * width + c0, tmp + r * panel, panel * sizeof(float));
+      }
+    }
+  }
+  StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
+                      static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
+                      g.ldc);
+}
+
+// The contraction-contiguous form (b_s0 == 1), one item: its output columns are weight rows, read
+// in blocks of 4 in order; each block serves every chunk of the group's rows.
+template <bool kPairs, typename T, bool kOutBf16>
+void DotItem(const RowGroupedGemm& g, const Item& it) {
+  const int chunk = kPairs ? stream::kDotRows : kF32DotRows;
+  const int64_t width = (it.cols + 3) / 4 * 4;
+  float* out = ThreadBuffer(static_cast<size_t>(it.rows * width));
+  const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
+  const T* b = static_cast<const T*>(g.b) + it.j * g.b_batch + it.col * g.b_s1;
+  if (it.cols < 4) {  // fewer than 4 weight rows: f32 copies, the missing rows 0
+    float* p = ThreadPanel(static_cast<size_t>((4 + kF32DotRows) * g.kc));
+    float* a32 = p + 4 * g.kc;
+    for (int64_t c = 0; c < 4; ++c)
+      for (int64_t k = 0; k < g.kc; ++k)
+        p[c * g.kc + k] = c < it.cols ? as_float(b[c * g.b_s1 + k]) : 0.f;
+    for (int64_t r0 = 0; r0 < it.rows; r0 += kF32DotRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kF32DotRows, it.rows - r0));
+      for (int r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < g.kc; ++k) a32[r * g.kc + k] = as_float(a[(r0 + r) * g.lda + k]);
+      WithRows<kF32DotRows, Dot<float>::template K>(rows, a32, g.kc, g.kc, p, g.kc,
+                                                    out + r0 * width, width, nullptr, 0);
+    }
+  } else {
+    // Super-blocks of about kBlockBytes of weight rows: each chunk of rows runs over all of
+    // one (from L2 after the first chunk, which reads it from memory as the next one is
+    // prefetched), so that a chunk's rows stay in L1.
+    const int64_t row_bytes = g.kc * static_cast<int64_t>(sizeof(T)),
+                  stride = g.b_s1 * static_cast<int64_t>(sizeof(T));
+    const int64_t sb =
+        std::max<int64_t>(4, stream::kBlockBytes / std::max<int64_t>(stride, 1) / 4 * 4);
+    for (int64_t s0 = 0; s0 < it.cols; s0 += sb) {
+      const int64_t s1 = std::min(s0 + sb, it.cols), next_rows = std::min(sb, it.cols - s1);
+      const auto* next = reinterpret_cast<const char*>(b + s1 * g.b_s1);
+      const int64_t next_lines =
+          next_rows > 0 ? ((next_rows - 1) * stride + row_bytes + 63) / 64 : 0;
+      // The next super-block's lines, spread over every call of this one.
+      const int64_t calls = (s1 - s0 + 3) / 4 * ((it.rows + chunk - 1) / chunk);
+      const int64_t per_call = (next_lines + calls - 1) / calls;
+      int64_t call = 0;
+      for (int64_t r0 = 0; r0 < it.rows; r0 += chunk) {
+        const int rows = static_cast<int>(std::min<int64_t>(chunk, it.rows - r0));
+        for (int64_t c0 = s0; c0 < s1; c0 += 4, ++call) {
+          // A last block of fewer than 4 weight rows moves back over columns already computed
+          // (they get the same values again).
+          const int64_t at = std::min(c0, it.cols - 4);
+          const char* ahead = next + call * per_call * 64;
+          const int64_t lines = std::clamp<int64_t>(next_lines - call * per_call, 0, per_call);
+          if constexpr (kPairs) {
+            stream::dot_pairs(rows, a + r0 * g.lda, g.lda, g.kc, b + at * g.b_s1, g.b_s1,
+                              out + r0 * width + at, width, ahead, lines);
+          } else {
+            WithRows<kF32DotRows, Dot<T>::template K>(rows, a + r0 * g.lda, g.lda, g.kc,
+                                                      b + at * g.b_s1, g.b_s1,
+                                                      out + r0 * width + at, width, ahead, lines);
+          }
+        }
+      }
+    }
+  }
+  StoreTile<kOutBf16>(out, width, it.rows, it.cols, g.accumulate,
+                      static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
+                      g.ldc);
+}
+
+// Weights with neither dimension contiguous, one item: each panel of 4N columns packed into f32,
+// then the f32 kernel.
+template <typename T, bool kOutBf16>
+void PackedItem(const RowGroupedGemm& g, const Item& it) {
+  const int64_t panel = static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+  const int64_t width = (it.cols + panel - 1) / panel * panel;
+  float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
+  std::fill(acc, acc + it.rows * width, 0.f);
+  float* p = ThreadPanel(static_cast<size_t>(g.kc * panel));
+  const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
+  const T* b = static_cast<const T*>(g.b) + it.j * g.b_batch;
+  for (int64_t c0 = 0; c0 < width; c0 += panel) {
+    for (int64_t k = 0; k < g.kc; ++k) {
+      for (int64_t c = 0; c < panel; ++c) {
+        const int64_t col = it.col + c0 + c;
+        p[k * panel + c] = c0 + c < it.cols ? as_float(b[k * g.b_s0 + col * g.b_s1]) : 0.f;
+      }
+    }
+    for (int64_t r0 = 0; r0 < it.rows; r0 += kF32Rows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kF32Rows, it.rows - r0));
+      WithRows<kF32Rows, Axpy<T, float>::template K>(rows, a + r0 * g.lda, g.lda, g.kc, p, panel,
+                                                     acc + r0 * width + c0, width, nullptr, 0);
+    }
+  }
+  StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
+                      static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
+                      g.ldc);
+}
+
+template <bool kPairs, typename T, bool kOutBf16>
+void RunItems(const RowGroupedGemm& g) {
+  const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+  const std::vector<Item> items = stream::items(g, panel);
+  const auto n = static_cast<int64_t>(items.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) {
+    if (g.b_s1 == 1) {
+      AxpyItem<kPairs, T, kOutBf16>(g, items[i]);
+    } else if (g.b_s0 == 1) {
+      DotItem<kPairs, T, kOutBf16>(g, items[i]);
+    } else {
+      PackedItem<T, kOutBf16>(g, items[i]);
+    }
+  }
+}
+
+void Run(const RowGroupedGemm& g) {
+  const bool out_bf16 = g.out_type == DType::kBF16;
+  if (g.in_type == DType::kBF16) {
+    // The pair kernels on an AVX-512 target of a CPU with AVX512-BF16 (a test that runs each
+    // Highway target in turn then also runs the f32 kernels on bf16 here).
+    if (HWY_TARGET <= HWY_AVX3 && stream::has_avx512_bf16() && (g.b_s1 == 1 || g.b_s0 == 1)) {
+      return out_bf16 ? RunItems<true, uint16_t, true>(g) : RunItems<true, uint16_t, false>(g);
+    }
+    return out_bf16 ? RunItems<false, uint16_t, true>(g) : RunItems<false, uint16_t, false>(g);
+  }
+  return out_bf16 ? RunItems<false, float, true>(g) : RunItems<false, float, false>(g);
+}
+
+}  // namespace moekit::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+// GCC 12 warns that the AVX-512 intrinsics' own headers may use an uninitialised value
+// (_mm512_undefined_*, by design): not this file's code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace moekit::detail {
+namespace stream {
+
+std::vector<Item> items(const RowGroupedGemm& g, int64_t panel) {
+  int64_t busy = 0;  // groups with rows
+  for (int64_t j = 0; j < g.groups.num_local; ++j) busy += g.groups.sizes[g.groups.offset + j] > 0;
+  // Slabs per group: enough items for 4 per thread where the groups alone are fewer, in whole
+  // panels.
+  const int64_t want = 4 * omp_get_max_threads(), panels = (g.n + panel - 1) / panel;
+  const int64_t slabs =
+      busy >= want ? 1 : std::min(panels, (want + busy - 1) / std::max<int64_t>(busy, 1));
+  const int64_t slab = (panels + slabs - 1) / slabs * panel;
+  std::vector<Item> out;
+  int64_t row = local_rows(g.groups).begin;
+  for (int64_t j = 0; j < g.groups.num_local; ++j) {
+    const int64_t rows = g.groups.sizes[g.groups.offset + j];
+    if (rows > 0) {
+      for (int64_t col = 0; col < g.n; col += slab)
+        out.push_back({j, row, rows, col, std::min(slab, g.n - col)});
+    }
+    row += rows;
+  }
+  return out;
+}
+
+bool has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
+  return has;
+}
+
+#define MOEKIT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+namespace {
+
+// The pair (A[2kp], A[2kp + 1]) broadcast to every lane.
+MOEKIT_AVX512_BF16 inline __m512bh pair_at(const uint16_t* a) {
+  int32_t w;
+  std::memcpy(&w, a, sizeof(w));
+  return (__m512bh)_mm512_set1_epi32(w);
+}
+
+// The 64 columns of a weight row from p, the first `cols` of them where kFull is false (the
+// rest 0).
+template <bool kFull>
+MOEKIT_AVX512_BF16 inline void load_row(const uint16_t* p, __mmask32 m_lo, __mmask32 m_hi,
+                                        __m512i* lo, __m512i* hi) {
+  if constexpr (kFull) {
+    *lo = _mm512_loadu_si512(p), *hi = _mm512_loadu_si512(p + 32);
+  } else {
+    *lo = _mm512_maskz_loadu_epi16(m_lo, p), *hi = _mm512_maskz_loadu_epi16(m_hi, p + 32);
+  }
+}
+
+// Rows 2kp and 2kp + 1 (y: zero for a last odd row) of each column, as pairs: vector 2h + 0
+// takes, per 128-bit lane q, columns 32h + 8q + [0, 4); vector 2h + 1 columns 32h + 8q + [4, 8)
+// (the pair order).
+MOEKIT_AVX512_BF16 inline void interleave(__m512i x0, __m512i x1, __m512i y0, __m512i y1,
+                                          __m512i (&v)[4]) {
+  v[0] = _mm512_unpacklo_epi16(x0, y0), v[1] = _mm512_unpackhi_epi16(x0, y0);
+  v[2] = _mm512_unpacklo_epi16(x1, y1), v[3] = _mm512_unpackhi_epi16(x1, y1);
+}
+
+template <int R>
+MOEKIT_AVX512_BF16 inline void axpy_step(__m512 (&s)[R][4], const uint16_t* a, int64_t lda,
+                                         const __m512i (&v)[4], bool odd_last) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512bh av = odd_last ? (__m512bh)_mm512_set1_epi32(a[r * lda]) : pair_at(a + r * lda);
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; ++i) s[r][i] = _mm512_dpbf16_ps(s[r][i], av, (__m512bh)v[i]);
+  }
+}
+
+// Where a chunk's weight pairs come from: the weights, interleaved as it goes (and kept in the
+// panel for the chunks after it, kSourceStore), or that panel ([ceil(kc / 2)][64] pairs).
+enum class From { kSource, kSourceStore, kPanel };
+
+template <int R, bool kFull, From kFrom>
+MOEKIT_AVX512_BF16 void axpy(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
+                             int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
+                             const char* ahead, int64_t ahead_lines, uint32_t* panel) {
+  const __mmask32 m_lo = cols >= 32 ? ~__mmask32{0} : __mmask32((1u << cols) - 1),
+                  m_hi = cols <= 32   ? 0
+                         : cols >= 64 ? ~__mmask32{0}
+                                      : __mmask32((1ull << (cols - 32)) - 1);
+  __m512 s[R][4];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; ++i) s[r][i] = _mm512_loadu_ps(acc + r * ld_acc + 16 * i);
+  // The pairs of pair kp (the last, of an odd contraction, with zeros for its second row).
+  auto pairs_at = [&](int64_t kp, bool odd_last, __m512i(&v)[4]) MOEKIT_AVX512_BF16 {
+    if constexpr (kFrom == From::kPanel) {
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) v[i] = _mm512_load_si512(panel + kp * kPanel + 16 * i);
+    } else {
+      const uint16_t* r0 = b + 2 * kp * ldb;
+      __m512i x0, x1, y0 = _mm512_setzero_si512(), y1 = _mm512_setzero_si512();
+      load_row<kFull>(r0, m_lo, m_hi, &x0, &x1);
+      if (!odd_last) load_row<kFull>(r0 + ldb, m_lo, m_hi, &y0, &y1);
+      interleave(x0, x1, y0, y1, v);
+      if constexpr (kFrom == From::kSourceStore) {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) _mm512_store_si512(panel + kp * kPanel + 16 * i, v[i]);
+      }
+    }
+  };
+  const int64_t pairs = kc / 2;
+  Ahead pf(ahead, ahead_lines, pairs);
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    pf.step();
+    __m512i v[4];
+    pairs_at(kp, false, v);
+    axpy_step<R>(s, a + 2 * kp, lda, v, false);
+  }
+  if (kc % 2 != 0) {
+    __m512i v[4];
+    pairs_at(pairs, true, v);
+    axpy_step<R>(s, a + kc - 1, lda, v, true);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * ld_acc + 16 * i, s[r][i]);
+}
+
+// out[r][c] = the sum over k of A[r][k] B[c][k]: 32 bf16 at a time, the tail masked.
+template <int R>
+MOEKIT_AVX512_BF16 inline void dot_step(__m512 (&s)[R][kDotCols], const uint16_t* a, int64_t lda,
+                                        const uint16_t* b, int64_t ldb, __mmask32 m) {
+  __m512i bv[kDotCols];
+#pragma GCC unroll 8
+  for (int c = 0; c < kDotCols; ++c) bv[c] = _mm512_maskz_loadu_epi16(m, b + c * ldb);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m512i av = _mm512_maskz_loadu_epi16(m, a + r * lda);
+#pragma GCC unroll 8
+    for (int c = 0; c < kDotCols; ++c)
+      s[r][c] = _mm512_dpbf16_ps(s[r][c], (__m512bh)av, (__m512bh)bv[c]);
+  }
+}
+
+// The lane sums of 4 vectors, together: (sum v[0], sum v[1], sum v[2], sum v[3]).
+MOEKIT_AVX512_BF16 inline __m128 sum4(const __m512 (&v)[4]) {
+  // Within each 128-bit lane: pairs of v[0], v[1] and of v[2], v[3] added, then the four
+  // vectors' partial sums side by side; then the four lanes added.
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(v[0], v[1]), _mm512_unpackhi_ps(v[0], v[1]));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(v[2], v[3]), _mm512_unpackhi_ps(v[2], v[3]));
+  const __m512 abcd =
+      _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xee));
+  const __m256 half =
+      _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+template <int R>
+MOEKIT_AVX512_BF16 void dot(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
+                            int64_t ldb, float* out, int64_t ld_out, const char* ahead,
+                            int64_t ahead_lines) {
+  Ahead pf(ahead, ahead_lines, kc / 32);
+  __m512 s[R][kDotCols];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < kDotCols; ++c) s[r][c] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 32 <= kc; k += 32) {
+    pf.step();
+    dot_step<R>(s, a + k, lda, b + k, ldb, ~__mmask32{0});
+  }
+  if (k < kc) dot_step<R>(s, a + k, lda, b + k, ldb, __mmask32((1u << (kc - k)) - 1));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) _mm_storeu_ps(out + r * ld_out, sum4(s[r]));
+}
+
+}  // namespace
+
+void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
+                int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const char* ahead,
+                int64_t ahead_lines, uint32_t* panel, PanelUse use) {
+  auto run = [&](auto full, auto from) {
+    constexpr bool kFull = decltype(full)::value;
+    constexpr From kFrom = decltype(from)::value;
+    auto k = [&](auto r) {
+      axpy<decltype(r)::value, kFull, kFrom>(a, lda, kc, b, ldb, cols, acc, ld_acc, ahead,
+                                             ahead_lines, panel);
+    };
+    switch (rows) {
+      case 1:
+        return k(std::integral_constant<int, 1>{});
+      case 2:
+        return k(std::integral_constant<int, 2>{});
+      case 3:
+        return k(std::integral_constant<int, 3>{});
+      case 4:
+        return k(std::integral_constant<int, 4>{});
+      case 5:
+        return k(std::integral_constant<int, 5>{});
+      default:
+        return k(std::integral_constant<int, 6>{});
+    }
+  };
+  using F = From;
+  if (use == PanelUse::kRead) return run(std::true_type{}, std::integral_constant<F, F::kPanel>{});
+  auto from_source = [&](auto full) {
+    if (use == PanelUse::kWrite) return run(full, std::integral_constant<F, F::kSourceStore>{});
+    return run(full, std::integral_constant<F, F::kSource>{});
+  };
+  if (cols >= kPanel) return from_source(std::true_type{});
+  return from_source(std::false_type{});
+}
+
+void dot_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
+               float* out, int64_t ld_out, const char* ahead, int64_t ahead_lines) {
+  switch (rows) {
+    case 1:
+      return dot<1>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
+    case 2:
+      return dot<2>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
+    case 3:
+      return dot<3>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
+    default:
+      return dot<4>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
+  }
+}
+
+MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc,
+                                              float* tile, int64_t ld_tile) {
+  // Vector 2h + 0 holds, per 128-bit lane q, columns 32h + 8q + [0, 4); vector 2h + 1 columns
+  // 32h + 8q + [4, 8): interleaving them 4 lanes at a time restores the order.
+  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i hi =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+#pragma GCC unroll 8
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      const __m512 x = _mm512_loadu_ps(acc + r * ld_acc + 32 * h),
+                   y = _mm512_loadu_ps(acc + r * ld_acc + 32 * h + 16);
+      _mm512_storeu_ps(tile + r * ld_tile + 32 * h, _mm512_permutex2var_ps(x, lo, y));
+      _mm512_storeu_ps(tile + r * ld_tile + 32 * h + 16, _mm512_permutex2var_ps(x, hi, y));
+    }
+  }
+}
+
+}  // namespace stream
+
+HWY_EXPORT(Run);
+
+// The most rows in a local group for which the kernels ran faster than oneDNN, measured on an AMD
+// EPYC with AVX512-BF16, qwen3-30b-a3b shapes, 2 threads (bench/results/ragged_dot_small-*; the
+// bench's groups differ by up to +-25%): the bf16-pair kernels up to 2048 tokens (128 rows per
+// group on average, 160 at most; at 4096 oneDNN's blocked matmul is 2-6% ahead); the f32 kernel
+// of the output-contiguous form (the forward against [K, n] weights) up to 64 tokens (8 rows;
+// even at 128, oneDNN's f32 matmul ahead from 256); the f32 dot products (the input gradient) up
+// to 2048 tokens. bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts
+// to f32 as well): the f32 bounds.
+bool stream_picks(const RowGroupedGemm& g) {
+  const bool pairs = g.in_type == DType::kBF16 && stream::has_avx512_bf16();
+  const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
+  const int64_t most = pairs ? 160 : dot ? 160 : 8;
+  for (int64_t j = 0; j < g.groups.num_local; ++j) {
+    if (g.groups.sizes[g.groups.offset + j] > most) return false;
+  }
+  return true;
+}
+
+Status row_grouped_gemm_stream(const RowGroupedGemm& g) {
+  const RowRange local = local_rows(g.groups);
+  if (!g.accumulate) {
+    zero_rows(g.c, g.out_type, g.ldc, g.n, 0, local.begin);
+    zero_rows(g.c, g.out_type, g.ldc, g.n, local.end, g.m);
+  }
+  if (g.n == 0 || local.end == local.begin) return {};
+  if (g.kc == 0) {  // empty contraction: the product is 0
+    if (!g.accumulate) zero_rows(g.c, g.out_type, g.ldc, g.n, local.begin, local.end);
+    return {};
+  }
+  HWY_DYNAMIC_DISPATCH(Run)(g);
+  return {};
+}
+
+}  // namespace moekit::detail
+#endif  // HWY_ONCE
