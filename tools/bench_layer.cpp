@@ -1,7 +1,10 @@
 // moekit bench layer: times the MoE layer's forward and backward on a preset's real shapes, step
 // by step, beside dense matmuls of its two grouped matmuls' shapes run in the same process (the
 // rate its 6*N*H*F forward and 12*N*H*F backward FLOPs are measured against): oneDNN on the CPU,
-// cuBLAS with --device cuda (bench_device.h).
+// cuBLAS with --device cuda (bench_device.h). On the CPU the forward is also set against its floor
+// (roofline.h): the weight bytes it reads (the router, the experts with rows, the shared expert)
+// at the read rate, or its FLOPs at the dense rate, both measured in the same loop, the expert
+// weights cold by default (--cache).
 #include "bench_layer.h"
 
 #include <fmt/format.h>
@@ -16,6 +19,7 @@
 #include "benches.h"
 #include "moekit/layer.h"
 #include "presets.h"
+#include "roofline.h"
 
 namespace moekit::tools {
 namespace {
@@ -33,6 +37,14 @@ struct Result {
   std::array<double, kMoeSteps> step_flops{}, step_bytes{};  // forward; backward twice the flops
   double gmm_flops_fwd = 0, dense_tflops = 0, dense_ms_fwd = 0;
   std::string dense_impl;
+  // The forward's floor (CPU): the weight bytes it reads and its FLOPs, the rates measured in the
+  // same loop (a read of read_probe_bytes(); a dense matmul of 4096 rows by [H, 2F]), and the
+  // copies of the expert weights cycled.
+  double fwd_weight_bytes = 0, fwd_flops = 0;
+  Roofline roof;
+  int64_t copies = 1;
+  bool has_floor() const { return roof.read_gbps > 0; }
+  double fwd_floor_ms() const { return roof.floor_ms(fwd_weight_bytes, fwd_flops); }
   // The grouped matmuls' FLOPs (forward, then twice that backward) at the dense rate, over the
   // layer's forward plus backward.
   double ratio() const { return 3 * dense_ms_fwd / (fwd.median_ms + bwd.median_ms); }
@@ -71,8 +83,8 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   const Mem bias_mem = place_expert_bias(dev, cfg.route);
   Mem x = dev.alloc(T * H * es), out = dev.alloc(T * H * es), d_out = dev.alloc(T * H * es),
       d_x = dev.alloc(T * H * es);
-  Mem router = dev.alloc(H * E * es), w_in = dev.alloc(E * H * W * es),
-      w_out = dev.alloc(E * F * H * es);
+  Mem router = dev.alloc(H * E * es);
+  std::vector<Mem> w_in{dev.alloc(E * H * W * es)}, w_out{dev.alloc(E * F * H * es)};
   Mem shared_in = dev.alloc(H * 2 * Fs * es), shared_out = dev.alloc(Fs * H * es);
   Mem g_router = dev.alloc(H * E * es), g_in = dev.alloc(E * H * W * es),
       g_out = dev.alloc(E * F * H * es);
@@ -82,15 +94,19 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   dev.fill(x.data(), dt, T * H, o.seed + 1);
   dev.fill(d_out.data(), dt, T * H, o.seed + 2);
   dev.fill(router.data(), dt, H * E, o.seed + 3);
-  dev.fill(w_in.data(), dt, E * H * W, o.seed + 4);
-  dev.fill(w_out.data(), dt, E * F * H, o.seed + 5);
+  dev.fill(w_in[0].data(), dt, E * H * W, o.seed + 4);
+  dev.fill(w_out[0].data(), dt, E * F * H, o.seed + 5);
   dev.fill(shared_in.data(), dt, H * 2 * Fs, o.seed + 6);
   dev.fill(shared_out.data(), dt, Fs * H, o.seed + 7);
 
-  MoeLayerWeights wv;
+  // The weights of each copy of the experts' (one until the cold mode adds more); a backward
+  // runs with the weights of the forward before it.
+  std::vector<MoeLayerWeights> wvs(1);
+  size_t cur = 0;
+  MoeLayerWeights& wv = wvs[0];
   wv.router = ConstTensorView(router.data(), dt, {H, E});
-  wv.w_in = ConstTensorView(w_in.data(), dt, {E, H, W});
-  wv.w_out = ConstTensorView(w_out.data(), dt, {E, F, H});
+  wv.w_in = ConstTensorView(w_in[0].data(), dt, {E, H, W});
+  wv.w_out = ConstTensorView(w_out[0].data(), dt, {E, F, H});
   MoeLayerWeightGrads gv;
   gv.router = TensorView(g_router.data(), dt, {H, E});
   gv.w_in = TensorView(g_in.data(), dt, {E, H, W});
@@ -112,17 +128,19 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   // One pass with config c; with `profiles`, its profile appended there.
   auto forward_with = [&](const MoeLayerConfig& c, std::vector<MoeLayerProfile>* profiles) {
     MoeLayerProfile prof;
-    check(moe_layer_forward(xv, wv, c, {saved.bytes_data(), saved.bytes()},
+    cur = (cur + 1) % wvs.size();
+    check(moe_layer_forward(xv, wvs[cur], c, {saved.bytes_data(), saved.bytes()},
                             {fwd_scratch.bytes_data(), fwd_scratch.bytes()}, outs,
                             profiles ? &prof : nullptr, exec));
     if (profiles) profiles->push_back(prof);
   };
   auto backward_with = [&](const MoeLayerConfig& c, std::vector<MoeLayerProfile>* profiles) {
     MoeLayerProfile prof;
-    check(moe_layer_backward(
-        xv, wv, c, {saved.bytes_data(), saved.bytes()}, ConstTensorView(d_out.data(), dt, {T, H}),
-        1.0f, 0.0f, {bwd_scratch.bytes_data(), bwd_scratch.bytes()},
-        TensorView(d_x.data(), dt, {T, H}), gv, profiles ? &prof : nullptr, exec));
+    check(moe_layer_backward(xv, wvs[cur], c, {saved.bytes_data(), saved.bytes()},
+                             ConstTensorView(d_out.data(), dt, {T, H}), 1.0f, 0.0f,
+                             {bwd_scratch.bytes_data(), bwd_scratch.bytes()},
+                             TensorView(d_x.data(), dt, {T, H}), gv, profiles ? &prof : nullptr,
+                             exec));
     if (profiles) profiles->push_back(prof);
   };
   // The per-step profile in the timed runs where it costs nothing there (bench_device.h).
@@ -133,6 +151,32 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   std::vector<int32_t> sizes(static_cast<size_t>(E));
   dev.to_host(sizes.data(), tpe.data(), sizes.size() * sizeof(int32_t));
   const int64_t rows = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  const auto touched = std::count_if(sizes.begin(), sizes.end(), [](int32_t s) { return s > 0; });
+  const double expert_bytes = static_cast<double>((H * W + F * H) * es);
+  r.fwd_weight_bytes =
+      static_cast<double>((H * E + H * 2 * Fs + Fs * H) * es) + touched * expert_bytes;
+  r.fwd_flops = 2.0 * T * H * E + 2.0 * rows * H * W + 2.0 * rows * F * H + 2.0 * T * H * 3 * Fs;
+  // Cold: copies of the expert weights, cycled forward by forward, where one forward's would stay
+  // in the caches (the router's and the shared expert's are read by every forward as they are).
+  if (o.cache == "cold" && dev.has_read()) {
+    int64_t copies = cold_copies(touched * expert_bytes);
+    const double more = static_cast<double>(E) * expert_bytes;
+    if (bytes + (copies - 1) * more > o.mem_limit_gib * kGiB) {
+      copies =
+          std::max<int64_t>(1, static_cast<int64_t>((o.mem_limit_gib * kGiB - bytes) / more) + 1);
+    }
+    for (int64_t c = 1; c < copies; ++c) {
+      w_in.push_back(dev.alloc(E * H * W * es));
+      w_out.push_back(dev.alloc(E * F * H * es));
+      dev.fill(w_in.back().data(), dt, E * H * W, o.seed + 4 + 100 * c);
+      dev.fill(w_out.back().data(), dt, E * F * H, o.seed + 5 + 100 * c);
+      MoeLayerWeights w = wvs[0];
+      w.w_in = ConstTensorView(w_in.back().data(), dt, {E, H, W});
+      w.w_out = ConstTensorView(w_out.back().data(), dt, {E, F, H});
+      wvs.push_back(w);
+    }
+    r.copies = copies;
+  }
 
   // Dense references: [rows, H] @ [H, 2F] and [rows, F] @ [F, H], on buffers of their own.
   const int64_t dense_rows = std::max<int64_t>(rows, 1);
@@ -142,17 +186,37 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   dev.fill(a_down.data(), dt, rows * F, o.seed + 9);
   const std::unique_ptr<DenseRef> up = dev.dense(dt, dt, rows, H, W),
                                   down = dev.dense(dt, dt, rows, F, H);
+  // The floor's rates (CPU): a read of a buffer far larger than the caches, and a dense matmul
+  // large enough to be compute-bound.
+  constexpr int64_t kPeakRows = 4096;
+  Mem probe, a_peak, c_peak;
+  std::unique_ptr<DenseRef> peak;
+  if (dev.has_read()) {
+    probe = dev.alloc(read_probe_bytes());
+    dev.fill(probe.data(), DType::kF32, static_cast<int64_t>(probe.bytes() / 4), o.seed + 10);
+    a_peak = dev.alloc(kPeakRows * H * es), c_peak = dev.alloc(kPeakRows * W * es);
+    dev.fill(a_peak.data(), dt, kPeakRows * H, o.seed + 11);
+    peak = dev.dense(dt, dt, kPeakRows, H, W);
+  }
 
   fwd_prof.clear();
   // Each rep in order: a backward reads what the forward before it saved.
   std::vector<std::function<void()>> fns{
-      forward, backward, [&] { up->run(a_up.data(), w_in.data(), c_up.data()); },
-      [&] { down->run(a_down.data(), w_out.data(), c_down.data()); }};
+      forward, backward, [&] { up->run(a_up.data(), w_in[0].data(), c_up.data()); },
+      [&] { down->run(a_down.data(), w_out[0].data(), c_down.data()); }};
   if (o.invariant) {
     fns.push_back([&] { forward_with(cfg_inv, &fwd_prof_inv); });
     fns.push_back([&] { backward_with(cfg_inv, &bwd_prof_inv); });
   }
+  if (peak) {
+    fns.push_back([&] { dev.read(probe.data(), probe.bytes()); });
+    fns.push_back([&] { peak->run(a_peak.data(), w_in[0].data(), c_peak.data()); });
+  }
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
+  if (peak) {
+    r.roof.read_gbps = static_cast<double>(probe.bytes()) / (t[t.size() - 2].median_ms * 1e6);
+    r.roof.dense_tflops = 2.0 * kPeakRows * H * W / (t.back().median_ms * 1e9);
+  }
   if (!profile_timed) {  // the steps in runs of their own, as many
     for (int i = 0; i < o.warmup + o.reps; ++i) {
       forward_with(cfg, &fwd_prof);
@@ -240,6 +304,16 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
                "forward+backward throughput {:.1f}% of the default mode's\n",
                r.fwd_inv.median_ms, r.bwd_inv.median_ms, 100 * r.invariant_rate());
   }
+  if (r.has_floor()) {
+    fmt::print(f,
+               "forward floor: {:.1f} MB of weights at {:.1f} GB/s = {:.2f} ms, {:.2f} GFLOP at "
+               "{:.3f} TFLOP/s = {:.2f} ms ({} copies of the expert weights): the forward at "
+               "{:.1f}% of it\n",
+               r.fwd_weight_bytes / 1e6, r.roof.read_gbps,
+               r.fwd_weight_bytes / (r.roof.read_gbps * 1e6), r.fwd_flops / 1e9,
+               r.roof.dense_tflops, r.fwd_flops / (r.roof.dense_tflops * 1e9), r.copies,
+               100 * r.fwd_floor_ms() / r.fwd.median_ms);
+  }
 }
 
 nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool backward) {
@@ -270,6 +344,17 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
   if (o.invariant) {
     j["invariant_ms"] = (backward ? r.bwd_inv : r.fwd_inv).median_ms;
     j["fwd_bwd_invariant_rate"] = r.invariant_rate();
+  }
+  if (!backward && r.has_floor()) {
+    j.update({{"weight_bytes", r.fwd_weight_bytes},
+              {"flops", r.fwd_flops},
+              {"read_gbps", r.roof.read_gbps},
+              {"dense_peak_tflops", r.roof.dense_tflops},
+              {"floor_ms", r.fwd_floor_ms()},
+              {"bound", r.roof.bound(r.fwd_weight_bytes, r.fwd_flops)},
+              {"share_of_floor", r.fwd_floor_ms() / r.fwd.median_ms},
+              {"cache", o.cache},
+              {"weight_copies", r.copies}});
   }
   return j;
 }
@@ -326,6 +411,12 @@ int run(const Options& o) {
     }
     fmt::print(text, "\nforward+backward against the dense rate (higher is better)\n{}",
                ascii_bars(labels, ratio, "% of dense"));
+    if (results.front().has_floor()) {
+      std::vector<double> share;
+      for (const Result& r : results) share.push_back(100 * r.fwd_floor_ms() / r.fwd.median_ms);
+      fmt::print(text, "\nforward against its floor (100% = at the floor)\n{}",
+                 ascii_bars(labels, share, "% of floor"));
+    }
   }
   fmt::print(text,
              "\n% of dense: (6 N H F forward + 12 N H F backward FLOPs) at the dense matmuls' "
@@ -386,6 +477,11 @@ void register_bench_layer(CLI::App& bench) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--aux-loss-coeff", opts->aux_loss_coeff, "Load-balancing loss coefficient")
+      ->capture_default_str();
+  cmd->add_option("--cache", opts->cache,
+                  "cold: cycle through copies of the expert weights where one forward's would "
+                  "stay cached, as a model's layers do (CPU); warm: one copy")
+      ->check(CLI::IsMember({"cold", "warm"}))
       ->capture_default_str();
   cmd->add_flag("--invariant", opts->invariant,
                 "Also time the batch-invariant mode (MoeLayerConfig::batch_invariant), in the "

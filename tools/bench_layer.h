@@ -15,8 +15,9 @@ namespace moekit::tools {
 struct LayerOptions : BenchOptions {
   double capacity_factor = 0;
   float aux_loss_coeff = 0.01f;
-  int ep = 0;              // > 0: the layer over this many ranks
-  bool invariant = false;  // also time the batch-invariant mode
+  int ep = 0;                  // > 0: the layer over this many ranks
+  bool invariant = false;      // also time the batch-invariant mode
+  std::string cache = "cold";  // cold: cycle through copies of the expert weights (CPU)
   EpGroupOptions group;
 };
 
