@@ -59,7 +59,7 @@ namespace moekit::detail::stream {
 
 // The pair kernels' shapes: rows per chunk (their sums take 24 of the 32 AVX-512 registers),
 // output columns per panel (4 vectors of 16), weight rows per dot-product block.
-constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 4, kDotCols = 4;
+constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 6, kDotCols = 4;
 // Bytes of weights per block of the output-contiguous form (at least kMinBlockRows rows).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64;
 
@@ -83,6 +83,20 @@ class Ahead {
  private:
   const char* p_;
   int64_t lines_, per_;
+};
+
+// Rows [0, rows) in the fewest chunks of at most `most`, of near-equal sizes (a last chunk of
+// 1 or 2 rows would run a kernel at a fraction of its rate): chunk i is [begin(i), begin(i + 1)).
+struct Chunks {
+  Chunks(int64_t rows, int64_t most) : rows_(rows), count((rows + most - 1) / most) {}
+  int64_t begin(int64_t i) const { return rows_ * i / count; }
+  int size(int64_t i) const { return static_cast<int>(begin(i + 1) - begin(i)); }
+
+ private:
+  int64_t rows_;
+
+ public:
+  const int64_t count;
 };
 
 // Whether this CPU runs the pair kernels (AVX512-BF16).
@@ -286,7 +300,7 @@ float* ThreadPanel(size_t n) {
 template <bool kPairs, typename T, bool kOutBf16>
 void AxpyItem(const RowGroupedGemm& g, const Item& it) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  const int chunk = kPairs ? stream::kAxpyRows : kF32Rows;
+  const stream::Chunks chunks(it.rows, kPairs ? stream::kAxpyRows : kF32Rows);
   const int64_t width = (it.cols + panel - 1) / panel * panel;
   float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
   std::fill(acc, acc + it.rows * width, 0.f);
@@ -306,24 +320,25 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it) {
   auto* pairs = reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)));
   for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
     const int64_t kc = std::min(kb, g.kc - k0);
-    // The next block, prefetched in order over this block's panels.
+    // The next block, prefetched in order over every kernel call of this one.
     const auto* next = reinterpret_cast<const char*>(b + (k0 + kc) * g.b_s0);
     const int64_t next_lines = block_lines(std::min(kb, g.kc - k0 - kc));
-    const int64_t per_panel = (next_lines + panels - 1) / panels;
-    for (int64_t c0 = 0, p = 0; c0 < width; c0 += panel, ++p) {
+    const int64_t per_call = (next_lines + panels * chunks.count - 1) / (panels * chunks.count);
+    int64_t call = 0;
+    for (int64_t c0 = 0; c0 < width; c0 += panel) {
       const int64_t cols = std::min(panel, it.cols - c0);
-      const char* ahead = next + p * per_panel * 64;
-      const int64_t ahead_lines = std::clamp<int64_t>(next_lines - p * per_panel, 0, per_panel);
-      for (int64_t r0 = 0; r0 < it.rows; r0 += chunk) {
-        const int rows = static_cast<int>(std::min<int64_t>(chunk, it.rows - r0));
-        const int64_t lines = r0 == 0 ? ahead_lines : 0;
+      for (int64_t ci = 0; ci < chunks.count; ++ci, ++call) {
+        const int64_t r0 = chunks.begin(ci);
+        const int rows = chunks.size(ci);
+        const char* ahead = next + call * per_call * 64;
+        const int64_t lines = std::clamp<int64_t>(next_lines - call * per_call, 0, per_call);
         float* s = acc + r0 * width + c0;
         if constexpr (kPairs) {
           // The chunks after the first read the block's panel as the first left it.
           using stream::PanelUse;
-          const PanelUse use = r0 > 0            ? PanelUse::kRead
-                               : it.rows > chunk ? PanelUse::kWrite
-                                                 : PanelUse::kNone;
+          const PanelUse use = r0 > 0             ? PanelUse::kRead
+                               : chunks.count > 1 ? PanelUse::kWrite
+                                                  : PanelUse::kNone;
           stream::axpy_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, b + k0 * g.b_s0 + c0, g.b_s0,
                              cols, s, width, ahead, lines, pairs, use);
         } else if (cols == panel) {
@@ -345,8 +360,9 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it) {
   if constexpr (kPairs) {  // back to column order, in place, panel by panel
     float tmp[stream::kAxpyRows * stream::kPanel];
     for (int64_t c0 = 0; c0 < width; c0 += panel) {
-      for (int64_t r0 = 0; r0 < it.rows; r0 += chunk) {
-        const int rows = static_cast<int>(std::min<int64_t>(chunk, it.rows - r0));
+      for (int64_t ci = 0; ci < chunks.count; ++ci) {
+        const int64_t r0 = chunks.begin(ci);
+        const int rows = chunks.size(ci);
         stream::pair_order_to_columns(rows, acc + r0 * width + c0, width, tmp, panel);
         for (int r = 0; r < rows; ++r)
           std::memcpy(acc + (r0 + r) * width + c0, tmp + r * panel, panel * sizeof(float));
@@ -362,7 +378,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it) {
 // in blocks of 4 in order; each block serves every chunk of the group's rows.
 template <bool kPairs, typename T, bool kOutBf16>
 void DotItem(const RowGroupedGemm& g, const Item& it) {
-  const int chunk = kPairs ? stream::kDotRows : kF32DotRows;
+  const stream::Chunks chunks(it.rows, kPairs ? stream::kDotRows : kF32DotRows);
   const int64_t width = (it.cols + 3) / 4 * 4;
   float* out = ThreadBuffer(static_cast<size_t>(it.rows * width));
   const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
@@ -394,11 +410,12 @@ void DotItem(const RowGroupedGemm& g, const Item& it) {
       const int64_t next_lines =
           next_rows > 0 ? ((next_rows - 1) * stride + row_bytes + 63) / 64 : 0;
       // The next super-block's lines, spread over every call of this one.
-      const int64_t calls = (s1 - s0 + 3) / 4 * ((it.rows + chunk - 1) / chunk);
+      const int64_t calls = (s1 - s0 + 3) / 4 * chunks.count;
       const int64_t per_call = (next_lines + calls - 1) / calls;
       int64_t call = 0;
-      for (int64_t r0 = 0; r0 < it.rows; r0 += chunk) {
-        const int rows = static_cast<int>(std::min<int64_t>(chunk, it.rows - r0));
+      for (int64_t ci = 0; ci < chunks.count; ++ci) {
+        const int64_t r0 = chunks.begin(ci);
+        const int rows = chunks.size(ci);
         for (int64_t c0 = s0; c0 < s1; c0 += 4, ++call) {
           // A last block of fewer than 4 weight rows moves back over columns already computed
           // (they get the same values again).
@@ -522,6 +539,15 @@ bool has_avx512_bf16() {
 #define MOEKIT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 namespace {
+
+// f(std::integral_constant<int, rows>) for rows in [1, kMax].
+template <int kMax, class F>
+void with_rows(int rows, F&& f) {
+  if constexpr (kMax > 1) {
+    if (rows < kMax) return with_rows<kMax - 1>(rows, f);
+  }
+  f(std::integral_constant<int, kMax>{});
+}
 
 // The pair (A[2kp], A[2kp + 1]) broadcast to every lane.
 MOEKIT_AVX512_BF16 inline __m512bh pair_at(const uint16_t* a) {
@@ -673,24 +699,10 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
   auto run = [&](auto full, auto from) {
     constexpr bool kFull = decltype(full)::value;
     constexpr From kFrom = decltype(from)::value;
-    auto k = [&](auto r) {
+    with_rows<kAxpyRows>(rows, [&](auto r) {
       axpy<decltype(r)::value, kFull, kFrom>(a, lda, kc, b, ldb, cols, acc, ld_acc, ahead,
                                              ahead_lines, panel);
-    };
-    switch (rows) {
-      case 1:
-        return k(std::integral_constant<int, 1>{});
-      case 2:
-        return k(std::integral_constant<int, 2>{});
-      case 3:
-        return k(std::integral_constant<int, 3>{});
-      case 4:
-        return k(std::integral_constant<int, 4>{});
-      case 5:
-        return k(std::integral_constant<int, 5>{});
-      default:
-        return k(std::integral_constant<int, 6>{});
-    }
+    });
   };
   using F = From;
   if (use == PanelUse::kRead) return run(std::true_type{}, std::integral_constant<F, F::kPanel>{});
@@ -704,16 +716,9 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
 
 void dot_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
                float* out, int64_t ld_out, const char* ahead, int64_t ahead_lines) {
-  switch (rows) {
-    case 1:
-      return dot<1>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
-    case 2:
-      return dot<2>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
-    case 3:
-      return dot<3>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
-    default:
-      return dot<4>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
-  }
+  with_rows<kDotRows>(rows, [&](auto r) {
+    dot<decltype(r)::value>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
+  });
 }
 
 MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc,
