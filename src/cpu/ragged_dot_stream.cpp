@@ -13,15 +13,16 @@
 //     is prefetched in order as they go.
 //   - the output's (the forward against [K, n], the input gradient against transposed weights):
 //     a row's output is a sum of weight rows scaled by its elements. The weights go by blocks of
-//     contraction rows (about kBlockBytes, at least kMinBlockRows rows); within a block, a panel
-//     of output columns at a time, each chunk of rows adds the block's products to its f32 sums
-//     (kept in a per-thread buffer between blocks), and the next block is prefetched in order as
-//     the panels run. (A panel's 128 bytes of every row read straight from memory, a strided
-//     walk, ran at ~70% of a sequential read's rate on an AMD EPYC:
-//     bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
+//     contraction rows (8 rows with one chunk of rows; with more, about kBlockBytes and at least
+//     kMinBlockRows rows); within a block, a panel of output columns at a time, each chunk of rows
+//     adds the block's products to its f32 sums (kept in a per-thread buffer between blocks), and
+//     the next block is prefetched in order as the panels run. (A panel's 128 bytes of every row
+//     read straight from memory, a strided walk, ran at ~70% of a sequential read's rate on an AMD
+//     EPYC: bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
 // A work item is a group, or a slab of its output columns where there are too few groups to keep
-// the threads busy: every item of a call reads the same number of weight bytes, so the items are
-// spread over the threads by bytes.
+// the threads busy. Each thread takes a contiguous run of items of near-equal cost (their weight
+// bytes, weighted up where their rows make them compute-bound), so that each item can prefetch the
+// start of the next.
 //
 // Two kernels: on a CPU with AVX512-BF16, bf16 inputs multiply as bf16 pairs (vdpbf16ps; in the
 // output-contiguous form the pairs are two consecutive weight rows interleaved as the first chunk
@@ -61,15 +62,22 @@ namespace moekit::detail::stream {
 // output columns per panel (4 vectors of 16), weight rows per dot-product block.
 constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 6, kDotCols = 4;
 // Bytes of weights per block of the output-contiguous form (at least kMinBlockRows rows).
-constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64;
+constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
 
 // A group's rows [row, row + rows) and output columns [col, col + cols).
 struct Item {
   int64_t j, row, rows, col, cols;
 };
 
-// The items of a call: each group with rows, whole, or in `slabs` slabs of whole panels.
+// The items of a call: each group with rows, whole, or in slabs of whole panels where the groups
+// are too few to keep the threads busy.
 std::vector<Item> items(const RowGroupedGemm& g, int64_t panel);
+
+// Thread t of `threads`' items [begin, end): contiguous runs of near-equal cost, an item's cost
+// its weight bytes, times its rows over kComputeRows where the rows make it compute-bound
+// (roughly where a row's products take as long as its weights' read on the machines measured).
+constexpr int64_t kComputeRows = 16;
+std::pair<int64_t, int64_t> share(const std::vector<Item>& items, int t, int threads);
 
 // Prefetches `lines` cache lines from p on over `steps` steps of a loop, in order.
 class Ahead {
@@ -298,7 +306,7 @@ float* ThreadPanel(size_t n) {
 // kPairs: the bf16-pair kernel (panels of 64, sums in pair order); else the f32 kernel (panels of
 // 4N). The sums of the item's rows and columns are in `acc` ([rows][cols rounded up to panels]).
 template <bool kPairs, typename T, bool kOutBf16>
-void AxpyItem(const RowGroupedGemm& g, const Item& it) {
+void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
   const stream::Chunks chunks(it.rows, kPairs ? stream::kAxpyRows : kF32Rows);
   const int64_t width = (it.cols + panel - 1) / panel * panel;
@@ -307,8 +315,13 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it) {
   const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
   const T* b = static_cast<const T*>(g.b) + it.j * g.b_batch + it.col;
   const int64_t row_bytes = it.cols * static_cast<int64_t>(sizeof(T));
-  int64_t kb =
-      std::max(stream::kMinBlockRows, stream::kBlockBytes / std::max<int64_t>(row_bytes, 1));
+  // Rows of B per block: with one chunk of rows, kOneChunkBlockRows (the panels then read each
+  // block, a few rows long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens
+  // where blocks of 64+ rows ran at 62-68%); with more, about kBlockBytes and at least
+  // kMinBlockRows (each chunk's sums are loaded and stored once per block and panel).
+  int64_t kb = chunks.count == 1 ? stream::kOneChunkBlockRows
+                                 : std::max(stream::kMinBlockRows,
+                                            stream::kBlockBytes / std::max<int64_t>(row_bytes, 1));
   kb += kb % 2;  // whole pairs
   // The bytes from a block's first row to its last row's end, as cache lines.
   auto block_lines = [&](int64_t rows) {
@@ -320,9 +333,17 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it) {
   auto* pairs = reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)));
   for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
     const int64_t kc = std::min(kb, g.kc - k0);
-    // The next block, prefetched in order over every kernel call of this one.
-    const auto* next = reinterpret_cast<const char*>(b + (k0 + kc) * g.b_s0);
-    const int64_t next_lines = block_lines(std::min(kb, g.kc - k0 - kc));
+    // The next block (after the last, the next item's first), prefetched in order over every
+    // kernel call of this one.
+    const char* next = reinterpret_cast<const char*>(b + (k0 + kc) * g.b_s0);
+    int64_t next_lines = block_lines(std::min(kb, g.kc - k0 - kc));
+    if (k0 + kc == g.kc && next_item != nullptr) {
+      next = reinterpret_cast<const char*>(static_cast<const T*>(g.b) + next_item->j * g.b_batch +
+                                           next_item->col);
+      next_lines = ((std::min(kb, g.kc) - 1) * g.b_s0 * static_cast<int64_t>(sizeof(T)) +
+                    next_item->cols * static_cast<int64_t>(sizeof(T)) + 63) /
+                   64;
+    }
     const int64_t per_call = (next_lines + panels * chunks.count - 1) / (panels * chunks.count);
     int64_t call = 0;
     for (int64_t c0 = 0; c0 < width; c0 += panel) {
@@ -377,7 +398,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it) {
 // The contraction-contiguous form (b_s0 == 1), one item: its output columns are weight rows, read
 // in blocks of 4 in order; each block serves every chunk of the group's rows.
 template <bool kPairs, typename T, bool kOutBf16>
-void DotItem(const RowGroupedGemm& g, const Item& it) {
+void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const stream::Chunks chunks(it.rows, kPairs ? stream::kDotRows : kF32DotRows);
   const int64_t width = (it.cols + 3) / 4 * 4;
   float* out = ThreadBuffer(static_cast<size_t>(it.rows * width));
@@ -405,8 +426,15 @@ void DotItem(const RowGroupedGemm& g, const Item& it) {
     const int64_t sb =
         std::max<int64_t>(4, stream::kBlockBytes / std::max<int64_t>(stride, 1) / 4 * 4);
     for (int64_t s0 = 0; s0 < it.cols; s0 += sb) {
-      const int64_t s1 = std::min(s0 + sb, it.cols), next_rows = std::min(sb, it.cols - s1);
-      const auto* next = reinterpret_cast<const char*>(b + s1 * g.b_s1);
+      const int64_t s1 = std::min(s0 + sb, it.cols);
+      // The next super-block (after the last, the next item's first).
+      int64_t next_rows = std::min(sb, it.cols - s1);
+      const char* next = reinterpret_cast<const char*>(b + s1 * g.b_s1);
+      if (next_rows == 0 && next_item != nullptr) {
+        next_rows = std::min(sb, next_item->cols);
+        next = reinterpret_cast<const char*>(static_cast<const T*>(g.b) + next_item->j * g.b_batch +
+                                             next_item->col * g.b_s1);
+      }
       const int64_t next_lines =
           next_rows > 0 ? ((next_rows - 1) * stride + row_bytes + 63) / 64 : 0;
       // The next super-block's lines, spread over every call of this one.
@@ -473,16 +501,23 @@ void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
   const std::vector<Item> items = stream::items(g, panel);
   const auto n = static_cast<int64_t>(items.size());
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) {
-    if (g.b_s1 == 1) {
-      AxpyItem<kPairs, T, kOutBf16>(g, items[i]);
-    } else if (g.b_s0 == 1) {
-      DotItem<kPairs, T, kOutBf16>(g, items[i]);
-    } else {
-      PackedItem<T, kOutBf16>(g, items[i]);
+#pragma omp parallel
+  {
+    // This thread's items: a contiguous run of them (stream::share), each prefetching the start
+    // of the next as it ends.
+    const auto [begin, end] = stream::share(items, omp_get_thread_num(), omp_get_num_threads());
+    for (int64_t i = begin; i < end; ++i) {
+      const Item* next = i + 1 < end ? &items[i + 1] : nullptr;
+      if (g.b_s1 == 1) {
+        AxpyItem<kPairs, T, kOutBf16>(g, items[i], next);
+      } else if (g.b_s0 == 1) {
+        DotItem<kPairs, T, kOutBf16>(g, items[i], next);
+      } else {
+        PackedItem<T, kOutBf16>(g, items[i]);
+      }
     }
   }
+  (void)n;
 }
 
 void Run(const RowGroupedGemm& g) {
@@ -528,6 +563,29 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel) {
     row += rows;
   }
   return out;
+}
+
+std::pair<int64_t, int64_t> share(const std::vector<Item>& items, int t, int threads) {
+  auto cost = [](const Item& it) {
+    return static_cast<double>(it.cols) * static_cast<double>(std::max(it.rows, kComputeRows));
+  };
+  double total = 0;
+  for (const Item& it : items) total += cost(it);
+  // Item i goes to the thread whose share of the total holds the middle of its cost.
+  auto owner = [&](double at) {
+    return std::min<int64_t>(threads - 1, static_cast<int64_t>(at / total * threads));
+  };
+  int64_t begin = -1, end = -1;
+  double at = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(items.size()); ++i) {
+    const double c = cost(items[i]);
+    if (owner(at + c / 2) == t) {
+      if (begin < 0) begin = i;
+      end = i + 1;
+    }
+    at += c;
+  }
+  return begin < 0 ? std::pair<int64_t, int64_t>{0, 0} : std::pair{begin, end};
 }
 
 bool has_avx512_bf16() {
