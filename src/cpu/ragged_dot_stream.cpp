@@ -139,7 +139,7 @@ using stream::Item;
 
 // Rows per chunk of the f32 kernels: their sums fill at most 24 of the registers (16 on AVX2).
 constexpr int kF32Rows = HWY_TARGET <= HWY_AVX3 ? 6 : 3;
-constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 6 : 2;
 
 template <typename T>
 HWY_INLINE lanes::V Load(lanes::D d, const T* p, size_t i) {
@@ -179,6 +179,37 @@ HWY_NOINLINE void AxpyF32(const TA* a, int64_t lda, int64_t kc, const TB* b, int
 
 // The sum of the lanes of v.
 HWY_INLINE float SumLanes(lanes::D d, lanes::V v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
+
+#if HWY_TARGET != HWY_SCALAR
+// x's 128-bit blocks added together.
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<float>> SumBlocks(D d, hn::Vec<D> x) {
+  if constexpr (hn::MaxLanes(d) <= 4) {
+    return x;
+  } else {
+    const hn::Half<D> dh;
+    return SumBlocks(dh, hn::Add(hn::LowerHalf(dh, x), hn::UpperHalf(dh, x)));
+  }
+}
+#endif
+
+// out[0, 4) = the lane sums of v[0, 4), together: within each 128-bit block the four vectors'
+// lanes interleaved and added pairwise (their partial sums side by side), then the blocks added.
+HWY_INLINE void StoreSums4(lanes::D d, const lanes::V (&v)[4], float* out) {
+#if HWY_TARGET == HWY_SCALAR
+  for (int c = 0; c < 4; ++c) out[c] = SumLanes(d, v[c]);
+#else
+  const hn::Repartition<uint64_t, lanes::D> d64;
+  const lanes::V ab =
+      hn::Add(hn::InterleaveLower(d, v[0], v[1]), hn::InterleaveUpper(d, v[0], v[1]));
+  const lanes::V cd =
+      hn::Add(hn::InterleaveLower(d, v[2], v[3]), hn::InterleaveUpper(d, v[2], v[3]));
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  const lanes::V x = hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, ab64, cd64)),
+                             hn::BitCast(d, hn::InterleaveUpper(d64, ab64, cd64)));
+  hn::StoreU(SumBlocks(d, x), hn::Full128<float>(), out);
+#endif
+}
 
 // out[r][c] = sum_k A[r][k] * B[c][k] for c < 4: whole vectors, then the tail through zero-padded
 // copies.
@@ -226,9 +257,7 @@ HWY_NOINLINE void DotF32(const T* a, int64_t lda, int64_t kc, const T* b, int64_
     step(ap, bp, 0);
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < 4; ++c) out[r * ld_out + c] = SumLanes(d, s[r][c]);
+  for (int r = 0; r < R; ++r) StoreSums4(d, s[r], out + r * ld_out);
 }
 
 // Runs kernel<R>(rows, ...) for rows in [1, kMax] with R = rows.
@@ -803,16 +832,16 @@ HWY_EXPORT(Run);
 
 // The most rows in a local group for which the kernels ran faster than oneDNN, measured on an AMD
 // EPYC with AVX512-BF16, qwen3-30b-a3b shapes, 2 threads (bench/results/ragged_dot_small-*; the
-// bench's groups differ by up to +-25%): the bf16-pair kernels up to 2048 tokens (128 rows per
-// group on average, 160 at most; at 4096 oneDNN's blocked matmul is 2-6% ahead); the f32 kernel
-// of the output-contiguous form (the forward against [K, n] weights) up to 64 tokens (8 rows;
-// even at 128, oneDNN's f32 matmul ahead from 256); the f32 dot products (the input gradient) up
-// to 2048 tokens. bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts
-// to f32 as well): the f32 bounds.
+// bench's groups differ by up to +-25%): the bf16-pair kernels and the f32 dot products up to
+// 2048 tokens (128 rows per group on average, 160 at most; at 4096 oneDNN's blocked matmuls are
+// 2-6% ahead); the f32 kernel of the output-contiguous form (the forward against [K, n] weights)
+// up to 512 tokens (32 rows, 40 at most; even there, oneDNN's f32 matmul ahead from 1024). bf16 on
+// a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as well): the f32
+// bounds.
 bool stream_picks(const RowGroupedGemm& g) {
   const bool pairs = g.in_type == DType::kBF16 && stream::has_avx512_bf16();
   const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
-  const int64_t most = pairs ? 160 : dot ? 160 : 8;
+  const int64_t most = pairs || dot ? 160 : 40;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     if (g.groups.sizes[g.groups.offset + j] > most) return false;
   }
