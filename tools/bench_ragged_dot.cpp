@@ -33,6 +33,7 @@ struct RaggedDotBenchOptions : BenchOptions {
   std::string cache = "cold";  // cold: cycle through copies of the weights (CPU); warm: one copy
   std::vector<std::string> passes{"fwd", "dlhs", "drhs"};
   std::string impl = "auto";  // RaggedDotOptions::impl of the timed calls
+  std::string baseline;       // also time the full call with this impl, in the same loop
 };
 
 RaggedDotImpl parse_impl(const std::string& name) {
@@ -52,6 +53,7 @@ struct RaggedDotRow {
   int shards;
   Timing t, dense;
   Timing invariant;                    // with --invariant: the same call in the mode
+  Timing baseline;                     // with --baseline: the full call with that impl
   double flops, dense_flops, full_ms;  // full_ms: the full call's time, for shard rows
   std::string dense_impl;
   // The floor (CPU): the distinct local groups' weight bytes, the rates measured beside it, the
@@ -107,7 +109,8 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
 
 RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
                       const std::string& dense_impl) {
-  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0, pr.m, 1, {}, {}, {}, 0, 0, 0, dense_impl};
+  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0, pr.m, 1,
+                 {},   {},        {},   {},   0,    0, 0,    dense_impl};
   r.flops = r.dense_flops = 2.0 * pr.m * pr.K * pr.n;
   return r;
 }
@@ -149,15 +152,21 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
   progress.step(fmt::format("{}{}{}, interleaved", label,
                             o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : "",
                             o.invariant ? ", invariant mode" : ""));
+  const size_t read_at = fns.size();
   if (read) fns.push_back(read);
+  const size_t base_at = fns.size();
+  RaggedDotOptions base;
+  base.impl = parse_impl(o.baseline);
+  if (!o.baseline.empty()) fns.push_back([&] { check(call(pr.E, 0, base)); });
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
   const size_t per_call = o.invariant ? 2 : 1;  // timings per call: the default, the mode
   if (read) {                                   // the read rate of these very runs
-    full.roof.read_gbps = read_bytes / (t.back().median_ms * 1e6);
+    full.roof.read_gbps = read_bytes / (t[read_at].median_ms * 1e6);
     one.roof.read_gbps = full.roof.read_gbps;
   }
   full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
   if (o.invariant) full.invariant = t[2];
+  if (!o.baseline.empty()) full.baseline = t[base_at];
   rows.push_back(full);
   if (o.shards > 1) {
     const size_t at = 1 + per_call;
@@ -361,8 +370,10 @@ int run(const Options& o) {
       "shard", "rows", "ms", "TFLOP/s", "dense ms", "dense TF", "vs dense", "of full",
       floor ? fmt::format(" {:>8} {:>9} {:>7} {:>8}", "MB read", "floor ms", "bound", "of floor")
             : "",
-      o.invariant ? fmt::format(" {:>9} {:>9}", "inv ms", "inv rate") : "");
+      fmt::format("{}{}", o.invariant ? fmt::format(" {:>9} {:>9}", "inv ms", "inv rate") : "",
+                  o.baseline.empty() ? "" : fmt::format(" {:>9} {:>8}", "base ms", "speedup")));
   for (const Row& r : rows) {
+    const bool base = !o.baseline.empty() && r.shards == 1;
     const double tf = r.flops / (r.t.median_ms * 1e9);
     const double dense_tf = r.dense_flops / (r.dense.median_ms * 1e9);
     const std::string shard_s =
@@ -376,19 +387,30 @@ int run(const Options& o) {
                             r.floor_ms(), r.roof.bound(r.weight_bytes, r.flops),
                             100.0 * r.floor_ms() / r.t.median_ms)
               : "",
-        o.invariant ? fmt::format(" {:>9.2f} {:>8.1f}%", r.invariant.median_ms,
-                                  100.0 * r.t.median_ms / r.invariant.median_ms)
-                    : "");
+        fmt::format("{}{}",
+                    o.invariant ? fmt::format(" {:>9.2f} {:>8.1f}%", r.invariant.median_ms,
+                                              100.0 * r.t.median_ms / r.invariant.median_ms)
+                                : "",
+                    base ? fmt::format(" {:>9.2f} {:>7.2f}x", r.baseline.median_ms,
+                                       r.baseline.median_ms / r.t.median_ms)
+                         : ""));
   }
-  fmt::print(text,
-             "\nms: median of {} runs after {} warm-up, ragged_dot, dense and shard runs "
-             "alternating; TFLOP/s = 2*rows*K*n / time; dense: one "
-             "matmul of all m rows ({}); shard k/S: E/S local groups from group_offset "
-             "k*E/S, 'of full' its time over the full call's.{}\n",
-             o.reps, o.warmup, rows.empty() ? "" : rows.front().dense_impl,
-             o.invariant ? " inv: the same call in the batch-invariant mode, in the same loop; "
-                           "'inv rate' its throughput as a share of the default mode's."
-                         : "");
+  fmt::print(
+      text,
+      "\nms: median of {} runs after {} warm-up, ragged_dot, dense and shard runs "
+      "alternating; TFLOP/s = 2*rows*K*n / time; dense: one "
+      "matmul of all m rows ({}); shard k/S: E/S local groups from group_offset "
+      "k*E/S, 'of full' its time over the full call's.{}\n",
+      o.reps, o.warmup, rows.empty() ? "" : rows.front().dense_impl,
+      fmt::format("{}{}",
+                  o.invariant ? " inv: the same call in the batch-invariant mode, in the same "
+                                "loop; 'inv rate' its throughput as a share of the default mode's."
+                              : "",
+                  o.baseline.empty()
+                      ? ""
+                      : fmt::format(" base: the full call with --impl {}, in the same "
+                                    "loop; speedup = its time over the timed call's.",
+                                    o.baseline)));
   if (floor) {
     fmt::print(
         text,
@@ -466,6 +488,11 @@ int run(const Options& o) {
                   {"cache", o.cache},
                   {"weight_copies", r.copies}});
       }
+      if (!o.baseline.empty() && r.shards == 1) {
+        j["baseline_impl"] = o.baseline;
+        j["baseline_ms"] = r.baseline.median_ms;
+        j["speedup_over_baseline"] = r.baseline.median_ms / r.t.median_ms;
+      }
       if (o.invariant) {
         j["invariant_ms"] = r.invariant.median_ms;
         j["invariant_rate"] = r.t.median_ms / r.invariant.median_ms;
@@ -514,6 +541,9 @@ void register_bench_ragged_dot(CLI::App& bench) {
                   "Implementation of the timed calls (RaggedDotOptions::impl): auto picks by shape")
       ->check(CLI::IsMember({"auto", "onednn", "stream", "reference"}))
       ->capture_default_str();
+  cmd->add_option("--baseline", opts->baseline,
+                  "Also time the full call with this implementation, in the same loop")
+      ->check(CLI::IsMember({"auto", "onednn", "stream", "reference"}));
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();

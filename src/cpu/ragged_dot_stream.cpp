@@ -19,17 +19,19 @@
 //     the next block is prefetched in order as the panels run. (A panel's 128 bytes of every row
 //     read straight from memory, a strided walk, ran at ~70% of a sequential read's rate on an AMD
 //     EPYC: bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
-// A work item is a group, or a slab of its output columns where there are too few groups to keep
-// the threads busy. Each thread takes a contiguous run of items of near-equal cost (their weight
-// bytes, weighted up where their rows make them compute-bound), so that each item can prefetch the
-// start of the next.
+// A work item is a group (up to kItemRows of its rows), or a slab of its output columns where
+// there are too few groups to keep the threads busy. Each thread takes a contiguous run of items of
+// near-equal cost (their weight bytes, weighted up where their rows make them compute-bound), so
+// that each item can prefetch the start of the next.
 //
 // Two kernels: on a CPU with AVX512-BF16, bf16 inputs multiply as bf16 pairs (vdpbf16ps; in the
 // output-contiguous form the pairs are two consecutive weight rows interleaved as the first chunk
 // reads them, and kept so for the chunks after it); everywhere else f32 FMA through Highway (bf16
 // widened to f32). Highway 1.0 (Debian 12) has no bf16 dot product, so the pair kernels are
 // written with intrinsics for the one target and chosen at run time. Sums are f32; a bf16 output
-// is rounded once. Weights with neither dimension contiguous are packed into f32 panels first
+// is rounded once. (vdpbf16ps treats denormal inputs as zero and flushes denormal results, as
+// oneDNN's bf16 matmul on the same instruction does: values below 1e-38 that no model's weights or
+// activations hold.) Weights with neither dimension contiguous are packed into f32 panels first
 // (correct, not fast). The small loops over a kernel's rows and vectors carry `#pragma GCC unroll`:
 // without it GCC 12 kept the sums in a stack array, stored every step (a third of the speed).
 //
@@ -61,16 +63,19 @@ namespace moekit::detail::stream {
 // The pair kernels' shapes: rows per chunk (their sums take 24 of the 32 AVX-512 registers),
 // output columns per panel (4 vectors of 16), weight rows per dot-product block.
 constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 6, kDotCols = 4;
-// Bytes of weights per block of the output-contiguous form (at least kMinBlockRows rows).
+// Weight rows per block of the output-contiguous form, and bytes per super-block of the
+// contraction-contiguous one (AxpyItem, DotItem say why).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
+// The most rows of a group in one work item (bounding its per-thread buffers of sums).
+constexpr int64_t kItemRows = 192;
 
 // A group's rows [row, row + rows) and output columns [col, col + cols).
 struct Item {
   int64_t j, row, rows, col, cols;
 };
 
-// The items of a call: each group with rows, whole, or in slabs of whole panels where the groups
-// are too few to keep the threads busy.
+// The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
+// of whole panels where the groups are too few to keep the threads busy.
 std::vector<Item> items(const RowGroupedGemm& g, int64_t panel);
 
 // Thread t of `threads`' items [begin, end): contiguous runs of near-equal cost, an item's cost
@@ -96,15 +101,10 @@ class Ahead {
 // Rows [0, rows) in the fewest chunks of at most `most`, of near-equal sizes (a last chunk of
 // 1 or 2 rows would run a kernel at a fraction of its rate): chunk i is [begin(i), begin(i + 1)).
 struct Chunks {
-  Chunks(int64_t rows, int64_t most) : rows_(rows), count((rows + most - 1) / most) {}
-  int64_t begin(int64_t i) const { return rows_ * i / count; }
+  Chunks(int64_t rows, int64_t most) : rows(rows), count((rows + most - 1) / most) {}
+  int64_t begin(int64_t i) const { return rows * i / count; }
   int size(int64_t i) const { return static_cast<int>(begin(i + 1) - begin(i)); }
-
- private:
-  int64_t rows_;
-
- public:
-  const int64_t count;
+  int64_t rows, count;
 };
 
 // Whether this CPU runs the pair kernels (AVX512-BF16).
@@ -585,9 +585,10 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel) {
   int64_t row = local_rows(g.groups).begin;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     const int64_t rows = g.groups.sizes[g.groups.offset + j];
-    if (rows > 0) {
+    const Chunks runs(rows, kItemRows);
+    for (int64_t r = 0; r < runs.count; ++r) {
       for (int64_t col = 0; col < g.n; col += slab)
-        out.push_back({j, row, rows, col, std::min(slab, g.n - col)});
+        out.push_back({j, row + runs.begin(r), runs.size(r), col, std::min(slab, g.n - col)});
     }
     row += rows;
   }
