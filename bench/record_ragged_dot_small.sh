@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 op=ragged_dot_small
+runner=("$build/moekit" bench ragged_dot)
+runner_shown="moekit bench ragged_dot"
 source bench/record_common.sh
 start_report "ragged_dot and the layer at the roofline for every batch size (issue 35)"
 
