@@ -66,6 +66,12 @@ constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 6, kDotCols = 4;
 // Weight rows per block of the output-contiguous form, and bytes per super-block of the
 // contraction-contiguous one (AxpyItem, DotItem say why).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
+// The most bytes of a weight row that one item (output-contiguous form) or one kernel call
+// (contraction-contiguous form) takes: wider rows go in slabs or spans, so that a block's rows
+// stay in L2 and a chunk's rows in L1.
+constexpr int64_t kSpanBytes = 3072;
+// The most output columns of an item of the contraction-contiguous form (its buffer of sums).
+constexpr int64_t kDotItemCols = 256;
 // The most rows of a group in one work item (bounding its per-thread buffers of sums).
 constexpr int64_t kItemRows = 192;
 
@@ -75,8 +81,9 @@ struct Item {
 };
 
 // The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
-// of whole panels where the groups are too few to keep the threads busy.
-std::vector<Item> items(const RowGroupedGemm& g, int64_t panel);
+// of whole panels where the groups are too few to keep the threads busy, or (output-contiguous
+// form, groups of more than one chunk of `chunk` rows) rows of more than kSpanBytes.
+std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk);
 
 // Thread t of `threads`' items [begin, end): contiguous runs of near-equal cost, an item's cost
 // its weight bytes, times its rows over kComputeRows where the rows make it compute-bound
@@ -84,18 +91,48 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel);
 constexpr int64_t kComputeRows = 16;
 std::pair<int64_t, int64_t> share(const std::vector<Item>& items, int t, int threads);
 
-// Prefetches `lines` cache lines from p on over `steps` steps of a loop, in order.
+// Cache lines of a region of rows: line i at base + (i / row_lines) * stride + (i % row_lines) *
+// 64, and of those, [first, first + count): the ones a kernel call prefetches.
+struct Lines {
+  const char* base = nullptr;
+  int64_t stride = 0, row_lines = 1, first = 0, count = 0;
+};
+
+// The lines of `rows` rows of `row_bytes` bytes, `stride` bytes apart, from p (one more line per
+// row than its bytes fill, for a row that does not start on a line).
+inline Lines lines_of(const void* p, int64_t stride, int64_t row_bytes, int64_t rows) {
+  const int64_t row_lines = (row_bytes + 63) / 64 + 1;
+  return {static_cast<const char*>(p), stride, row_lines, 0, rows > 0 ? rows * row_lines : 0};
+}
+
+// Of `all`, the part of call `call` when its lines are spread over `calls` calls, in order.
+inline Lines part(Lines all, int64_t call, int64_t calls) {
+  const int64_t per = (all.count + calls - 1) / calls;
+  all.first = call * per;
+  all.count = std::clamp<int64_t>(all.count - all.first, 0, per);
+  return all;
+}
+
+// Prefetches a call's lines over `steps` steps of its loop, in order.
 class Ahead {
  public:
-  Ahead(const char* p, int64_t lines, int64_t steps)
-      : p_(p), lines_(lines), per_(steps > 0 ? (lines + steps - 1) / steps : lines) {}
+  Ahead(const Lines& l, int64_t steps)
+      : row_(l.base + (l.first / l.row_lines) * l.stride),
+        line_(l.first % l.row_lines),
+        row_lines_(l.row_lines),
+        stride_(l.stride),
+        left_(l.count),
+        per_(steps > 0 ? (l.count + steps - 1) / steps : l.count) {}
   void step() {
-    for (int64_t i = 0; i < per_ && lines_ > 0; ++i, --lines_, p_ += 64) __builtin_prefetch(p_);
+    for (int64_t i = 0; i < per_ && left_ > 0; ++i, --left_) {
+      __builtin_prefetch(row_ + line_ * 64);
+      if (++line_ == row_lines_) line_ = 0, row_ += stride_;
+    }
   }
 
  private:
-  const char* p_;
-  int64_t lines_, per_;
+  const char* row_;
+  int64_t line_, row_lines_, stride_, left_, per_;
 };
 
 // Rows [0, rows) in the fewest chunks of at most `most`, of near-equal sizes (a last chunk of
@@ -114,20 +151,20 @@ bool has_avx512_bf16();
 // acc[r][0, 64) += sum over the block's kc contraction rows of A[r][k] * B[k][0, 64) for
 // r < rows <= kAxpyRows: B's rows ldb apart, 64 columns of which the first `cols` exist; acc in
 // the panel's pair order (pair_order_to_columns), rows ld_acc apart.
-// ahead_lines cache lines from `ahead` on are prefetched as the kernel goes. The weights come
+// The lines `ahead` names are prefetched as the kernel goes. The weights come
 // from b (kNone), from b and are left interleaved in `panel` (kWrite: [ceil(kc / 2)][64] pairs,
 // 64-byte aligned), or from that panel (kRead).
 enum class PanelUse { kNone, kWrite, kRead };
 void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
-                int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const char* ahead,
-                int64_t ahead_lines, uint32_t* panel, PanelUse use);
+                int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead,
+                uint32_t* panel, PanelUse use);
 // tile[r][0, 64) in column order from acc[r][0, 64) in the pair order.
 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc, float* tile,
                            int64_t ld_tile);
 // out[r][c] = sum_k A[r][k] * B[c][k] for r < rows <= kDotRows, c < kDotCols (B's rows ldb
-// apart, contiguous along k), out's rows ld_out apart.
+// apart, contiguous along k), out's rows ld_out apart; `ahead` prefetched as it goes.
 void dot_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
-               float* out, int64_t ld_out, const char* ahead, int64_t ahead_lines);
+               float* out, int64_t ld_out, const Lines& ahead);
 
 }  // namespace moekit::detail::stream
 #endif
@@ -149,7 +186,7 @@ HWY_INLINE lanes::V Load(lanes::D d, const T* p, size_t i) {
 // acc[r][0, 4N) += sum_{k < kc} A[r][k] * B[k][0, 4N), A's and B's elements of type TA and TB.
 template <int R, typename TA, typename TB>
 HWY_NOINLINE void AxpyF32(const TA* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
-                          float* acc, int64_t ld_acc, const char* ahead, int64_t lines) {
+                          float* acc, int64_t ld_acc, const stream::Lines& ahead) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
   lanes::V s[R][4];
@@ -157,7 +194,7 @@ HWY_NOINLINE void AxpyF32(const TA* a, int64_t lda, int64_t kc, const TB* b, int
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int i = 0; i < 4; ++i) s[r][i] = hn::LoadU(d, acc + r * ld_acc + i * N);
-  stream::Ahead pf(ahead, lines, kc);
+  stream::Ahead pf(ahead, kc);
   for (int64_t k = 0; k < kc; ++k) {
     pf.step();
     const TB* row = b + k * ldb;
@@ -215,10 +252,10 @@ HWY_INLINE void StoreSums4(lanes::D d, const lanes::V (&v)[4], float* out) {
 // copies.
 template <int R, typename T>
 HWY_NOINLINE void DotF32(const T* a, int64_t lda, int64_t kc, const T* b, int64_t ldb, float* out,
-                         int64_t ld_out, const char* ahead, int64_t lines) {
+                         int64_t ld_out, const stream::Lines& ahead) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
-  stream::Ahead pf(ahead, lines, kc / static_cast<int64_t>(N));
+  stream::Ahead pf(ahead, kc / static_cast<int64_t>(N));
   lanes::V s[R][4];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -331,9 +368,10 @@ float* ThreadPanel(size_t n) {
 }
 
 // The output-contiguous form (B's columns contiguous: b_s1 == 1), one item: blocks of
-// contraction rows, panel by panel, chunk by chunk, the next block prefetched as they go.
-// kPairs: the bf16-pair kernel (panels of 64, sums in pair order); else the f32 kernel (panels of
-// 4N). The sums of the item's rows and columns are in `acc` ([rows][cols rounded up to panels]).
+// contraction rows, panel by panel, chunk by chunk, the next block (after the last, the next
+// item's first) prefetched over the calls. kPairs: the bf16-pair kernel (panels of 64, sums in
+// pair order); else the f32 kernel (panels of 4N). The item's sums are in `acc` ([rows][cols
+// rounded up to panels]).
 template <bool kPairs, typename T, bool kOutBf16>
 void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
@@ -342,47 +380,40 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
   std::fill(acc, acc + it.rows * width, 0.f);
   const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
-  const T* b = static_cast<const T*>(g.b) + it.j * g.b_batch + it.col;
-  const int64_t row_bytes = it.cols * static_cast<int64_t>(sizeof(T));
+  auto weights = [&](const Item& i) {
+    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.col;
+  };
+  const T* b = weights(it);
+  const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
   // Rows of B per block: with one chunk of rows, kOneChunkBlockRows (the panels then read each
   // block, a few rows long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens
   // where blocks of 64+ rows ran at 62-68%); with more, about kBlockBytes and at least
   // kMinBlockRows (each chunk's sums are loaded and stored once per block and panel).
-  int64_t kb = chunks.count == 1 ? stream::kOneChunkBlockRows
-                                 : std::max(stream::kMinBlockRows,
-                                            stream::kBlockBytes / std::max<int64_t>(row_bytes, 1));
+  int64_t kb = chunks.count == 1
+                   ? stream::kOneChunkBlockRows
+                   : std::max(stream::kMinBlockRows,
+                              stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
   kb += kb % 2;  // whole pairs
-  // The bytes from a block's first row to its last row's end, as cache lines.
-  auto block_lines = [&](int64_t rows) {
-    return rows > 0 ? ((rows - 1) * g.b_s0 * static_cast<int64_t>(sizeof(T)) + row_bytes + 63) / 64
-                    : 0;
-  };
-  stream::Ahead(reinterpret_cast<const char*>(b), block_lines(std::min(kb, g.kc)), 1).step();
+  stream::Ahead(stream::lines_of(b, stride, it.cols * es, std::min(kb, g.kc)), 1).step();
   const int64_t panels = width / panel;
   auto* pairs = reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)));
   for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
     const int64_t kc = std::min(kb, g.kc - k0);
-    // The next block (after the last, the next item's first), prefetched in order over every
-    // kernel call of this one.
-    const char* next = reinterpret_cast<const char*>(b + (k0 + kc) * g.b_s0);
-    int64_t next_lines = block_lines(std::min(kb, g.kc - k0 - kc));
-    if (k0 + kc == g.kc && next_item != nullptr) {
-      next = reinterpret_cast<const char*>(static_cast<const T*>(g.b) + next_item->j * g.b_batch +
-                                           next_item->col);
-      next_lines = ((std::min(kb, g.kc) - 1) * g.b_s0 * static_cast<int64_t>(sizeof(T)) +
-                    next_item->cols * static_cast<int64_t>(sizeof(T)) + 63) /
-                   64;
-    }
-    const int64_t per_call = (next_lines + panels * chunks.count - 1) / (panels * chunks.count);
+    const stream::Lines next =
+        k0 + kc < g.kc ? stream::lines_of(b + (k0 + kc) * g.b_s0, stride, it.cols * es,
+                                          std::min(kb, g.kc - k0 - kc))
+        : next_item    ? stream::lines_of(weights(*next_item), stride, next_item->cols * es,
+                                          std::min(kb, g.kc))
+                       : stream::Lines{};
+    const int64_t calls = panels * chunks.count;
     int64_t call = 0;
     for (int64_t c0 = 0; c0 < width; c0 += panel) {
       const int64_t cols = std::min(panel, it.cols - c0);
       for (int64_t ci = 0; ci < chunks.count; ++ci, ++call) {
         const int64_t r0 = chunks.begin(ci);
         const int rows = chunks.size(ci);
-        const char* ahead = next + call * per_call * 64;
-        const int64_t lines = std::clamp<int64_t>(next_lines - call * per_call, 0, per_call);
-        float* s = acc + r0 * width + c0;
+        const stream::Lines ahead = stream::part(next, call, calls);
+        float* sums = acc + r0 * width + c0;
         if constexpr (kPairs) {
           // The chunks after the first read the block's panel as the first left it.
           using stream::PanelUse;
@@ -390,11 +421,11 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                                : chunks.count > 1 ? PanelUse::kWrite
                                                   : PanelUse::kNone;
           stream::axpy_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, b + k0 * g.b_s0 + c0, g.b_s0,
-                             cols, s, width, ahead, lines, pairs, use);
+                             cols, sums, width, ahead, pairs, use);
         } else if (cols == panel) {
           WithRows<kF32Rows, Axpy<T, T>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc,
-                                                     b + k0 * g.b_s0 + c0, g.b_s0, s, width, ahead,
-                                                     lines);
+                                                     b + k0 * g.b_s0 + c0, g.b_s0, sums, width,
+                                                     ahead);
         } else {  // a partial panel: its columns copied into a zero-padded f32 panel
           float* pp = ThreadPanel(static_cast<size_t>(kc * panel));
           for (int64_t k = 0; k < kc; ++k) {
@@ -402,7 +433,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
               pp[k * panel + c] = c < cols ? as_float(b[(k0 + k) * g.b_s0 + c0 + c]) : 0.f;
           }
           WithRows<kF32Rows, Axpy<T, float>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc, pp,
-                                                         panel, s, width, ahead, lines);
+                                                         panel, sums, width, ahead);
         }
       }
     }
@@ -424,15 +455,23 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                       g.ldc);
 }
 
-// The contraction-contiguous form (b_s0 == 1), one item: its output columns are weight rows, read
-// in blocks of 4 in order; each block serves every chunk of the group's rows.
+// The contraction-contiguous form (b_s0 == 1), one item: its output columns are weight rows.
+// The contraction goes in spans of about kSpanBytes per row (so that a chunk's span of rows stays
+// in L1, and the item's in L2, however long the rows); within a span, the weight rows go by
+// super-blocks of about kBlockBytes, each prefetched over the calls of the one before, each chunk
+// of rows over a super-block's weight rows 4 at a time (the first chunk from memory, the others
+// from L2). The kernels return 4 sums per row, added into `out` ([rows][cols rounded up to 4]).
 template <bool kPairs, typename T, bool kOutBf16>
 void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const stream::Chunks chunks(it.rows, kPairs ? stream::kDotRows : kF32DotRows);
   const int64_t width = (it.cols + 3) / 4 * 4;
   float* out = ThreadBuffer(static_cast<size_t>(it.rows * width));
+  std::fill(out, out + it.rows * width, 0.f);
   const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
-  const T* b = static_cast<const T*>(g.b) + it.j * g.b_batch + it.col * g.b_s1;
+  auto weights = [&](const Item& i) {
+    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.col * g.b_s1;
+  };
+  const T* b = weights(it);
   if (it.cols < 4) {  // fewer than 4 weight rows: f32 copies, the missing rows 0
     float* p = ThreadPanel(static_cast<size_t>((4 + kF32DotRows) * g.kc));
     float* a32 = p + 4 * g.kc;
@@ -444,48 +483,55 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
       for (int r = 0; r < rows; ++r)
         for (int64_t k = 0; k < g.kc; ++k) a32[r * g.kc + k] = as_float(a[(r0 + r) * g.lda + k]);
       WithRows<kF32DotRows, Dot<float>::template K>(rows, a32, g.kc, g.kc, p, g.kc,
-                                                    out + r0 * width, width, nullptr, 0);
+                                                    out + r0 * width, width, stream::Lines{});
     }
   } else {
-    // Super-blocks of about kBlockBytes of weight rows: each chunk of rows runs over all of
-    // one (from L2 after the first chunk, which reads it from memory as the next one is
-    // prefetched), so that a chunk's rows stay in L1.
-    const int64_t row_bytes = g.kc * static_cast<int64_t>(sizeof(T)),
-                  stride = g.b_s1 * static_cast<int64_t>(sizeof(T));
-    const int64_t sb =
-        std::max<int64_t>(4, stream::kBlockBytes / std::max<int64_t>(stride, 1) / 4 * 4);
-    for (int64_t s0 = 0; s0 < it.cols; s0 += sb) {
-      const int64_t s1 = std::min(s0 + sb, it.cols);
-      // The next super-block (after the last, the next item's first).
-      int64_t next_rows = std::min(sb, it.cols - s1);
-      const char* next = reinterpret_cast<const char*>(b + s1 * g.b_s1);
-      if (next_rows == 0 && next_item != nullptr) {
-        next_rows = std::min(sb, next_item->cols);
-        next = reinterpret_cast<const char*>(static_cast<const T*>(g.b) + next_item->j * g.b_batch +
-                                             next_item->col * g.b_s1);
-      }
-      const int64_t next_lines =
-          next_rows > 0 ? ((next_rows - 1) * stride + row_bytes + 63) / 64 : 0;
-      // The next super-block's lines, spread over every call of this one.
-      const int64_t calls = (s1 - s0 + 3) / 4 * chunks.count;
-      const int64_t per_call = (next_lines + calls - 1) / calls;
-      int64_t call = 0;
-      for (int64_t ci = 0; ci < chunks.count; ++ci) {
-        const int64_t r0 = chunks.begin(ci);
-        const int rows = chunks.size(ci);
-        for (int64_t c0 = s0; c0 < s1; c0 += 4, ++call) {
-          // A last block of fewer than 4 weight rows moves back over columns already computed
-          // (they get the same values again).
-          const int64_t at = std::min(c0, it.cols - 4);
-          const char* ahead = next + call * per_call * 64;
-          const int64_t lines = std::clamp<int64_t>(next_lines - call * per_call, 0, per_call);
-          if constexpr (kPairs) {
-            stream::dot_pairs(rows, a + r0 * g.lda, g.lda, g.kc, b + at * g.b_s1, g.b_s1,
-                              out + r0 * width + at, width, ahead, lines);
-          } else {
-            WithRows<kF32DotRows, Dot<T>::template K>(rows, a + r0 * g.lda, g.lda, g.kc,
-                                                      b + at * g.b_s1, g.b_s1,
-                                                      out + r0 * width + at, width, ahead, lines);
+    const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s1 * es;
+    // Contraction spans of near-equal length, whole steps of the kernels (32 elements); within
+    // a span, super-blocks of weight rows of about kBlockBytes.
+    // (One chunk of rows reads whole weight rows: a streamed row is read front to back.)
+    const int64_t spans =
+        chunks.count == 1 ? 1 : (g.kc * es + stream::kSpanBytes - 1) / stream::kSpanBytes;
+    const int64_t span = ((g.kc + spans - 1) / spans + 31) / 32 * 32;
+    const int64_t sb = std::max<int64_t>(4, stream::kBlockBytes / (span * es) / 4 * 4);
+    // The lines of super-block [s0, s0 + sb) of span k0 of an item's weights.
+    auto region = [&](const T* w, int64_t cols, int64_t k0, int64_t s0) {
+      return stream::lines_of(w + s0 * g.b_s1 + k0, stride, std::min(span, g.kc - k0) * es,
+                              std::min(sb, cols - s0));
+    };
+    float sums[stream::kDotRows * 4];
+    for (int64_t k0 = 0; k0 < g.kc; k0 += span) {
+      const int64_t kc = std::min(span, g.kc - k0);
+      for (int64_t s0 = 0; s0 < it.cols; s0 += sb) {
+        const int64_t s1 = std::min(s0 + sb, it.cols);
+        // The next super-block: of this span, of the next, or the next item's first.
+        const stream::Lines next = s1 < it.cols       ? region(b, it.cols, k0, s1)
+                                   : k0 + span < g.kc ? region(b, it.cols, k0 + span, 0)
+                                   : next_item != nullptr
+                                       ? region(weights(*next_item), next_item->cols, 0, 0)
+                                       : stream::Lines{};
+        const int64_t calls = chunks.count * ((s1 - s0 + 3) / 4);
+        int64_t call = 0;
+        for (int64_t ci = 0; ci < chunks.count; ++ci) {
+          const int64_t r0 = chunks.begin(ci);
+          const int rows = chunks.size(ci);
+          for (int64_t c0 = s0; c0 < s1; c0 += 4, ++call) {
+            // A last block of fewer than 4 weight rows moves back over columns already summed:
+            // of its sums only the new columns' are added.
+            const int64_t at = std::min(c0, it.cols - 4);
+            const stream::Lines ahead = stream::part(next, call, calls);
+            if constexpr (kPairs) {
+              stream::dot_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0, g.b_s1,
+                                sums, 4, ahead);
+            } else {
+              WithRows<kF32DotRows, Dot<T>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc,
+                                                        b + at * g.b_s1 + k0, g.b_s1, sums, 4,
+                                                        ahead);
+            }
+            for (int r = 0; r < rows; ++r) {
+              float* o = out + (r0 + r) * width;
+              for (int64_t c = c0; c < at + 4; ++c) o[c] += sums[r * 4 + (c - at)];
+            }
           }
         }
       }
@@ -517,7 +563,7 @@ void PackedItem(const RowGroupedGemm& g, const Item& it) {
     for (int64_t r0 = 0; r0 < it.rows; r0 += kF32Rows) {
       const int rows = static_cast<int>(std::min<int64_t>(kF32Rows, it.rows - r0));
       WithRows<kF32Rows, Axpy<T, float>::template K>(rows, a + r0 * g.lda, g.lda, g.kc, p, panel,
-                                                     acc + r0 * width + c0, width, nullptr, 0);
+                                                     acc + r0 * width + c0, width, stream::Lines{});
     }
   }
   StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
@@ -528,7 +574,7 @@ void PackedItem(const RowGroupedGemm& g, const Item& it) {
 template <bool kPairs, typename T, bool kOutBf16>
 void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  const std::vector<Item> items = stream::items(g, panel);
+  const std::vector<Item> items = stream::items(g, panel, kPairs ? stream::kAxpyRows : kF32Rows);
   const auto n = static_cast<int64_t>(items.size());
 #pragma omp parallel
   {
@@ -572,19 +618,26 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::detail {
 namespace stream {
 
-std::vector<Item> items(const RowGroupedGemm& g, int64_t panel) {
+std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk) {
   int64_t busy = 0;  // groups with rows
   for (int64_t j = 0; j < g.groups.num_local; ++j) busy += g.groups.sizes[g.groups.offset + j] > 0;
-  // Slabs per group: enough items for 4 per thread where the groups alone are fewer, in whole
-  // panels.
+  // Slabs per group, in whole panels: enough items for 4 per thread where the groups alone are
+  // fewer; in the output-contiguous form, with more than one chunk of rows, rows of at most
+  // kSpanBytes (a block of them and the chunks' sums stay in L2); in the other, at most
+  // kDotItemCols columns.
   const int64_t want = 4 * omp_get_max_threads(), panels = (g.n + panel - 1) / panel;
-  const int64_t slabs =
-      busy >= want ? 1 : std::min(panels, (want + busy - 1) / std::max<int64_t>(busy, 1));
-  const int64_t slab = (panels + slabs - 1) / slabs * panel;
+  const int64_t balance = busy >= want ? 1 : (want + busy - 1) / std::max<int64_t>(busy, 1);
+  const int64_t wide =
+      g.b_s1 == 1
+          ? (g.n * static_cast<int64_t>(dtype_size(g.in_type)) + kSpanBytes - 1) / kSpanBytes
+          : (g.n + kDotItemCols - 1) / kDotItemCols;
   std::vector<Item> out;
   int64_t row = local_rows(g.groups).begin;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     const int64_t rows = g.groups.sizes[g.groups.offset + j];
+    const int64_t slabs =
+        std::min(panels, std::max(balance, g.b_s1 != 1 || rows > chunk ? wide : int64_t{1}));
+    const int64_t slab = (panels + slabs - 1) / slabs * panel;
     const Chunks runs(rows, kItemRows);
     for (int64_t r = 0; r < runs.count; ++r) {
       for (int64_t col = 0; col < g.n; col += slab)
@@ -683,7 +736,7 @@ enum class From { kSource, kSourceStore, kPanel };
 template <int R, bool kFull, From kFrom>
 MOEKIT_AVX512_BF16 void axpy(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                              int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
-                             const char* ahead, int64_t ahead_lines, uint32_t* panel) {
+                             const Lines& ahead, uint32_t* panel) {
   const __mmask32 m_lo = cols >= 32 ? ~__mmask32{0} : __mmask32((1u << cols) - 1),
                   m_hi = cols <= 32   ? 0
                          : cols >= 64 ? ~__mmask32{0}
@@ -711,7 +764,7 @@ MOEKIT_AVX512_BF16 void axpy(const uint16_t* a, int64_t lda, int64_t kc, const u
     }
   };
   const int64_t pairs = kc / 2;
-  Ahead pf(ahead, ahead_lines, pairs);
+  Ahead pf(ahead, pairs);
   for (int64_t kp = 0; kp < pairs; ++kp) {
     pf.step();
     __m512i v[4];
@@ -761,9 +814,8 @@ MOEKIT_AVX512_BF16 inline __m128 sum4(const __m512 (&v)[4]) {
 
 template <int R>
 MOEKIT_AVX512_BF16 void dot(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
-                            int64_t ldb, float* out, int64_t ld_out, const char* ahead,
-                            int64_t ahead_lines) {
-  Ahead pf(ahead, ahead_lines, kc / 32);
+                            int64_t ldb, float* out, int64_t ld_out, const Lines& ahead) {
+  Ahead pf(ahead, kc / 32);
   __m512 s[R][kDotCols];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -782,14 +834,13 @@ MOEKIT_AVX512_BF16 void dot(const uint16_t* a, int64_t lda, int64_t kc, const ui
 }  // namespace
 
 void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
-                int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const char* ahead,
-                int64_t ahead_lines, uint32_t* panel, PanelUse use) {
+                int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead,
+                uint32_t* panel, PanelUse use) {
   auto run = [&](auto full, auto from) {
     constexpr bool kFull = decltype(full)::value;
     constexpr From kFrom = decltype(from)::value;
     with_rows<kAxpyRows>(rows, [&](auto r) {
-      axpy<decltype(r)::value, kFull, kFrom>(a, lda, kc, b, ldb, cols, acc, ld_acc, ahead,
-                                             ahead_lines, panel);
+      axpy<decltype(r)::value, kFull, kFrom>(a, lda, kc, b, ldb, cols, acc, ld_acc, ahead, panel);
     });
   };
   using F = From;
@@ -803,10 +854,9 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
 }
 
 void dot_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
-               float* out, int64_t ld_out, const char* ahead, int64_t ahead_lines) {
-  with_rows<kDotRows>(rows, [&](auto r) {
-    dot<decltype(r)::value>(a, lda, kc, b, ldb, out, ld_out, ahead, ahead_lines);
-  });
+               float* out, int64_t ld_out, const Lines& ahead) {
+  with_rows<kDotRows>(
+      rows, [&](auto r) { dot<decltype(r)::value>(a, lda, kc, b, ldb, out, ld_out, ahead); });
 }
 
 MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc,
@@ -839,14 +889,20 @@ HWY_EXPORT(Run);
 // up to 512 tokens (32 rows, 40 at most; even there, oneDNN's f32 matmul ahead from 1024). bf16 on
 // a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as well): the f32
 // bounds.
+// With fewer groups than 4 per thread, each of one chunk of rows (decoding a token or two on a
+// model of few experts: mixtral-8x7b, gpt-oss-20b), oneDNN threading inside each group's matmul
+// ran 3-26% faster than slabs of the groups' columns spread over the threads.
 bool stream_picks(const RowGroupedGemm& g) {
   const bool pairs = g.in_type == DType::kBF16 && stream::has_avx512_bf16();
   const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
   const int64_t most = pairs || dot ? 160 : 40;
+  int64_t busy = 0, largest = 0;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
-    if (g.groups.sizes[g.groups.offset + j] > most) return false;
+    const int64_t rows = g.groups.sizes[g.groups.offset + j];
+    busy += rows > 0, largest = std::max(largest, rows);
   }
-  return true;
+  if (largest > most) return false;
+  return busy >= 4 * omp_get_max_threads() || largest > stream::kAxpyRows;
 }
 
 Status row_grouped_gemm_stream(const RowGroupedGemm& g) {
