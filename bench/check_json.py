@@ -1,7 +1,8 @@
 """Checks the JSON that `moekit bench OP ... --json` prints on stdin.
 
-Usage: bench/check_json.py OP COUNT [invariant]
-(invariant: each case must carry the --invariant keys too)
+Usage: bench/check_json.py OP COUNT [invariant] [floor]
+(invariant: each case must carry the --invariant keys too; floor: each ragged_dot case, and each
+layer forward, its floor on the CPU: issue 35)
 """
 import json
 import sys
@@ -29,7 +30,9 @@ REQUIRED = {
 
 def main() -> int:
     op, count = sys.argv[1], int(sys.argv[2])
-    invariant = sys.argv[3:] == ["invariant"]
+    flags = set(sys.argv[3:])
+    assert flags <= {"invariant", "floor"}, f"unknown flags {sorted(flags)}"
+    invariant, floor = "invariant" in flags, "floor" in flags
     keys, passes, rate, ops = REQUIRED[op]
     cases = json.load(sys.stdin)
     assert isinstance(cases, list), f"expected a JSON array, got {type(cases).__name__}"
@@ -49,6 +52,11 @@ def main() -> int:
         if invariant:  # --invariant: the batch-invariant mode's time and rate beside it
             assert c["invariant_ms"] > 0, c
             assert c.get("invariant_rate", c.get("fwd_bwd_invariant_rate", 0)) > 0, c
+        if floor and (op == "ragged_dot" or c["pass"] == "fwd"):  # the floor and the share of it
+            for key in ("weight_bytes", "read_gbps", "dense_peak_tflops", "floor_ms",
+                        "share_of_floor"):
+                assert c[key] > 0, (key, c)
+            assert c["bound"] in ("memory", "compute"), c
     print(f"ok: {len(cases)} {op} cases")
     return 0
 

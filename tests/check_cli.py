@@ -38,6 +38,12 @@ CASES = [
      "--ep: the layer over ranks runs on CPUs"),
     (["bench", "ragged_dot", "--device", "cuda", "--invariant", "--tokens", "4"],
      "--invariant: the batch-invariant mode runs on the CPU only"),
+    # The floor's options (issue 35): the cache mode, the passes, the implementations.
+    (["bench", "ragged_dot", "--cache", "hot"], "--cache: hot not in {cold,warm}"),
+    (["bench", "layer", "--cache", "lukewarm"], "--cache: lukewarm not in {cold,warm}"),
+    (["bench", "ragged_dot", "--passes", "fwd,bwd"], "--passes: bwd not in"),
+    (["bench", "ragged_dot", "--impl", "cutlass"], "--impl: cutlass not in"),
+    (["bench", "ragged_dot", "--baseline", "fastest"], "--baseline: fastest not in"),
     # Over the memory limit: refused before the buffer is allocated.
     (["bench", "router", "--tokens", "4096", "--mem-limit-gib", "0.001", "--reps", "1"],
      "would pass --mem-limit-gib 0.001"),

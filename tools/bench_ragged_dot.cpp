@@ -255,14 +255,14 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
              std::FILE* text, Progress& progress, std::vector<Row>& rows) {
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
   const bool drhs = std::find(o.passes.begin(), o.passes.end(), "drhs") != o.passes.end();
-  Mem probe;
-  if (dev.has_read()) {
-    probe = dev.alloc(read_probe_bytes());
-    dev.fill(probe.data(), DType::kF32, static_cast<int64_t>(probe.bytes() / 4), o.seed + 6);
-  }
+  Mem probe;  // the read rate's buffer, allocated once the first problem is known to fit
 
   for (int64_t T : o.tokens) {
     const RaggedDotProblem pr = ragged_dot_problem(p, T, in, out, o, text);
+    if (dev.has_read() && probe.data() == nullptr) {
+      probe = dev.alloc(read_probe_bytes());
+      dev.fill(probe.data(), DType::kF32, static_cast<int64_t>(probe.bytes() / 4), o.seed + 6);
+    }
     const int64_t m = pr.m, E = pr.E, K = pr.K, n = pr.n;
     Weights rhs = make_weights(dev, o, pr, in, text);
     Mem lhs = dev.alloc(m * K * in_es), d_out = dev.alloc(m * n * in_es);

@@ -69,9 +69,9 @@ constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRow
 // The most bytes of a weight row that one item (output-contiguous form) or one kernel call
 // (contraction-contiguous form) takes: wider rows go in slabs or spans, so that a block's rows
 // stay in L2 and a chunk's rows in L1.
-constexpr int64_t kSpanBytes = 3072;
+constexpr int64_t kSpanBytes = 8192;
 // The most output columns of an item of the contraction-contiguous form (its buffer of sums).
-constexpr int64_t kDotItemCols = 256;
+constexpr int64_t kDotItemCols = 2048;
 // The most rows of a group in one work item (bounding its per-thread buffers of sums).
 constexpr int64_t kItemRows = 192;
 
@@ -91,38 +91,40 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk);
 constexpr int64_t kComputeRows = 16;
 std::pair<int64_t, int64_t> share(const std::vector<Item>& items, int t, int threads);
 
-// Cache lines of a region of rows: line i at base + (i / row_lines) * stride + (i % row_lines) *
-// 64, and of those, [first, first + count): the ones a kernel call prefetches.
+// Rows of a region to prefetch: `rows` rows of `row_lines` cache lines from base, `stride` bytes
+// apart.
 struct Lines {
   const char* base = nullptr;
-  int64_t stride = 0, row_lines = 1, first = 0, count = 0;
+  int64_t stride = 0, row_lines = 0, rows = 0;
 };
 
-// The lines of `rows` rows of `row_bytes` bytes, `stride` bytes apart, from p (one more line per
-// row than its bytes fill, for a row that does not start on a line).
+// The lines of `rows` rows of `row_bytes` bytes, `stride` bytes apart, from p (where the rows do
+// not all start at the same place in a line, one more line per row).
 inline Lines lines_of(const void* p, int64_t stride, int64_t row_bytes, int64_t rows) {
-  const int64_t row_lines = (row_bytes + 63) / 64 + 1;
-  return {static_cast<const char*>(p), stride, row_lines, 0, rows > 0 ? rows * row_lines : 0};
+  const auto offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) % 64);
+  const bool aligned = stride % 64 == 0;
+  return {static_cast<const char*>(p) - (aligned ? offset : 0), stride,
+          aligned ? (offset + row_bytes + 63) / 64 : (row_bytes + 63) / 64 + 1,
+          std::max<int64_t>(rows, 0)};
 }
 
-// Of `all`, the part of call `call` when its lines are spread over `calls` calls, in order.
+// Of `all`, the rows of call `call` when they are spread over `calls` calls, in order.
 inline Lines part(Lines all, int64_t call, int64_t calls) {
-  const int64_t per = (all.count + calls - 1) / calls;
-  all.first = call * per;
-  all.count = std::clamp<int64_t>(all.count - all.first, 0, per);
+  const int64_t per = (all.rows + calls - 1) / calls;
+  all.base += call * per * all.stride;
+  all.rows = std::clamp<int64_t>(all.rows - call * per, 0, per);
   return all;
 }
 
-// Prefetches a call's lines over `steps` steps of its loop, in order.
+// Prefetches a call's rows of lines over `steps` steps of its loop, in order.
 class Ahead {
  public:
   Ahead(const Lines& l, int64_t steps)
-      : row_(l.base + (l.first / l.row_lines) * l.stride),
-        line_(l.first % l.row_lines),
+      : row_(l.base),
         row_lines_(l.row_lines),
         stride_(l.stride),
-        left_(l.count),
-        per_(steps > 0 ? (l.count + steps - 1) / steps : l.count) {}
+        left_(l.rows * l.row_lines),
+        per_(steps > 0 ? (left_ + steps - 1) / steps : left_) {}
   void step() {
     for (int64_t i = 0; i < per_ && left_ > 0; ++i, --left_) {
       __builtin_prefetch(row_ + line_ * 64);
@@ -132,7 +134,7 @@ class Ahead {
 
  private:
   const char* row_;
-  int64_t line_, row_lines_, stride_, left_, per_;
+  int64_t line_ = 0, row_lines_, stride_, left_, per_;
 };
 
 // Rows [0, rows) in the fewest chunks of at most `most`, of near-equal sizes (a last chunk of
@@ -520,14 +522,19 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
             // of its sums only the new columns' are added.
             const int64_t at = std::min(c0, it.cols - 4);
             const stream::Lines ahead = stream::part(next, call, calls);
+            // One span: the sums go straight into `out` (a moved-back block writes its old
+            // columns' values again); several: through `sums`, added.
+            float* to = spans == 1 ? out + r0 * width + at : sums;
+            const int64_t ld_to = spans == 1 ? width : 4;
             if constexpr (kPairs) {
               stream::dot_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0, g.b_s1,
-                                sums, 4, ahead);
+                                to, ld_to, ahead);
             } else {
               WithRows<kF32DotRows, Dot<T>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc,
-                                                        b + at * g.b_s1 + k0, g.b_s1, sums, 4,
+                                                        b + at * g.b_s1 + k0, g.b_s1, to, ld_to,
                                                         ahead);
             }
+            if (spans == 1) continue;
             for (int r = 0; r < rows; ++r) {
               float* o = out + (r0 + r) * width;
               for (int64_t c = c0; c < at + 4; ++c) o[c] += sums[r * 4 + (c - at)];

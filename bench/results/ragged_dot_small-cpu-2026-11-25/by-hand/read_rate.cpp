@@ -1,11 +1,12 @@
 #include <omp.h>
+
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-#include <algorithm>
 volatile uint64_t sink;
 double rd(const uint64_t* w, size_t words) {
   auto t0 = std::chrono::steady_clock::now();
@@ -15,7 +16,8 @@ double rd(const uint64_t* w, size_t words) {
     size_t n = omp_get_num_threads(), i = omp_get_thread_num();
     size_t b = words * i / n, e = words * (i + 1) / n;
     uint64_t p[8] = {};
-    for (size_t j = b; j + 8 <= e; j += 8) for (int u = 0; u < 8; ++u) p[u] += w[j + u];
+    for (size_t j = b; j + 8 <= e; j += 8)
+      for (int u = 0; u < 8; ++u) p[u] += w[j + u];
     for (int u = 0; u < 8; ++u) total += p[u];
   }
   sink = total;

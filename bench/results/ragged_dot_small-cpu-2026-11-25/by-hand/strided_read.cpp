@@ -1,28 +1,34 @@
 #include <immintrin.h>
 #include <omp.h>
+
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-#include <algorithm>
 volatile float sink;
-// E experts of rows x rowbytes; mode 0 sequential, 1 panel-strided (128B per row), 2 strided+prefetch
+// E experts of rows x rowbytes; mode 0 sequential, 1 panel-strided (128B per row), 2
+// strided+prefetch
 double run(const char* w, int E, int rows, int rowb, int mode, int pf) {
   auto t0 = std::chrono::steady_clock::now();
   float tot = 0;
-#pragma omp parallel for schedule(dynamic,1) reduction(+:tot)
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : tot)
   for (int item = 0; item < E * (mode ? rowb / 128 : 1); ++item) {
     __m512 acc = _mm512_setzero_ps();
     if (mode == 0) {
       const char* b = w + (size_t)item * rows * rowb;
-      for (size_t o = 0; o < (size_t)rows * rowb; o += 64) acc = _mm512_add_ps(acc, _mm512_load_ps((const float*)(b + o)));
+      for (size_t o = 0; o < (size_t)rows * rowb; o += 64)
+        acc = _mm512_add_ps(acc, _mm512_load_ps((const float*)(b + o)));
     } else {
       int e = item / (rowb / 128), p = item % (rowb / 128);
       const char* b = w + (size_t)e * rows * rowb + p * 128;
       for (int r = 0; r < rows; ++r) {
-        if (pf) { _mm_prefetch(b + (size_t)(r + pf) * rowb, _MM_HINT_T0); _mm_prefetch(b + (size_t)(r + pf) * rowb + 64, _MM_HINT_T0); }
+        if (pf) {
+          _mm_prefetch(b + (size_t)(r + pf) * rowb, _MM_HINT_T0);
+          _mm_prefetch(b + (size_t)(r + pf) * rowb + 64, _MM_HINT_T0);
+        }
         acc = _mm512_add_ps(acc, _mm512_load_ps((const float*)(b + (size_t)r * rowb)));
         acc = _mm512_add_ps(acc, _mm512_load_ps((const float*)(b + (size_t)r * rowb + 64)));
       }
@@ -35,8 +41,8 @@ double run(const char* w, int E, int rows, int rowb, int mode, int pf) {
 int main() {
   int E = 128, rows = 2048, rowb = 1536;
   size_t bytes = (size_t)E * rows * rowb;
-  char* w = (char*)aligned_alloc(1 << 21, bytes + (1<<22));
-  memset(w, 1, bytes + (1<<22));
+  char* w = (char*)aligned_alloc(1 << 21, bytes + (1 << 22));
+  memset(w, 1, bytes + (1 << 22));
   for (int mode = 0; mode < 2; ++mode)
     for (int pf : {0, 8, 16, 32}) {
       if (mode == 0 && pf) continue;
