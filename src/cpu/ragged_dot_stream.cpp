@@ -896,20 +896,20 @@ HWY_EXPORT(Run);
 // up to 512 tokens (32 rows, 40 at most; even there, oneDNN's f32 matmul ahead from 1024). bf16 on
 // a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as well): the f32
 // bounds.
-// With fewer groups than 4 per thread, each of one chunk of rows (decoding a token or two on a
-// model of few experts: mixtral-8x7b, gpt-oss-20b), oneDNN threading inside each group's matmul
-// ran 3-26% faster than slabs of the groups' columns spread over the threads.
+// The choice follows the sizes of the call's local groups, not how many of them have rows: an
+// expert-parallel rank (a few local groups) then chooses as the one-rank layer (every group) does
+// unless another rank's expert has more than `most` rows, and its experts' gradients keep the
+// one-rank layer's bits (LayerEp tests; a count rule broke them). A choice per group would close
+// that gap, and would let oneDNN take the calls of few groups of one chunk each, where threading
+// inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or gpt-oss-20b).
 bool stream_picks(const RowGroupedGemm& g) {
   const bool pairs = g.in_type == DType::kBF16 && stream::has_avx512_bf16();
   const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
   const int64_t most = pairs || dot ? 160 : 40;
-  int64_t busy = 0, largest = 0;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
-    const int64_t rows = g.groups.sizes[g.groups.offset + j];
-    busy += rows > 0, largest = std::max(largest, rows);
+    if (g.groups.sizes[g.groups.offset + j] > most) return false;
   }
-  if (largest > most) return false;
-  return busy >= 4 * omp_get_max_threads() || largest > stream::kAxpyRows;
+  return true;
 }
 
 Status row_grouped_gemm_stream(const RowGroupedGemm& g) {
