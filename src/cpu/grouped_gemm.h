@@ -45,4 +45,21 @@ inline RowRange local_rows(const Groups& g) {
   return {begin, end};
 }
 
+// The row problem's parts that need no product: rows outside the local groups set to 0 (unless
+// accumulating), and with an empty contraction every local row too. Returns whether products
+// remain to compute (local rows, columns and a contraction).
+inline bool row_edges_done(const RowGroupedGemm& g) {
+  const RowRange local = local_rows(g.groups);
+  if (!g.accumulate) {
+    zero_rows(g.c, g.out_type, g.ldc, g.n, 0, local.begin);
+    zero_rows(g.c, g.out_type, g.ldc, g.n, local.end, g.m);
+  }
+  if (g.n == 0 || local.end == local.begin) return false;
+  if (g.kc == 0) {  // empty contraction: the product is 0
+    if (!g.accumulate) zero_rows(g.c, g.out_type, g.ldc, g.n, local.begin, local.end);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace moekit::detail

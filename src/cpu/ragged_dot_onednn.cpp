@@ -342,15 +342,7 @@ void run_padded(const Run& run, const Gemm& shape, const RowGroupedGemm& g, cons
 Status row_grouped_gemm_onednn(const RowGroupedGemm& g) {
   const Groups& gr = g.groups;
   const RowRange local = local_rows(gr);
-  if (!g.accumulate) {
-    zero_rows(g.c, g.out_type, g.ldc, g.n, 0, local.begin);
-    zero_rows(g.c, g.out_type, g.ldc, g.n, local.end, g.m);
-  }
-  if (g.n == 0 || local.end == local.begin) return {};
-  if (g.kc == 0) {  // empty contraction: the product is 0
-    if (!g.accumulate) zero_rows(g.c, g.out_type, g.ldc, g.n, local.begin, local.end);
-    return {};
-  }
+  if (!row_edges_done(g)) return {};
   Gemm shape{g.in_type, g.out_type, kRuntime, g.kc,  g.n,         g.lda,
              1,         g.b_s0,     g.b_s1,   g.ldc, g.accumulate};
   const char* op = "ragged_dot";

@@ -913,16 +913,7 @@ bool stream_picks(const RowGroupedGemm& g) {
 }
 
 Status row_grouped_gemm_stream(const RowGroupedGemm& g) {
-  const RowRange local = local_rows(g.groups);
-  if (!g.accumulate) {
-    zero_rows(g.c, g.out_type, g.ldc, g.n, 0, local.begin);
-    zero_rows(g.c, g.out_type, g.ldc, g.n, local.end, g.m);
-  }
-  if (g.n == 0 || local.end == local.begin) return {};
-  if (g.kc == 0) {  // empty contraction: the product is 0
-    if (!g.accumulate) zero_rows(g.c, g.out_type, g.ldc, g.n, local.begin, local.end);
-    return {};
-  }
+  if (!row_edges_done(g)) return {};
   HWY_DYNAMIC_DISPATCH(Run)(g);
   return {};
 }
