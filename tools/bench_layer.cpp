@@ -346,15 +346,8 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
     j["fwd_bwd_invariant_rate"] = r.invariant_rate();
   }
   if (!backward && r.has_floor()) {
-    j.update({{"weight_bytes", r.fwd_weight_bytes},
-              {"flops", r.fwd_flops},
-              {"read_gbps", r.roof.read_gbps},
-              {"dense_peak_tflops", r.roof.dense_tflops},
-              {"floor_ms", r.fwd_floor_ms()},
-              {"bound", r.roof.bound(r.fwd_weight_bytes, r.fwd_flops)},
-              {"share_of_floor", r.fwd_floor_ms() / r.fwd.median_ms},
-              {"cache", o.cache},
-              {"weight_copies", r.copies}});
+    j.update(
+        floor_json(r.roof, r.fwd_weight_bytes, r.fwd_flops, r.fwd.median_ms, o.cache, r.copies));
   }
   return j;
 }

@@ -479,14 +479,7 @@ int run(const Options& o) {
       j["ratio_to_dense"] = j["tflops"].get<double>() / j["dense_tflops"].get<double>();
       if (r.shards > 1) j["ratio_to_full"] = r.t.median_ms / r.full_ms;
       if (r.has_floor()) {
-        j.update({{"weight_bytes", r.weight_bytes},
-                  {"read_gbps", r.roof.read_gbps},
-                  {"dense_peak_tflops", r.roof.dense_tflops},
-                  {"floor_ms", r.floor_ms()},
-                  {"bound", r.roof.bound(r.weight_bytes, r.flops)},
-                  {"share_of_floor", r.floor_ms() / r.t.median_ms},
-                  {"cache", o.cache},
-                  {"weight_copies", r.copies}});
+        j.update(floor_json(r.roof, r.weight_bytes, r.flops, r.t.median_ms, o.cache, r.copies));
       }
       if (!o.baseline.empty() && r.shards == 1) {
         j["baseline_impl"] = o.baseline;

@@ -56,6 +56,20 @@ const char* Roofline::bound(double bytes, double flops) const {
   return mem >= mma ? "memory" : "compute";
 }
 
+nlohmann::json floor_json(const Roofline& roof, double bytes, double flops, double ms,
+                          const std::string& cache, int64_t copies) {
+  const double floor = roof.floor_ms(bytes, flops);
+  return {{"weight_bytes", bytes},
+          {"flops", flops},
+          {"read_gbps", roof.read_gbps},
+          {"dense_peak_tflops", roof.dense_tflops},
+          {"floor_ms", floor},
+          {"bound", roof.bound(bytes, flops)},
+          {"share_of_floor", floor / ms},
+          {"cache", cache},
+          {"weight_copies", copies}};
+}
+
 size_t read_probe_bytes() { return std::max(size_t{256} << 20, 8 * last_level_cache_bytes()); }
 
 }  // namespace moekit::tools

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace moekit::tools {
@@ -27,6 +28,11 @@ struct Roofline {
   double floor_ms(double bytes, double flops) const;
   const char* bound(double bytes, double flops) const;
 };
+
+// The JSON keys of a case's floor, every bench alike: weight_bytes, flops, read_gbps,
+// dense_peak_tflops, floor_ms, bound, share_of_floor (of a call of `ms`), cache, weight_copies.
+nlohmann::json floor_json(const Roofline& roof, double bytes, double flops, double ms,
+                          const std::string& cache, int64_t copies);
 
 // Bytes of a buffer for the read-rate measurement: 8 times the last-level cache, at least 256 MiB.
 size_t read_probe_bytes();

@@ -10,13 +10,15 @@
 //     weight rows go by super-blocks of about kBlockBytes; each chunk of rows runs over a whole
 //     super-block, 4 weight rows at a time (the first chunk from memory, the others from L2,
 //     their rows staying in L1), the sums reduced across lanes at the end; the next super-block
-//     is prefetched in order as they go.
+//     is prefetched in order as they go. With several chunks and rows past kSpanBytes, the
+//     contraction goes in spans, outermost, so that a span of the group's rows stays in L2.
 //   - the output's (the forward against [K, n], the input gradient against transposed weights):
 //     a row's output is a sum of weight rows scaled by its elements. The weights go by blocks of
 //     contraction rows (8 rows with one chunk of rows; with more, about kBlockBytes and at least
 //     kMinBlockRows rows); within a block, a panel of output columns at a time, each chunk of rows
 //     adds the block's products to its f32 sums (kept in a per-thread buffer between blocks), and
-//     the next block is prefetched in order as the panels run. (A panel's 128 bytes of every row
+//     the next block is prefetched in order as the panels run; with several chunks and rows past
+//     kSpanBytes, an item takes a slab of the columns. (A panel's 128 bytes of every row
 //     read straight from memory, a strided walk, ran at ~70% of a sequential read's rate on an AMD
 //     EPYC: bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
 // A work item is a group (up to kItemRows of its rows), or a slab of its output columns where
@@ -31,9 +33,10 @@
 // written with intrinsics for the one target and chosen at run time. Sums are f32; a bf16 output
 // is rounded once. (vdpbf16ps treats denormal inputs as zero and flushes denormal results, as
 // oneDNN's bf16 matmul on the same instruction does: values below 1e-38 that no model's weights or
-// activations hold.) Weights with neither dimension contiguous are packed into f32 panels first
-// (correct, not fast). The small loops over a kernel's rows and vectors carry `#pragma GCC unroll`:
-// without it GCC 12 kept the sums in a stack array, stored every step (a third of the speed).
+// activations hold.) One of the weights' two dimensions is always contiguous (check_view asks a
+// unit innermost stride of rhs), so the two forms cover every call. The small loops over a kernel's
+// rows and vectors carry `#pragma GCC unroll`: without it GCC 12 kept the sums in a stack array,
+// stored every step (a third of the speed).
 //
 // A row's result does not depend on the other rows, the chunk it falls in or the thread count,
 // but oneDNN's does, so kAuto never takes this path in the batch-invariant mode (asked for by name,
@@ -468,7 +471,6 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const stream::Chunks chunks(it.rows, kPairs ? stream::kDotRows : kF32DotRows);
   const int64_t width = (it.cols + 3) / 4 * 4;
   float* out = ThreadBuffer(static_cast<size_t>(it.rows * width));
-  std::fill(out, out + it.rows * width, 0.f);
   const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
   auto weights = [&](const Item& i) {
     return static_cast<const T*>(g.b) + i.j * g.b_batch + i.col * g.b_s1;
@@ -495,6 +497,7 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     const int64_t spans =
         chunks.count == 1 ? 1 : (g.kc * es + stream::kSpanBytes - 1) / stream::kSpanBytes;
     const int64_t span = ((g.kc + spans - 1) / spans + 31) / 32 * 32;
+    if (spans > 1) std::fill(out, out + it.rows * width, 0.f);  // sums added span by span
     const int64_t sb = std::max<int64_t>(4, stream::kBlockBytes / (span * es) / 4 * 4);
     // The lines of super-block [s0, s0 + sb) of span k0 of an item's weights.
     auto region = [&](const T* w, int64_t cols, int64_t k0, int64_t s0) {
@@ -549,40 +552,10 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                       g.ldc);
 }
 
-// Weights with neither dimension contiguous, one item: each panel of 4N columns packed into f32,
-// then the f32 kernel.
-template <typename T, bool kOutBf16>
-void PackedItem(const RowGroupedGemm& g, const Item& it) {
-  const int64_t panel = static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  const int64_t width = (it.cols + panel - 1) / panel * panel;
-  float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
-  std::fill(acc, acc + it.rows * width, 0.f);
-  float* p = ThreadPanel(static_cast<size_t>(g.kc * panel));
-  const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
-  const T* b = static_cast<const T*>(g.b) + it.j * g.b_batch;
-  for (int64_t c0 = 0; c0 < width; c0 += panel) {
-    for (int64_t k = 0; k < g.kc; ++k) {
-      for (int64_t c = 0; c < panel; ++c) {
-        const int64_t col = it.col + c0 + c;
-        p[k * panel + c] = c0 + c < it.cols ? as_float(b[k * g.b_s0 + col * g.b_s1]) : 0.f;
-      }
-    }
-    for (int64_t r0 = 0; r0 < it.rows; r0 += kF32Rows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kF32Rows, it.rows - r0));
-      WithRows<kF32Rows, Axpy<T, float>::template K>(rows, a + r0 * g.lda, g.lda, g.kc, p, panel,
-                                                     acc + r0 * width + c0, width, stream::Lines{});
-    }
-  }
-  StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
-                      static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
-                      g.ldc);
-}
-
 template <bool kPairs, typename T, bool kOutBf16>
 void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
   const std::vector<Item> items = stream::items(g, panel, kPairs ? stream::kAxpyRows : kF32Rows);
-  const auto n = static_cast<int64_t>(items.size());
 #pragma omp parallel
   {
     // This thread's items: a contiguous run of them (stream::share), each prefetching the start
@@ -592,14 +565,11 @@ void RunItems(const RowGroupedGemm& g) {
       const Item* next = i + 1 < end ? &items[i + 1] : nullptr;
       if (g.b_s1 == 1) {
         AxpyItem<kPairs, T, kOutBf16>(g, items[i], next);
-      } else if (g.b_s0 == 1) {
-        DotItem<kPairs, T, kOutBf16>(g, items[i], next);
       } else {
-        PackedItem<T, kOutBf16>(g, items[i]);
+        DotItem<kPairs, T, kOutBf16>(g, items[i], next);
       }
     }
   }
-  (void)n;
 }
 
 void Run(const RowGroupedGemm& g) {
@@ -607,7 +577,7 @@ void Run(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16) {
     // The pair kernels on an AVX-512 target of a CPU with AVX512-BF16 (a test that runs each
     // Highway target in turn then also runs the f32 kernels on bf16 here).
-    if (HWY_TARGET <= HWY_AVX3 && stream::has_avx512_bf16() && (g.b_s1 == 1 || g.b_s0 == 1)) {
+    if (HWY_TARGET <= HWY_AVX3 && stream::has_avx512_bf16()) {
       return out_bf16 ? RunItems<true, uint16_t, true>(g) : RunItems<true, uint16_t, false>(g);
     }
     return out_bf16 ? RunItems<false, uint16_t, true>(g) : RunItems<false, uint16_t, false>(g);

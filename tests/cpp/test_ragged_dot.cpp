@@ -280,6 +280,9 @@ std::vector<Case> cases() {
   // chunk of 6 (1 to 64 rows).
   add({300, 200, 140, {1, 64, 7, 0, 6, 13, 60, 2}, 0, 8}, "K200_n140_stream_rows");
   add({90, 75, 128, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 2, 7}, "K75_n128_stream_shard");
+  // Fewer than 4 output columns: the dot-product form's padded path (the input gradient's K = 3;
+  // the transposed forward's n = 2).
+  add({40, 3, 2, {7, 0, 33}, 0, 3}, "K3_n2_stream_narrow");
   // One group of more rows than the batch-invariant mode's blocks.
   add({600, 33, 17, {600}, 0, 1}, "rows600_one_group");
   // A weight gradient of more rows (K) than the batch-invariant mode computes in one call, from a
@@ -406,6 +409,32 @@ TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
         hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
       }
     }
+  }
+}
+
+// kAuto takes kCpuStream where every local group is small, oneDNN where one is large: its result
+// is the bytes of the implementation named (f32 input gradient: the bound is 160 rows on every
+// CPU).
+TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroup) {
+  const int64_t K = 40, n = 72;
+  std::mt19937 rng(11);
+  for (const std::vector<int32_t>& sizes :
+       {std::vector<int32_t>{3, 160, 0, 9}, std::vector<int32_t>{3, 161, 0, 9}}) {
+    const int64_t m = 3 + sizes[1] + 9;
+    HostTensor d_out(DType::kF32, {m, n}), w(DType::kF32, {4, K, n});
+    d_out.fill_random(rng);
+    w.fill_random(rng);
+    auto run = [&](RaggedDotImpl impl) {
+      RaggedDotOptions o;
+      o.impl = impl;
+      HostTensor d_lhs(DType::kF32, {m, K});
+      EXPECT_TRUE(ragged_dot_dlhs(d_out.in(), w.in(), sizes, d_lhs.mut(), o).ok());
+      return d_lhs.bytes;
+    };
+    const bool small = sizes[1] <= 160;
+    EXPECT_TRUE(run(RaggedDotImpl::kAuto) ==
+                run(small ? RaggedDotImpl::kCpuStream : RaggedDotImpl::kOneDnn))
+        << "largest group " << sizes[1];
   }
 }
 
