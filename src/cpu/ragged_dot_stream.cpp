@@ -66,6 +66,8 @@ namespace moekit::detail::stream {
 // The pair kernels' shapes: rows per chunk (their sums take 24 of the 32 AVX-512 registers),
 // output columns per panel (4 vectors of 16), weight rows per dot-product block.
 constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 6, kDotCols = 4;
+// The most rows of one chunk of axpy_pairs_panels: 12 rows of 2 vectors of sums.
+constexpr int kAxpyPanelsRows = 12;
 // Weight rows per block of the output-contiguous form, and bytes per super-block of the
 // contraction-contiguous one (AxpyItem, DotItem say why).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
@@ -164,7 +166,8 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
                 int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead,
                 uint32_t* panel, PanelUse use);
 // axpy_pairs (kNone) over every panel of `cols` columns: B's columns [64p, 64p + 64) into
-// acc[r][64p, 64p + 64), in one call.
+// acc[r][64p, 64p + 64), in one call, for rows <= kAxpyPanelsRows (past kAxpyRows, by halves of
+// panels: the same pair order).
 void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                        int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead);
 // tile[r][0, 64) in column order from acc[r][0, 64) in the pair order.
@@ -394,7 +397,12 @@ float* ThreadPanel(size_t n) {
 template <bool kPairs, typename T, bool kOutBf16>
 void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  const stream::Chunks chunks(it.rows, kPairs ? stream::kAxpyRows : kF32Rows);
+  // Chunks of rows: up to kAxpyPanelsRows rows in one for the pair kernels (kAxpyRows at a time
+  // past that), kF32Rows for the f32 kernel.
+  const int64_t most = !kPairs                              ? kF32Rows
+                       : it.rows <= stream::kAxpyPanelsRows ? stream::kAxpyPanelsRows
+                                                            : stream::kAxpyRows;
+  const stream::Chunks chunks(it.rows, most);
   const int64_t width = (it.cols + panel - 1) / panel * panel;
   float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
   std::fill(acc, acc + it.rows * width, 0.f);
@@ -406,10 +414,12 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
   // Rows of B per block: with one chunk of rows, kOneChunkBlockRows (the panels then read each
   // block, a few rows long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens
-  // where blocks of 64+ rows ran at 62-68%); with more, about kBlockBytes and at least
-  // kMinBlockRows (each chunk's sums are loaded and stored once per block and panel).
+  // where blocks of 64+ rows ran at 62-68%), twice that past kAxpyRows rows (panels of 2 vectors
+  // load and store twice the sums per weight: 12 rows ran 25% faster with 16-row blocks than with
+  // 8, 4 and 8 rows the same); with more, about kBlockBytes and at least kMinBlockRows (each
+  // chunk's sums are loaded and stored once per block and panel).
   int64_t kb = chunks.count == 1
-                   ? stream::kOneChunkBlockRows
+                   ? stream::kOneChunkBlockRows * (kPairs && it.rows > stream::kAxpyRows ? 2 : 1)
                    : std::max(stream::kMinBlockRows,
                               stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
   kb += kb % 2;  // whole pairs
@@ -474,14 +484,11 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     }
   }
   if constexpr (kPairs) {  // back to column order, in place, panel by panel
-    float tmp[stream::kAxpyRows * stream::kPanel];
-    for (int64_t c0 = 0; c0 < width; c0 += panel) {
-      for (int64_t ci = 0; ci < chunks.count; ++ci) {
-        const int64_t r0 = chunks.begin(ci);
-        const int rows = chunks.size(ci);
-        stream::pair_order_to_columns(rows, acc + r0 * width + c0, width, tmp, panel);
-        for (int r = 0; r < rows; ++r)
-          std::memcpy(acc + (r0 + r) * width + c0, tmp + r * panel, panel * sizeof(float));
+    float tmp[stream::kPanel];
+    for (int64_t r = 0; r < it.rows; ++r) {
+      for (int64_t c0 = 0; c0 < width; c0 += panel) {
+        stream::pair_order_to_columns(1, acc + r * width + c0, width, tmp, panel);
+        std::memcpy(acc + r * width + c0, tmp, panel * sizeof(float));
       }
     }
   }
@@ -704,35 +711,32 @@ MOEKIT_AVX512_BF16 inline __m512bh pair_at(const uint16_t* a) {
   return (__m512bh)_mm512_set1_epi32(w);
 }
 
-// The 64 columns of a weight row from p, the first `cols` of them where kFull is false (the
-// rest 0).
+// 32 columns of a weight row from p: all, or where kFull is false those of mask m (the rest 0).
 template <bool kFull>
-MOEKIT_AVX512_BF16 inline void load_row(const uint16_t* p, __mmask32 m_lo, __mmask32 m_hi,
-                                        __m512i* lo, __m512i* hi) {
-  if constexpr (kFull) {
-    *lo = _mm512_loadu_si512(p), *hi = _mm512_loadu_si512(p + 32);
-  } else {
-    *lo = _mm512_maskz_loadu_epi16(m_lo, p), *hi = _mm512_maskz_loadu_epi16(m_hi, p + 32);
-  }
+MOEKIT_AVX512_BF16 inline __m512i load_row(const uint16_t* p, __mmask32 m) {
+  if constexpr (kFull) return _mm512_loadu_si512(p);
+  return _mm512_maskz_loadu_epi16(m, p);
 }
 
 // Rows 2kp and 2kp + 1 (y: zero for a last odd row) of each column, as pairs: vector 2h + 0
 // takes, per 128-bit lane q, columns 32h + 8q + [0, 4); vector 2h + 1 columns 32h + 8q + [4, 8)
 // (the pair order).
-MOEKIT_AVX512_BF16 inline void interleave(__m512i x0, __m512i x1, __m512i y0, __m512i y1,
-                                          __m512i (&v)[4]) {
-  v[0] = _mm512_unpacklo_epi16(x0, y0), v[1] = _mm512_unpackhi_epi16(x0, y0);
-  v[2] = _mm512_unpacklo_epi16(x1, y1), v[3] = _mm512_unpackhi_epi16(x1, y1);
+template <int V>
+MOEKIT_AVX512_BF16 inline void interleave(const __m512i (&x)[V / 2], const __m512i (&y)[V / 2],
+                                          __m512i (&v)[V]) {
+#pragma GCC unroll 2
+  for (int h = 0; h < V / 2; ++h)
+    v[2 * h] = _mm512_unpacklo_epi16(x[h], y[h]), v[2 * h + 1] = _mm512_unpackhi_epi16(x[h], y[h]);
 }
 
-template <int R>
-MOEKIT_AVX512_BF16 inline void axpy_step(__m512 (&s)[R][4], const uint16_t* a, int64_t lda,
-                                         const __m512i (&v)[4], bool odd_last) {
-#pragma GCC unroll 8
+template <int R, int V>
+MOEKIT_AVX512_BF16 inline void axpy_step(__m512 (&s)[R][V], const uint16_t* a, int64_t lda,
+                                         const __m512i (&v)[V], bool odd_last) {
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
     const __m512bh av = odd_last ? (__m512bh)_mm512_set1_epi32(a[r * lda]) : pair_at(a + r * lda);
-#pragma GCC unroll 8
-    for (int i = 0; i < 4; ++i) s[r][i] = _mm512_dpbf16_ps(s[r][i], av, (__m512bh)v[i]);
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) s[r][i] = _mm512_dpbf16_ps(s[r][i], av, (__m512bh)v[i]);
   }
 }
 
@@ -740,30 +744,38 @@ MOEKIT_AVX512_BF16 inline void axpy_step(__m512 (&s)[R][4], const uint16_t* a, i
 // panel for the chunks after it, kSourceStore), or that panel ([ceil(kc / 2)][64] pairs).
 enum class From { kSource, kSourceStore, kPanel };
 
-template <int R, bool kFull, From kFrom>
+// acc[r][0, 16V) += the block's products for r < R: R rows of V vectors of sums (16V columns,
+// of which the first `cols` exist where kFull is false).
+template <int R, int V, bool kFull, From kFrom>
 MOEKIT_AVX512_BF16 inline void axpy_panel(const uint16_t* a, int64_t lda, int64_t kc,
                                           const uint16_t* b, int64_t ldb, int64_t cols, float* acc,
                                           int64_t ld_acc, Ahead& pf, uint32_t* panel) {
-  const __mmask32 m_lo = cols >= 32 ? ~__mmask32{0} : __mmask32((1u << cols) - 1),
-                  m_hi = cols <= 32   ? 0
-                         : cols >= 64 ? ~__mmask32{0}
-                                      : __mmask32((1ull << (cols - 32)) - 1);
-  __m512 s[R][4];
-#pragma GCC unroll 8
+  static_assert(V == 2 || V == 4);
+  __mmask32 m[V / 2];
+#pragma GCC unroll 2
+  for (int h = 0; h < V / 2; ++h) {
+    const int64_t c = std::clamp<int64_t>(cols - 32 * h, 0, 32);
+    m[h] = c == 32 ? ~__mmask32{0} : __mmask32((1u << c) - 1);
+  }
+  __m512 s[R][V];
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int i = 0; i < 4; ++i) s[r][i] = _mm512_loadu_ps(acc + r * ld_acc + 16 * i);
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) s[r][i] = _mm512_loadu_ps(acc + r * ld_acc + 16 * i);
   // The pairs of pair kp (the last, of an odd contraction, with zeros for its second row).
-  auto pairs_at = [&](int64_t kp, bool odd_last, __m512i(&v)[4]) MOEKIT_AVX512_BF16 {
+  auto pairs_at = [&](int64_t kp, bool odd_last, __m512i(&v)[V]) MOEKIT_AVX512_BF16 {
     if constexpr (kFrom == From::kPanel) {
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) v[i] = _mm512_load_si512(panel + kp * kPanel + 16 * i);
+      for (int i = 0; i < V; ++i) v[i] = _mm512_load_si512(panel + kp * kPanel + 16 * i);
     } else {
       const uint16_t* r0 = b + 2 * kp * ldb;
-      __m512i x0, x1, y0 = _mm512_setzero_si512(), y1 = _mm512_setzero_si512();
-      load_row<kFull>(r0, m_lo, m_hi, &x0, &x1);
-      if (!odd_last) load_row<kFull>(r0 + ldb, m_lo, m_hi, &y0, &y1);
-      interleave(x0, x1, y0, y1, v);
+      __m512i x[V / 2], y[V / 2];
+#pragma GCC unroll 2
+      for (int h = 0; h < V / 2; ++h) {
+        x[h] = load_row<kFull>(r0 + 32 * h, m[h]);
+        y[h] = odd_last ? _mm512_setzero_si512() : load_row<kFull>(r0 + ldb + 32 * h, m[h]);
+      }
+      interleave<V>(x, y, v);
       if constexpr (kFrom == From::kSourceStore) {
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) _mm512_store_si512(panel + kp * kPanel + 16 * i, v[i]);
@@ -773,19 +785,19 @@ MOEKIT_AVX512_BF16 inline void axpy_panel(const uint16_t* a, int64_t lda, int64_
   const int64_t pairs = kc / 2;
   for (int64_t kp = 0; kp < pairs; ++kp) {
     pf.step();
-    __m512i v[4];
+    __m512i v[V];
     pairs_at(kp, false, v);
-    axpy_step<R>(s, a + 2 * kp, lda, v, false);
+    axpy_step<R, V>(s, a + 2 * kp, lda, v, false);
   }
   if (kc % 2 != 0) {
-    __m512i v[4];
+    __m512i v[V];
     pairs_at(pairs, true, v);
-    axpy_step<R>(s, a + kc - 1, lda, v, true);
+    axpy_step<R, V>(s, a + kc - 1, lda, v, true);
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + r * ld_acc + 16 * i, s[r][i]);
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * ld_acc + 16 * i, s[r][i]);
 }
 
 template <int R, bool kFull, From kFrom>
@@ -793,23 +805,24 @@ MOEKIT_AVX512_BF16 void axpy(const uint16_t* a, int64_t lda, int64_t kc, const u
                              int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
                              const Lines& ahead, uint32_t* panel) {
   Ahead pf(ahead, kc / 2);
-  axpy_panel<R, kFull, kFrom>(a, lda, kc, b, ldb, cols, acc, ld_acc, pf, panel);
+  axpy_panel<R, 4, kFull, kFrom>(a, lda, kc, b, ldb, cols, acc, ld_acc, pf, panel);
 }
 
-// Every panel of a block, in one call: the full panels, then a partial one.
-template <int R>
+// Every panel of a block, in one call: the full panels of 16V columns, then a partial one.
+template <int R, int V>
 MOEKIT_AVX512_BF16 void axpy_panels(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                                     int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
                                     const Lines& ahead) {
-  const int64_t full = cols / kPanel;
+  constexpr int64_t kWidth = 16 * V;
+  const int64_t full = cols / kWidth;
   Ahead pf(ahead, (full + 1) * (kc / 2));
   for (int64_t p = 0; p < full; ++p) {
-    axpy_panel<R, true, From::kSource>(a, lda, kc, b + p * kPanel, ldb, kPanel, acc + p * kPanel,
-                                       ld_acc, pf, nullptr);
+    axpy_panel<R, V, true, From::kSource>(a, lda, kc, b + p * kWidth, ldb, kWidth, acc + p * kWidth,
+                                          ld_acc, pf, nullptr);
   }
-  if (cols > full * kPanel) {
-    axpy_panel<R, false, From::kSource>(a, lda, kc, b + full * kPanel, ldb, cols - full * kPanel,
-                                        acc + full * kPanel, ld_acc, pf, nullptr);
+  if (cols > full * kWidth) {
+    axpy_panel<R, V, false, From::kSource>(a, lda, kc, b + full * kWidth, ldb, cols - full * kWidth,
+                                           acc + full * kWidth, ld_acc, pf, nullptr);
   }
 }
 
@@ -886,8 +899,14 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
 
 void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                        int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead) {
-  with_rows<kAxpyRows>(rows, [&](auto r) {
-    axpy_panels<decltype(r)::value>(a, lda, kc, b, ldb, cols, acc, ld_acc, ahead);
+  // Up to kAxpyRows rows, panels of 4 vectors; more, 2 (their sums in as many registers).
+  if (rows <= kAxpyRows) {
+    return with_rows<kAxpyRows>(rows, [&](auto r) {
+      axpy_panels<decltype(r)::value, 4>(a, lda, kc, b, ldb, cols, acc, ld_acc, ahead);
+    });
+  }
+  with_rows<kAxpyPanelsRows>(rows, [&](auto r) {
+    axpy_panels<decltype(r)::value, 2>(a, lda, kc, b, ldb, cols, acc, ld_acc, ahead);
   });
 }
 
