@@ -195,45 +195,45 @@ HWY_INLINE lanes::V Load(lanes::D d, const T* p, size_t i) {
   return LoadLanes<std::is_same_v<T, uint16_t>>(d, p, i);
 }
 
-// acc[r][0, 4N) += sum_{k < kc} A[r][k] * B[k][0, 4N), A's and B's elements of type TA and TB;
+// acc[r][0, VN) += sum_{k < kc} A[r][k] * B[k][0, VN), A's and B's elements of type TA and TB;
 // pf stepped once per k.
-template <int R, typename TA, typename TB>
+template <int R, int V, typename TA, typename TB>
 HWY_INLINE void AxpyF32Panel(const TA* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
                              float* acc, int64_t ld_acc, stream::Ahead& pf) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
-  lanes::V s[R][4];
-#pragma GCC unroll 8
+  lanes::V s[R][V];
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int i = 0; i < 4; ++i) s[r][i] = hn::LoadU(d, acc + r * ld_acc + i * N);
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) s[r][i] = hn::LoadU(d, acc + r * ld_acc + i * N);
   for (int64_t k = 0; k < kc; ++k) {
     pf.step();
     const TB* row = b + k * ldb;
-    lanes::V bv[4];
-#pragma GCC unroll 8
-    for (int i = 0; i < 4; ++i) bv[i] = Load(d, row, i * N);
-#pragma GCC unroll 8
+    lanes::V bv[V];
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) bv[i] = Load(d, row, i * N);
+#pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const lanes::V av = hn::Set(d, as_float(a[r * lda + k]));
-#pragma GCC unroll 8
-      for (int i = 0; i < 4; ++i) s[r][i] = hn::MulAdd(av, bv[i], s[r][i]);
+#pragma GCC unroll 4
+      for (int i = 0; i < V; ++i) s[r][i] = hn::MulAdd(av, bv[i], s[r][i]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int i = 0; i < 4; ++i) hn::StoreU(s[r][i], d, acc + r * ld_acc + i * N);
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) hn::StoreU(s[r][i], d, acc + r * ld_acc + i * N);
 }
 
-// AxpyF32Panel over `panels` panels of 4N columns side by side (B's and acc's), in one call.
-template <int R, typename TA, typename TB>
+// AxpyF32Panel over `panels` panels of VN columns side by side (B's and acc's), in one call.
+template <int R, int V, typename TA, typename TB>
 HWY_NOINLINE void AxpyF32(const TA* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
                           int64_t panels, float* acc, int64_t ld_acc, const stream::Lines& ahead) {
-  const auto width = static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+  const auto width = static_cast<int64_t>(V * hn::Lanes(lanes::D()));
   stream::Ahead pf(ahead, panels * kc);
   for (int64_t p = 0; p < panels; ++p)
-    AxpyF32Panel<R>(a, lda, kc, b + p * width, ldb, acc + p * width, ld_acc, pf);
+    AxpyF32Panel<R, V>(a, lda, kc, b + p * width, ldb, acc + p * width, ld_acc, pf);
 }
 
 // The sum of the lanes of v.
@@ -333,7 +333,15 @@ struct Axpy {
   struct K {
     template <typename... Args>
     static void Run(Args&&... args) {
-      AxpyF32<R, TA, TB>(std::forward<Args>(args)...);
+      AxpyF32<R, 4, TA, TB>(std::forward<Args>(args)...);
+    }
+  };
+  // Panels of 2 vectors, for up to twice the rows.
+  template <int R>
+  struct K2 {
+    template <typename... Args>
+    static void Run(Args&&... args) {
+      AxpyF32<R, 2, TA, TB>(std::forward<Args>(args)...);
     }
   };
 };
@@ -389,6 +397,33 @@ float* ThreadPanel(size_t n) {
   return b.get(n);
 }
 
+// One chunk of up to 2 kF32Rows rows through the f32 kernel, over every panel of a block in one
+// call: panels of 4N columns up to kF32Rows rows, of 2N past that (twice the rows' sums in as
+// many registers); a last partial panel through a zero-padded f32 copy. acc as in AxpyItem.
+template <typename T>
+void AxpyF32Block(int rows, const T* a, int64_t lda, int64_t kc, const T* b, int64_t ldb,
+                  int64_t cols, float* acc, int64_t ld_acc, const stream::Lines& next) {
+  const auto N = static_cast<int64_t>(hn::Lanes(lanes::D()));
+  auto run = [&](auto kernel, auto padded_kernel, int64_t w) {
+    const int64_t full = cols / w;
+    kernel(a, lda, kc, b, ldb, full, acc, ld_acc, next);
+    if (full * w == cols) return;
+    float* pp = ThreadPanel(static_cast<size_t>(kc * w));
+    for (int64_t k = 0; k < kc; ++k) {
+      for (int64_t c = 0; c < w; ++c)
+        pp[k * w + c] = full * w + c < cols ? as_float(b[k * ldb + full * w + c]) : 0.f;
+    }
+    padded_kernel(a, lda, kc, pp, w, int64_t{1}, acc + full * w, ld_acc, stream::Lines{});
+  };
+  if (rows <= kF32Rows) {
+    return run([&](auto&&... x) { WithRows<kF32Rows, Axpy<T, T>::template K>(rows, x...); },
+               [&](auto&&... x) { WithRows<kF32Rows, Axpy<T, float>::template K>(rows, x...); },
+               4 * N);
+  }
+  run([&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<T, T>::template K2>(rows, x...); },
+      [&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<T, float>::template K2>(rows, x...); }, 2 * N);
+}
+
 // The output-contiguous form (B's columns contiguous: b_s1 == 1), one item: blocks of
 // contraction rows, panel by panel, chunk by chunk, the next block (after the last, the next
 // item's first) prefetched over the calls. kPairs: the bf16-pair kernel (panels of 64, sums in
@@ -397,11 +432,10 @@ float* ThreadPanel(size_t n) {
 template <bool kPairs, typename T, bool kOutBf16>
 void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  // Chunks of rows: up to kAxpyPanelsRows rows in one for the pair kernels (kAxpyRows at a time
-  // past that), kF32Rows for the f32 kernel.
-  const int64_t most = !kPairs                              ? kF32Rows
-                       : it.rows <= stream::kAxpyPanelsRows ? stream::kAxpyPanelsRows
-                                                            : stream::kAxpyRows;
+  // Chunks of rows: up to kAxpyPanelsRows rows (2 kF32Rows for the f32 kernel) in one, through
+  // panels of 2 vectors past kAxpyRows (kF32Rows); more, kAxpyRows (kF32Rows) at a time.
+  const int64_t one = kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows;
+  const int64_t most = it.rows <= one ? one : kPairs ? stream::kAxpyRows : kF32Rows;
   const stream::Chunks chunks(it.rows, most);
   const int64_t width = (it.cols + panel - 1) / panel * panel;
   float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
@@ -418,10 +452,11 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   // load and store twice the sums per weight: 12 rows ran 25% faster with 16-row blocks than with
   // 8, 4 and 8 rows the same); with more, about kBlockBytes and at least kMinBlockRows (each
   // chunk's sums are loaded and stored once per block and panel).
-  int64_t kb = chunks.count == 1
-                   ? stream::kOneChunkBlockRows * (kPairs && it.rows > stream::kAxpyRows ? 2 : 1)
-                   : std::max(stream::kMinBlockRows,
-                              stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
+  int64_t kb =
+      chunks.count == 1
+          ? stream::kOneChunkBlockRows * (it.rows > (kPairs ? stream::kAxpyRows : kF32Rows) ? 2 : 1)
+          : std::max(stream::kMinBlockRows,
+                     stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
   kb += kb % 2;  // whole pairs
   stream::Ahead(stream::lines_of(b, stride, it.cols * es, std::min(kb, g.kc)), 1).step();
   const int64_t panels = width / panel;
@@ -437,22 +472,19 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     // One chunk of rows: every (full) panel of the block in one call, the kernels' fixed cost
     // (loading and storing the sums aside) paid once per block, not per panel: 1.2-2.1x on
     // qwen3-30b-a3b's and its layer's shapes at 1-6 rows per group.
-    int64_t c_first = 0;
     if (chunks.count == 1) {
       if constexpr (kPairs) {
         stream::axpy_pairs_panels(it.rows, a + k0, g.lda, kc, b + k0 * g.b_s0, g.b_s0, it.cols, acc,
                                   width, next);
-        continue;
       } else {
-        const int64_t full = it.cols / panel;
-        WithRows<kF32Rows, Axpy<T, T>::template K>(it.rows, a + k0, g.lda, kc, b + k0 * g.b_s0,
-                                                   g.b_s0, full, acc, width, next);
-        c_first = full * panel;
+        AxpyF32Block(static_cast<int>(it.rows), a + k0, g.lda, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
+                     acc, width, next);
       }
+      continue;
     }
     const int64_t calls = panels * chunks.count;
-    int64_t call = c_first / panel;
-    for (int64_t c0 = c_first; c0 < width; c0 += panel) {
+    int64_t call = 0;
+    for (int64_t c0 = 0; c0 < width; c0 += panel) {
       const int64_t cols = std::min(panel, it.cols - c0);
       for (int64_t ci = 0; ci < chunks.count; ++ci, ++call) {
         const int64_t r0 = chunks.begin(ci);
@@ -943,7 +975,8 @@ HWY_EXPORT(Run);
 // bench's groups differ by up to +-25%): the bf16-pair kernels and the f32 dot products up to
 // 2048 tokens (128 rows per group on average, 160 at most; at 4096 oneDNN's blocked matmuls are
 // 2-6% ahead); the f32 kernel of the output-contiguous form (the forward against [K, n] weights)
-// up to 512 tokens (32 rows, 40 at most; even there, oneDNN's f32 matmul ahead from 1024). bf16 on
+// up to 256 tokens (16 rows, 20 at most; at 512 tokens, 32 rows, oneDNN's f32 matmul ran 8% ahead
+// in the sweep of 2026-11-26, so the bound is 24). bf16 on
 // a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as well): the f32
 // bounds.
 // The choice follows the sizes of the call's local groups, not how many of them have rows: an
@@ -955,7 +988,7 @@ HWY_EXPORT(Run);
 bool stream_picks(const RowGroupedGemm& g) {
   const bool pairs = g.in_type == DType::kBF16 && stream::has_avx512_bf16();
   const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
-  const int64_t most = pairs || dot ? 160 : 40;
+  const int64_t most = pairs || dot ? 160 : 24;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     if (g.groups.sizes[g.groups.offset + j] > most) return false;
   }

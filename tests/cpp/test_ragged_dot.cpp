@@ -438,6 +438,32 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroup) {
   }
 }
 
+// The same for the f32 forward against [K, n] weights (the output-contiguous f32 kernel): the
+// bound is 24 rows on every CPU. (K = 1000: with a short contraction both implementations can
+// give the same bits, and the test could not fail.)
+TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
+  const int64_t K = 1000, n = 72;
+  std::mt19937 rng(12);
+  for (const std::vector<int32_t>& sizes :
+       {std::vector<int32_t>{3, 24, 0, 9}, std::vector<int32_t>{3, 25, 0, 9}}) {
+    const int64_t m = 3 + sizes[1] + 9;
+    HostTensor x(DType::kF32, {m, K}), w(DType::kF32, {4, K, n});
+    x.fill_random(rng);
+    w.fill_random(rng);
+    auto run = [&](RaggedDotImpl impl) {
+      RaggedDotOptions o;
+      o.impl = impl;
+      HostTensor out(DType::kF32, {m, n});
+      EXPECT_TRUE(ragged_dot(x.in(), w.in(), sizes, out.mut(), o).ok());
+      return out.bytes;
+    };
+    const bool small = sizes[1] <= 24;
+    EXPECT_TRUE(run(RaggedDotImpl::kAuto) ==
+                run(small ? RaggedDotImpl::kCpuStream : RaggedDotImpl::kOneDnn))
+        << "largest group " << sizes[1];
+  }
+}
+
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
 // else, it says so.
 TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
