@@ -66,8 +66,12 @@ namespace moekit::detail::stream {
 // The pair kernels' shapes: rows per chunk (their sums take 24 of the 32 AVX-512 registers),
 // output columns per panel (4 vectors of 16), weight rows per dot-product block.
 constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 6, kDotCols = 4;
-// The most rows of one chunk of axpy_pairs_panels: 12 rows of 2 vectors of sums.
-constexpr int kAxpyPanelsRows = 12;
+// axpy_pairs_panels (one chunk of rows): up to kAxpyPanelsWideRows rows with panels of 4 vectors,
+// up to kAxpyPanelsRows with panels of 2. In L1 (by hand, a block of 64 weight rows), 6 rows of 4
+// vectors ran at 377 GFLOP/s against 468 with 5 (GCC 12 spills around the 24 sums), 6 rows of 2
+// at 427, 7-11 rows of 2 at 461-483, 12 rows of 2 at 405. (With more than one chunk, rows of 5
+// instead of 6 ran no faster: the first chunk's strided read of a block bounds those.)
+constexpr int kAxpyPanelsWideRows = 5, kAxpyPanelsRows = 11;
 // Weight rows per block of the output-contiguous form, and bytes per super-block of the
 // contraction-contiguous one (AxpyItem, DotItem say why).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
@@ -166,8 +170,8 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
                 int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead,
                 uint32_t* panel, PanelUse use);
 // axpy_pairs (kNone) over every panel of `cols` columns: B's columns [64p, 64p + 64) into
-// acc[r][64p, 64p + 64), in one call, for rows <= kAxpyPanelsRows (past kAxpyRows, by halves of
-// panels: the same pair order).
+// acc[r][64p, 64p + 64), in one call, for rows <= kAxpyPanelsRows (past kAxpyPanelsWideRows, by
+// halves of panels: the same pair order).
 void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                        int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead);
 // tile[r][0, 64) in column order from acc[r][0, 64) in the pair order.
@@ -433,7 +437,8 @@ template <bool kPairs, typename T, bool kOutBf16>
 void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
   // Chunks of rows: up to kAxpyPanelsRows rows (2 kF32Rows for the f32 kernel) in one, through
-  // panels of 2 vectors past kAxpyRows (kF32Rows); more, kAxpyRows (kF32Rows) at a time.
+  // panels of 2 vectors past kAxpyPanelsWideRows (kF32Rows); more, kAxpyRows (kF32Rows) at a
+  // time.
   const int64_t one = kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows;
   const int64_t most = it.rows <= one ? one : kPairs ? stream::kAxpyRows : kF32Rows;
   const stream::Chunks chunks(it.rows, most);
@@ -448,15 +453,15 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
   // Rows of B per block: with one chunk of rows, kOneChunkBlockRows (the panels then read each
   // block, a few rows long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens
-  // where blocks of 64+ rows ran at 62-68%), twice that past kAxpyRows rows (panels of 2 vectors
+  // where blocks of 64+ rows ran at 62-68%), twice that with panels of 2 vectors (they
   // load and store twice the sums per weight: 12 rows ran 25% faster with 16-row blocks than with
   // 8, 4 and 8 rows the same); with more, about kBlockBytes and at least kMinBlockRows (each
   // chunk's sums are loaded and stored once per block and panel).
-  int64_t kb =
-      chunks.count == 1
-          ? stream::kOneChunkBlockRows * (it.rows > (kPairs ? stream::kAxpyRows : kF32Rows) ? 2 : 1)
-          : std::max(stream::kMinBlockRows,
-                     stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
+  int64_t kb = chunks.count == 1
+                   ? stream::kOneChunkBlockRows *
+                         (it.rows > (kPairs ? stream::kAxpyPanelsWideRows : kF32Rows) ? 2 : 1)
+                   : std::max(stream::kMinBlockRows,
+                              stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
   kb += kb % 2;  // whole pairs
   stream::Ahead(stream::lines_of(b, stride, it.cols * es, std::min(kb, g.kc)), 1).step();
   const int64_t panels = width / panel;
@@ -931,9 +936,9 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
 
 void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                        int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead) {
-  // Up to kAxpyRows rows, panels of 4 vectors; more, 2 (their sums in as many registers).
-  if (rows <= kAxpyRows) {
-    return with_rows<kAxpyRows>(rows, [&](auto r) {
+  // Up to kAxpyPanelsWideRows rows, panels of 4 vectors; more, 2.
+  if (rows <= kAxpyPanelsWideRows) {
+    return with_rows<kAxpyPanelsWideRows>(rows, [&](auto r) {
       axpy_panels<decltype(r)::value, 4>(a, lda, kc, b, ldb, cols, acc, ld_acc, ahead);
     });
   }
