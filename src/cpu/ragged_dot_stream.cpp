@@ -77,8 +77,11 @@ constexpr int kAxpyPanelsWideRows = 5, kAxpyPanelsRows = 11;
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
 // The most bytes of a weight row that one item (output-contiguous form) or one kernel call
 // (contraction-contiguous form) takes: wider rows go in slabs or spans, so that a block's rows
-// stay in L2 and a chunk's rows in L1.
-constexpr int64_t kSpanBytes = 8192;
+// stay in L2 and a chunk's rows in L1 (6 rows of the chunk and 4 weight rows of 4 KiB fill 40 of
+// L1's 48 KiB). 8 KiB let gpt-oss-20b's 5.6 KiB and mixtral-8x7b's 7 KiB spans push a chunk's
+// rows out of L1: their input gradient at 64-512 tokens ran 1.2-1.3x slower than with 4 KiB;
+// 3 KiB split deepseek-v3's 4 KiB rows, to its loss.
+constexpr int64_t kSpanBytes = 4096;
 // The most output columns of an item of the contraction-contiguous form (its buffer of sums).
 constexpr int64_t kDotItemCols = 2048;
 // The most rows of a group in one work item (bounding its per-thread buffers of sums).
@@ -629,7 +632,9 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
 template <bool kPairs, typename T, bool kOutBf16>
 void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  const std::vector<Item> items = stream::items(g, panel, kPairs ? stream::kAxpyRows : kF32Rows);
+  // (One chunk of rows reads whole rows in blocks of a few: no slabs for it.)
+  const std::vector<Item> items =
+      stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows);
 #pragma omp parallel
   {
     // This thread's items: a contiguous run of them (stream::share), each prefetching the start
