@@ -412,56 +412,59 @@ TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
   }
 }
 
-// kAuto takes kCpuStream where every local group is small, oneDNN where one is large: its result
-// is the bytes of the implementation named (f32 input gradient: the bound is 160 rows on every
-// CPU).
-TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroup) {
-  const int64_t K = 40, n = 72;
+// kAuto takes kCpuStream where every local group has at most `bound` rows, oneDNN where one has
+// more: its result is the bytes of the implementation named. `pass` runs one call on groups
+// {3, rows, 0, 9} of K x n f32 data with the implementation given and returns its output bytes.
+template <typename Pass>
+void ExpectAutoPicksByTheLargestLocalGroup(int64_t K, int64_t n, int32_t bound, Pass pass) {
   std::mt19937 rng(11);
-  for (const std::vector<int32_t>& sizes :
-       {std::vector<int32_t>{3, 160, 0, 9}, std::vector<int32_t>{3, 161, 0, 9}}) {
-    const int64_t m = 3 + sizes[1] + 9;
-    HostTensor d_out(DType::kF32, {m, n}), w(DType::kF32, {4, K, n});
-    d_out.fill_random(rng);
+  for (const int32_t rows : {bound, bound + 1}) {
+    const std::vector<int32_t> sizes{3, rows, 0, 9};
+    const int64_t m = 3 + rows + 9;
+    HostTensor in(DType::kF32, {m, pass.in_cols(K, n)}), w(DType::kF32, {4, K, n});
+    in.fill_random(rng);
     w.fill_random(rng);
-    auto run = [&](RaggedDotImpl impl) {
-      RaggedDotOptions o;
-      o.impl = impl;
-      HostTensor d_lhs(DType::kF32, {m, K});
-      EXPECT_TRUE(ragged_dot_dlhs(d_out.in(), w.in(), sizes, d_lhs.mut(), o).ok());
-      return d_lhs.bytes;
-    };
-    const bool small = sizes[1] <= 160;
-    EXPECT_TRUE(run(RaggedDotImpl::kAuto) ==
-                run(small ? RaggedDotImpl::kCpuStream : RaggedDotImpl::kOneDnn))
-        << "largest group " << sizes[1];
+    const bool small = rows <= bound;
+    EXPECT_TRUE(pass(in, w, sizes, RaggedDotImpl::kAuto) ==
+                pass(in, w, sizes, small ? RaggedDotImpl::kCpuStream : RaggedDotImpl::kOneDnn))
+        << "largest group " << rows;
   }
 }
 
-// The same for the f32 forward against [K, n] weights (the output-contiguous f32 kernel): the
-// bound is 24 rows on every CPU. (K = 1000: with a short contraction both implementations can
-// give the same bits, and the test could not fail.)
-TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
-  const int64_t K = 1000, n = 72;
-  std::mt19937 rng(12);
-  for (const std::vector<int32_t>& sizes :
-       {std::vector<int32_t>{3, 24, 0, 9}, std::vector<int32_t>{3, 25, 0, 9}}) {
-    const int64_t m = 3 + sizes[1] + 9;
-    HostTensor x(DType::kF32, {m, K}), w(DType::kF32, {4, K, n});
-    x.fill_random(rng);
-    w.fill_random(rng);
-    auto run = [&](RaggedDotImpl impl) {
-      RaggedDotOptions o;
-      o.impl = impl;
-      HostTensor out(DType::kF32, {m, n});
-      EXPECT_TRUE(ragged_dot(x.in(), w.in(), sizes, out.mut(), o).ok());
-      return out.bytes;
-    };
-    const bool small = sizes[1] <= 24;
-    EXPECT_TRUE(run(RaggedDotImpl::kAuto) ==
-                run(small ? RaggedDotImpl::kCpuStream : RaggedDotImpl::kOneDnn))
-        << "largest group " << sizes[1];
+// One call of a pass with the implementation given: its output's bytes.
+struct DlhsPass {
+  int64_t in_cols(int64_t, int64_t n) const { return n; }
+  auto operator()(HostTensor& d_out, HostTensor& w, const std::vector<int32_t>& sizes,
+                  RaggedDotImpl impl) const {
+    RaggedDotOptions o;
+    o.impl = impl;
+    HostTensor d_lhs(DType::kF32, {d_out.shape[0], w.shape[1]});
+    EXPECT_TRUE(ragged_dot_dlhs(d_out.in(), w.in(), sizes, d_lhs.mut(), o).ok());
+    return d_lhs.bytes;
   }
+};
+struct FwdPass {
+  int64_t in_cols(int64_t K, int64_t) const { return K; }
+  auto operator()(HostTensor& x, HostTensor& w, const std::vector<int32_t>& sizes,
+                  RaggedDotImpl impl) const {
+    RaggedDotOptions o;
+    o.impl = impl;
+    HostTensor out(DType::kF32, {x.shape[0], w.shape[2]});
+    EXPECT_TRUE(ragged_dot(x.in(), w.in(), sizes, out.mut(), o).ok());
+    return out.bytes;
+  }
+};
+
+// The f32 input gradient (dot products): the bound is 160 rows on every CPU.
+TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroup) {
+  ExpectAutoPicksByTheLargestLocalGroup(40, 72, 160, DlhsPass{});
+}
+
+// The f32 forward against [K, n] weights (the output-contiguous f32 kernel): 24 rows on every CPU.
+// (K = 1000: with a short contraction both implementations can give the same bits, and the test
+// could not fail.)
+TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
+  ExpectAutoPicksByTheLargestLocalGroup(1000, 72, 24, FwdPass{});
 }
 
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
