@@ -14,13 +14,14 @@
 //     contraction goes in spans, outermost, so that a span of the group's rows stays in L2.
 //   - the output's (the forward against [K, n], the input gradient against transposed weights):
 //     a row's output is a sum of weight rows scaled by its elements. The weights go by blocks of
-//     contraction rows (8 rows with one chunk of rows; with more, about kBlockBytes and at least
-//     kMinBlockRows rows); within a block, a panel of output columns at a time, each chunk of rows
-//     adds the block's products to its f32 sums (kept in a per-thread buffer between blocks), and
-//     the next block is prefetched in order as the panels run; with several chunks and rows past
-//     kSpanBytes, an item takes a slab of the columns. (A panel's 128 bytes of every row
-//     read straight from memory, a strided walk, ran at ~70% of a sequential read's rate on an AMD
-//     EPYC: bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
+//     contraction rows. With one chunk of rows (up to 11, or 12 for the f32 kernel), blocks of 8
+//     or 16 rows, one kernel call walking all their panels; with more, blocks of about
+//     kBlockBytes and at least kMinBlockRows rows, a panel of output columns at a time, each chunk
+//     of rows adding the block's products to its f32 sums (kept in a per-thread buffer between
+//     blocks); either way the next block is prefetched in order as the panels run. With several
+//     chunks and rows past kSpanBytes, an item takes a slab of the columns. (A panel's 128 bytes of
+//     every row read straight from memory, a strided walk, ran at ~70% of a sequential read's rate
+//     on an AMD EPYC: bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
 // A work item is a group (up to kItemRows of its rows), or a slab of its output columns where
 // there are too few groups to keep the threads busy. Each thread takes a contiguous run of items of
 // near-equal cost (their weight bytes, weighted up where their rows make them compute-bound), so
