@@ -166,19 +166,19 @@ bool has_avx512_bf16();
 // acc[r][0, 64) += sum over the block's kc contraction rows of A[r][k] * B[k][0, 64) for
 // r < rows <= kAxpyRows: B's rows ldb apart, 64 columns of which the first `cols` exist; acc in
 // the panel's pair order (pair_order_to_columns), rows ld_acc apart.
-// The lines `ahead` names are prefetched as the kernel goes. The weights come
-// from b (kNone), from b and are left interleaved in `panel` (kWrite: [ceil(kc / 2)][64] pairs,
-// 64-byte aligned), or from that panel (kRead).
-enum class PanelUse { kNone, kWrite, kRead };
+// The lines `ahead` names are prefetched as the kernel goes. The weights come from b and are
+// left interleaved in `panel` (kWrite: [ceil(kc / 2)][64] pairs, 64-byte aligned), or from that
+// panel (kRead). (One chunk of rows goes through axpy_pairs_panels.)
+enum class PanelUse { kWrite, kRead };
 void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                 int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead,
                 uint32_t* panel, PanelUse use);
-// axpy_pairs (kNone) over every panel of `cols` columns: B's columns [64p, 64p + 64) into
-// acc[r][64p, 64p + 64), in one call, for rows <= kAxpyPanelsRows (past kAxpyPanelsWideRows, by
-// halves of panels: the same pair order).
+// axpy_pairs straight from b (no panel) over every panel of `cols` columns: B's columns [64p, 64p +
+// 64) into acc[r][64p, 64p + 64), in one call, for rows <= kAxpyPanelsRows (past
+// kAxpyPanelsWideRows, by halves of panels: the same pair order).
 void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                        int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead);
-// tile[r][0, 64) in column order from acc[r][0, 64) in the pair order.
+// tile[r][0, 64) in column order from acc[r][0, 64) in the pair order (tile may be acc).
 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc, float* tile,
                            int64_t ld_tile);
 // out[r][c] = sum_k A[r][k] * B[c][k] for r < rows <= kDotRows, c < kDotCols (B's rows ldb
@@ -405,6 +405,17 @@ float* ThreadPanel(size_t n) {
   return b.get(n);
 }
 
+// B's first `cols` columns of kc rows (ldb apart) as an f32 panel of w columns, zero past `cols`,
+// in this thread's panel buffer.
+template <typename T>
+const float* PaddedPanel(const T* b, int64_t ldb, int64_t kc, int64_t cols, int64_t w) {
+  float* pp = ThreadPanel(static_cast<size_t>(kc * w));
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int64_t c = 0; c < w; ++c) pp[k * w + c] = c < cols ? as_float(b[k * ldb + c]) : 0.f;
+  }
+  return pp;
+}
+
 // One chunk of up to 2 kF32Rows rows through the f32 kernel, over every panel of a block in one
 // call: panels of 4N columns up to kF32Rows rows, of 2N past that (twice the rows' sums in as
 // many registers); a last partial panel through a zero-padded f32 copy. acc as in AxpyItem.
@@ -416,12 +427,8 @@ void AxpyF32Block(int rows, const T* a, int64_t lda, int64_t kc, const T* b, int
     const int64_t full = cols / w;
     kernel(a, lda, kc, b, ldb, full, acc, ld_acc, next);
     if (full * w == cols) return;
-    float* pp = ThreadPanel(static_cast<size_t>(kc * w));
-    for (int64_t k = 0; k < kc; ++k) {
-      for (int64_t c = 0; c < w; ++c)
-        pp[k * w + c] = full * w + c < cols ? as_float(b[k * ldb + full * w + c]) : 0.f;
-    }
-    padded_kernel(a, lda, kc, pp, w, int64_t{1}, acc + full * w, ld_acc, stream::Lines{});
+    padded_kernel(a, lda, kc, PaddedPanel(b + full * w, ldb, kc, cols - full * w, w), w, int64_t{1},
+                  acc + full * w, ld_acc, stream::Lines{});
   };
   if (rows <= kF32Rows) {
     return run([&](auto&&... x) { WithRows<kF32Rows, Axpy<T, T>::template K>(rows, x...); },
@@ -469,7 +476,11 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   kb += kb % 2;  // whole pairs
   stream::Ahead(stream::lines_of(b, stride, it.cols * es, std::min(kb, g.kc)), 1).step();
   const int64_t panels = width / panel;
-  auto* pairs = reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)));
+  // The pair kernels' panel buffer, with several chunks (the first leaves the pairs for the rest).
+  auto* pairs =
+      kPairs && chunks.count > 1
+          ? reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)))
+          : nullptr;
   for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
     const int64_t kc = std::min(kb, g.kc - k0);
     const stream::Lines next =
@@ -495,29 +506,25 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     int64_t call = 0;
     for (int64_t c0 = 0; c0 < width; c0 += panel) {
       const int64_t cols = std::min(panel, it.cols - c0);
+      // f32, a partial panel: its columns copied once into a zero-padded panel for every chunk.
+      const float* pp = !kPairs && cols < panel
+                            ? PaddedPanel(b + k0 * g.b_s0 + c0, g.b_s0, kc, cols, panel)
+                            : nullptr;
       for (int64_t ci = 0; ci < chunks.count; ++ci, ++call) {
         const int64_t r0 = chunks.begin(ci);
         const int rows = chunks.size(ci);
         const stream::Lines ahead = stream::part(next, call, calls);
         float* sums = acc + r0 * width + c0;
         if constexpr (kPairs) {
-          // The chunks after the first read the block's panel as the first left it.
-          using stream::PanelUse;
-          const PanelUse use = r0 > 0             ? PanelUse::kRead
-                               : chunks.count > 1 ? PanelUse::kWrite
-                                                  : PanelUse::kNone;
+          // The first chunk leaves the block's panel as pairs; the chunks after it read them.
           stream::axpy_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, b + k0 * g.b_s0 + c0, g.b_s0,
-                             cols, sums, width, ahead, pairs, use);
-        } else if (cols == panel) {
+                             cols, sums, width, ahead, pairs,
+                             r0 > 0 ? stream::PanelUse::kRead : stream::PanelUse::kWrite);
+        } else if (pp == nullptr) {
           WithRows<kF32Rows, Axpy<T, T>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc,
                                                      b + k0 * g.b_s0 + c0, g.b_s0, int64_t{1}, sums,
                                                      width, ahead);
-        } else {  // a partial panel: its columns copied into a zero-padded f32 panel
-          float* pp = ThreadPanel(static_cast<size_t>(kc * panel));
-          for (int64_t k = 0; k < kc; ++k) {
-            for (int64_t c = 0; c < panel; ++c)
-              pp[k * panel + c] = c < cols ? as_float(b[(k0 + k) * g.b_s0 + c0 + c]) : 0.f;
-          }
+        } else {
           WithRows<kF32Rows, Axpy<T, float>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc, pp,
                                                          panel, int64_t{1}, sums, width, ahead);
         }
@@ -525,13 +532,8 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     }
   }
   if constexpr (kPairs) {  // back to column order, in place, panel by panel
-    float tmp[stream::kPanel];
-    for (int64_t r = 0; r < it.rows; ++r) {
-      for (int64_t c0 = 0; c0 < width; c0 += panel) {
-        stream::pair_order_to_columns(1, acc + r * width + c0, width, tmp, panel);
-        std::memcpy(acc + r * width + c0, tmp, panel * sizeof(float));
-      }
-    }
+    for (int64_t c0 = 0; c0 < width; c0 += panel)
+      stream::pair_order_to_columns(static_cast<int>(it.rows), acc + c0, width, acc + c0, width);
   }
   StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
                       static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
@@ -932,12 +934,9 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
   };
   using F = From;
   if (use == PanelUse::kRead) return run(std::true_type{}, std::integral_constant<F, F::kPanel>{});
-  auto from_source = [&](auto full) {
-    if (use == PanelUse::kWrite) return run(full, std::integral_constant<F, F::kSourceStore>{});
-    return run(full, std::integral_constant<F, F::kSource>{});
-  };
-  if (cols >= kPanel) return from_source(std::true_type{});
-  return from_source(std::false_type{});
+  const std::integral_constant<F, F::kSourceStore> store;
+  if (cols >= kPanel) return run(std::true_type{}, store);
+  return run(std::false_type{}, store);
 }
 
 void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,

@@ -367,10 +367,13 @@ INSTANTIATE_TEST_SUITE_P(Stream, RaggedDotTest,
 // an AVX-512 target; the others take the f32 kernel, bf16 widened), against the reference: each
 // element within f32 accumulation error of the reference's, the error bound taken from the
 // reference run on the operands' magnitudes.
+// Group sizes reach each kernel's chunks: 1, 3 and 5 rows (4-vector panels on AVX-512; 5 takes
+// the 2-vector f32 panels on AVX2), 11 and 12 (one chunk of 2-vector panels: the pair kernel's
+// largest, the f32 kernel's on AVX-512), 17 and 64 (several chunks), an empty group.
 TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
-  const int64_t K = 131, n = 200, G = 5;
-  const std::vector<int32_t> sizes{3, 0, 64, 1, 17};
-  const int64_t m = 90;
+  const int64_t K = 131, n = 200, G = 8;
+  const std::vector<int32_t> sizes{3, 0, 64, 1, 17, 5, 11, 12};
+  const int64_t m = 120;
   std::mt19937 rng(5);
   for (DType in : {DType::kF32, DType::kBF16}) {
     for (bool transposed : {false, true}) {
