@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(GatherArgs a) {
     }
     if (!a.out_probs.present()) continue;
     for (int64_t s = lane; s < a.S; s += kWarp) {
-      if (rows[s] >= 0) store_float(a.out_probs, rows[s], 0, load_float(a.probs, t, s));
+      if (rows[s] >= 0) copy_elem(a.probs, t, s, a.out_probs, rows[s], 0);
     }
   }
 }
@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(kThreads) chunk_copy_kernel(ChunkCopyArgs a, C
     W* dst = a.out.row<W>(r);
     for (int64_t i = lane; i < words; i += kWarp) dst[i] = src[i];
     if (lane == 0 && a.out_probs.present()) {
-      store_float(a.out_probs, r, 0, load_float(a.probs, from, 0));
+      copy_elem(a.probs, from, 0, a.out_probs, r, 0);
     }
   }
 }

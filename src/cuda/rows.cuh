@@ -68,6 +68,19 @@ __device__ inline void store_float(char* row, DType t, int64_t c, float v) {
       reinterpret_cast<float*>(row)[c] = v;
   }
 }
+// Element (r, c) of `from` to (r2, c2) of `to`, a matrix of the same dtype, bit for bit (a NaN's
+// payload too: a round trip through f32 would make every bf16 NaN 0x7fff).
+__device__ inline void copy_elem(const Mat& from, int64_t r, int64_t c, const Mat& to, int64_t r2,
+                                 int64_t c2) {
+  switch (from.t) {
+    case DType::kBF16:
+    case DType::kF16:
+      to.row<uint16_t>(r2)[c2] = from.row<const uint16_t>(r)[c];
+      break;
+    default:
+      to.row<uint32_t>(r2)[c2] = from.row<const uint32_t>(r)[c];
+  }
+}
 __device__ inline float load_float(const Mat& m, int64_t r, int64_t c) {
   return load_float(m.row(r), m.t, c);
 }

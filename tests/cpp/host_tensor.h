@@ -47,9 +47,11 @@ struct HostTensor {
       strides[d] =
           dims[d + 1] * strides[d + 1] + (d == static_cast<int>(dims.size()) - 2 ? row_pad : 0);
     }
-    const int64_t span = dims.empty() ? 1 : dims[0] * strides[0];
-    bytes.resize(std::max<int64_t>(span, 1) * dtype_size(t));
+    bytes.resize(std::max<int64_t>(span(), 1) * dtype_size(t));
   }
+  // Elements from the first to one past the last (0 for an empty tensor, whose buffer still
+  // holds one element so that its data pointer is not null).
+  int64_t span() const { return shape.empty() ? 1 : shape[0] * strides[0]; }
   int64_t offset(std::initializer_list<int64_t> idx) const {
     int64_t o = 0, d = 0;
     for (int64_t i : idx) o += i * strides[d++];

@@ -120,15 +120,16 @@ HostTensor make_probs(const PermuteCase& c, int64_t S, std::mt19937& rng) {
 }
 
 void expect_same_bytes(const HostTensor& got, const HostTensor& want, const char* what) {
-  ASSERT_EQ(got.bytes.size(), want.bytes.size()) << what;
-  for (size_t i = 0; i < got.bytes.size(); ++i) {
-    ASSERT_EQ(got.bytes[i], want.bytes[i]) << what << ": byte " << i << " of " << got.bytes.size();
+  ASSERT_EQ(got.span(), want.span()) << what;
+  const size_t n = static_cast<size_t>(got.span()) * dtype_size(got.dtype);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got.bytes[i], want.bytes[i]) << what << ": byte " << i << " of " << n;
   }
 }
 
 void expect_close(const HostTensor& got, const HostTensor& want, double tol, const char* what) {
-  ASSERT_EQ(got.bytes.size(), want.bytes.size()) << what;
-  for (int64_t i = 0; i < static_cast<int64_t>(got.bytes.size() / dtype_size(got.dtype)); ++i) {
+  ASSERT_EQ(got.span(), want.span()) << what;
+  for (int64_t i = 0; i < got.span(); ++i) {
     const double g = got.get_flat(i), w = want.get_flat(i);
     if (std::isnan(w) && std::isnan(g)) continue;
     ASSERT_NEAR(g, w, tol * (1 + std::fabs(w))) << what << ": element " << i;
