@@ -675,6 +675,24 @@ TEST(Route, NaNLogitsFollowOneRuleInEveryImplementation) {
               if (!std::isnan(want.w[i]) && got != want.w[i]) EXPECT_NEAR(got, want.w[i], 2e-6);
             }
           }
+          // The backward follows the formulas too: NaN where the reference's is (softmax pre:
+          // a row with a NaN has NaN probabilities, so its whole gradient), even under a zero
+          // cotangent (0 * NaN), and the reference's values elsewhere.
+          HostTensor d_w(DType::kF32, {T, k}), d(DType::kF32, {T, E}), want_d(DType::kF32, {T, E});
+          for (int64_t i = 0; i < T * k; ++i) d_w.set_flat(i, i % 3 == 0 ? 0.0 : 0.25 * (i % 5));
+          ASSERT_TRUE(route_backward(logits.in(), idx.in(), {}, d_w.in(), to_route_options(o, impl),
+                                     d.mut())
+                          .ok());
+          ASSERT_TRUE(route_backward(logits.in(), idx.in(), {}, d_w.in(),
+                                     to_route_options(o, RouterImpl::kReference), want_d.mut())
+                          .ok());
+          for (int64_t i = 0; i < T * E; ++i) {
+            const double got = d.get_flat(i), want = want_d.get_flat(i);
+            ASSERT_EQ(std::isnan(got), std::isnan(want))
+                << fmt::format("{} {} k={} variant {} d_logits[{}, {}]: {} against {}",
+                               dtype_name(dtype), impl_name(impl), k, v, i / E, i % E, got, want);
+            if (!std::isnan(want)) ASSERT_NEAR(got, want, 1e-5 * (1 + std::fabs(want)));
+          }
         }
       }
     }
@@ -924,6 +942,50 @@ TEST(Losses, ZLossAndGradient) {
       });
       for (int64_t e = 0; e < E; ++e)
         ASSERT_NEAR(d.get({t, e}), want[e], 1e-7 + 1e-4 * std::fabs(want[e]));
+    }
+  }
+}
+
+TEST(Losses, NaNLogitsGiveNaNScoresLossesAndGradients) {
+  // A blow-up must show in the losses, not vanish: a row holding a NaN has NaN aux scores (each
+  // score's normaliser takes the NaN) and NaN gradients in both implementations, as the
+  // reference's formulas give, and the z-loss of logits holding a NaN is NaN, with NaN gradient
+  // in those rows only. The routing map's choice follows router.h's NaN rule (tested above).
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    HostTensor logits = nan_rows(dtype);
+    const int64_t T = logits.shape[0], E = logits.shape[1];
+    std::vector<bool> nan_row(T, false);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < E; ++e) nan_row[t] = nan_row[t] || std::isnan(logits.get({t, e}));
+    }
+    HostTensor d_scores(DType::kF32, {T, E});
+    d_scores.fill(0.5f);
+    for (RouterScore score :
+         {RouterScore::kSoftmax, RouterScore::kSigmoid, RouterScore::kSqrtSoftplus}) {
+      for (RouterImpl impl : kImpls) {
+        SCOPED_TRACE(fmt::format("{} score {} {}", dtype_name(dtype), static_cast<int>(score),
+                                 impl_name(impl)));
+        HostTensor scores(DType::kF32, {T, E}), map(DType::kBool, {T, E}), d(DType::kF32, {T, E});
+        ASSERT_TRUE(aux_loss_scores(logits.in(), 2, score, scores.mut(), map.mut(), impl).ok());
+        ASSERT_TRUE(
+            aux_loss_scores_backward(logits.in(), d_scores.in(), score, d.mut(), impl).ok());
+        for (int64_t t = 0; t < T; ++t) {
+          for (int64_t e = 0; e < E; ++e) {
+            ASSERT_EQ(std::isnan(scores.get({t, e})), nan_row[t]) << "scores " << t << "," << e;
+            ASSERT_EQ(std::isnan(d.get({t, e})), nan_row[t]) << "d_logits " << t << "," << e;
+          }
+        }
+      }
+    }
+    float loss = 0.0f;
+    ASSERT_TRUE(z_loss(logits.in(), 0.001f, &loss).ok());
+    EXPECT_TRUE(std::isnan(loss)) << loss;
+    HostTensor d(DType::kF32, {T, E});
+    ASSERT_TRUE(z_loss_backward(logits.in(), 0.001f, 1.0f, d.mut()).ok());
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < E; ++e) {
+        ASSERT_EQ(std::isnan(d.get({t, e})), nan_row[t]) << "z-loss d_logits " << t << "," << e;
+      }
     }
   }
 }

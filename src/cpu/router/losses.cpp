@@ -1,7 +1,9 @@
 // The load-balancing and z-loss kernels: row loops split over the OpenMP threads, per-row
 // reductions in vector code, the per-row results summed in double. And the two small ops beside
 // them: the counts of a routing map and the loss-free bias update.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "cpu/convert.h"
@@ -33,6 +35,12 @@ const float* row_f32(const ConstTensorView& v, int64_t t, std::vector<float>& bu
 
 // logsumexp of a row; exps (f32 [E]) receives exp(x - max), *shift the max and *sum their sum.
 float logsumexp(const float* x, int64_t E, float* exps, float* shift, float* sum) {
+  if (row_has_nan(x, E)) {  // NaN, as the formula gives (the fast max and exp lose it)
+    constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+    std::fill(exps, exps + E, kNaN);
+    *shift = *sum = kNaN;
+    return kNaN;
+  }
   *shift = row_max(x, E);
   *sum = row_exp_shifted(x, *shift, exps, E);
   return *shift + std::log(*sum);

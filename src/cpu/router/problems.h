@@ -9,6 +9,7 @@
 // The problems themselves are router_problem.h's, shared with the CUDA implementation.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -18,6 +19,15 @@
 
 namespace moekit::detail {
 
+// Whether a row of n logits holds a NaN: such rows follow router.h's NaN rule and the formulas
+// (NaN scores, weights, losses and gradients where they take one), which the vector kernels'
+// max, exp and activations do not keep, so every vectorised path checks for them first.
+inline bool row_has_nan(const float* x, int64_t n) {
+  bool has_nan = false;
+  for (int64_t e = 0; e < n; ++e) has_nan |= std::isnan(x[e]);
+  return has_nan;
+}
+
 Status route_ref(const RouteProblem& p);
 // One row of route_ref: logits [E] (f32) to the k experts and their weights, in output order
 // (descending weight, NaN last, ties to the lower index). The rule every implementation follows,
@@ -25,6 +35,12 @@ Status route_ref(const RouteProblem& p);
 void route_row_ref(const RouteOptions& o, const float* logits, int64_t E, int32_t* experts,
                    float* weights);
 Status route_backward_ref(const RouteBackwardProblem& p);
+// One row of route_backward_ref where only the chosen logits get gradient (every score but
+// softmax pre): g [k], the chosen weights' cotangents (scaled), and xc [k], their logits, to dxc
+// [k]. NaN wherever the formulas take one; route_backward_vectorized takes it for rows whose
+// chosen logits hold a NaN.
+void route_backward_chosen_row_ref(const RouteOptions& o, const float* g, const float* xc,
+                                   float* dxc);
 Status aux_scores_ref(const AuxScoresProblem& p);
 Status aux_scores_backward_ref(const AuxScoresBackwardProblem& p);
 

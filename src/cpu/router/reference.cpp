@@ -159,6 +159,28 @@ Status route_ref(const RouteProblem& p) {
   return {};
 }
 
+void route_backward_chosen_row_ref(const RouteOptions& o, const float* g, const float* xc,
+                                   float* dxc) {
+  if (o.score == RouterScore::kSoftmax) {
+    // w = softmax(x[idx]): dx[idx] = w * (g - <g, w>).
+    const std::vector<float> w = softmax(std::vector<float>(xc, xc + o.k));
+    float dot = 0.0f;
+    for (int32_t i = 0; i < o.k; ++i) dot += g[i] * w[i];
+    for (int32_t i = 0; i < o.k; ++i) dxc[i] = w[i] * (g[i] - dot);
+    return;
+  }
+  // w = s[idx] / (sum + eps) when k > 1: ds = (g - <g, w>) / (sum + eps).
+  std::vector<float> s(o.k);
+  float sum = kNormEps;
+  for (int32_t i = 0; i < o.k; ++i) sum += s[i] = activation(o.score, xc[i]);
+  float dot = 0.0f;
+  for (int32_t i = 0; i < o.k; ++i) dot += g[i] * s[i] / sum;
+  for (int32_t i = 0; i < o.k; ++i) {
+    const float ds = o.k > 1 ? (g[i] - dot) / sum : g[i];
+    dxc[i] = ds * activation_grad(o.score, xc[i]);
+  }
+}
+
 Status route_backward_ref(const RouteBackwardProblem& p) {
   const RouteOptions& o = p.options;
   const int64_t T = p.logits.shape[0], E = p.logits.shape[1];
@@ -181,25 +203,11 @@ Status route_backward_ref(const RouteBackwardProblem& p) {
       float dot = 0.0f;
       for (int64_t e = 0; e < E; ++e) dot += ge[e] * s[e];
       for (int64_t e = 0; e < E; ++e) dx[e] = s[e] * (ge[e] - dot);
-    } else if (o.score == RouterScore::kSoftmax) {
-      // w = softmax(x[idx]): dx[idx] = w * (g - <g, w>).
-      std::vector<float> xc(o.k);
-      for (int32_t i = 0; i < o.k; ++i) xc[i] = x[idx[i]];
-      const std::vector<float> w = softmax(xc);
-      float dot = 0.0f;
-      for (int32_t i = 0; i < o.k; ++i) dot += g[i] * w[i];
-      for (int32_t i = 0; i < o.k; ++i) dx[idx[i]] += w[i] * (g[i] - dot);
     } else {
-      // w = s[idx] / (sum + eps) when k > 1: ds = (g - <g, w>) / (sum + eps).
-      std::vector<float> s(o.k);
-      float sum = kNormEps;
-      for (int32_t i = 0; i < o.k; ++i) sum += s[i] = activation(o.score, x[idx[i]]);
-      float dot = 0.0f;
-      for (int32_t i = 0; i < o.k; ++i) dot += g[i] * s[i] / sum;
-      for (int32_t i = 0; i < o.k; ++i) {
-        const float ds = o.k > 1 ? (g[i] - dot) / sum : g[i];
-        dx[idx[i]] += ds * activation_grad(o.score, x[idx[i]]);
-      }
+      std::vector<float> xc(o.k), dxc(o.k);
+      for (int32_t i = 0; i < o.k; ++i) xc[i] = x[idx[i]];
+      route_backward_chosen_row_ref(o, g.data(), xc.data(), dxc.data());
+      for (int32_t i = 0; i < o.k; ++i) dx[idx[i]] += dxc[i];
     }
     for (int64_t e = 0; e < E; ++e) store(p.d_logits, t, e, dx[e]);
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "cpu/convert.h"
@@ -232,9 +233,7 @@ void choose_and_weigh_row(const RouteProblem& p, int64_t t, Scratch& s) {
   const float* x = row_as_float(p.logits, t, s.x.data());
   // A row holding a NaN follows router.h's NaN rule (the reference's), which the fast kernels
   // (max, exp, ranking) do not keep.
-  bool has_nan = false;
-  for (int64_t e = 0; e < E; ++e) has_nan |= std::isnan(x[e]);
-  if (has_nan) {
+  if (row_has_nan(x, E)) {
     route_row_ref(o, x, E, s.chosen.data(), s.w.data());
     return;
   }
@@ -409,12 +408,18 @@ void backward_pre_softmax_row(const RouteBackwardProblem& p, int64_t t, const fl
   const float* x = row_as_float(p.logits, t, s.x.data());
   float* dx = s.aux.data();  // [E]
   float* sm = s.s.data();
-  const float inv = 1.0f / row_exp_shifted(x, row_max(x, E), sm, E);
-  float dot = 0.0f;
-  for (int32_t i = 0; i < k; ++i) dot += g[i] * sm[idx[i]] * inv;
-  const float scale = -dot * inv;
-  for (int64_t e = 0; e < E; ++e) dx[e] = sm[e] * scale;
-  for (int32_t i = 0; i < k; ++i) dx[idx[i]] += sm[idx[i]] * inv * g[i];
+  // A row holding a NaN has NaN probabilities (router.h), so its whole gradient is NaN, as the
+  // formula gives; the fast max and exp would not keep the NaN.
+  if (row_has_nan(x, E)) {
+    std::fill(dx, dx + E, std::numeric_limits<float>::quiet_NaN());
+  } else {
+    const float inv = 1.0f / row_exp_shifted(x, row_max(x, E), sm, E);
+    float dot = 0.0f;
+    for (int32_t i = 0; i < k; ++i) dot += g[i] * sm[idx[i]] * inv;
+    const float scale = -dot * inv;
+    for (int64_t e = 0; e < E; ++e) dx[e] = sm[e] * scale;
+    for (int32_t i = 0; i < k; ++i) dx[idx[i]] += sm[idx[i]] * inv * g[i];
+  }
   char* out = row_ptr(p.d_logits, t);
   if (p.d_logits.dtype == DType::kF32) {
     write_row(out, dx, E * sizeof(float), stream.d_logits);
@@ -425,6 +430,10 @@ void backward_pre_softmax_row(const RouteBackwardProblem& p, int64_t t, const fl
 
 // Aux scores of one row into q (f32 [E]); returns the normaliser of sigmoid-family scores.
 float aux_row(RouterScore score, const float* x, float* q, int64_t E) {
+  if (row_has_nan(x, E)) {  // NaN scores, as the formulas give (the fast kernels lose NaN)
+    std::fill(q, q + E, std::numeric_limits<float>::quiet_NaN());
+    return std::numeric_limits<float>::quiet_NaN();
+  }
   float norm;
   if (score == RouterScore::kSoftmax) {
     norm = row_exp_shifted(x, row_max(x, E), q, E);
@@ -531,6 +540,20 @@ Status route_backward_vectorized(const RouteBackwardProblem& p) {
       gather_chosen(p, t, g + (t - t0), xc + (t - t0), kLaneRows);
     }
     route_backward_chosen(p.options, g, xc, dxc);
+    // Rows whose chosen logits hold a NaN follow the formulas (NaN gradients), which the lane
+    // kernels' exp and activations do not keep: the reference's row.
+    for (int64_t r = 0; r < t1 - t0; ++r) {
+      bool has_nan = false;
+      for (int32_t i = 0; i < k; ++i) has_nan |= std::isnan(xc[i * kLaneRows + r]);
+      if (!has_nan) continue;
+      std::vector<float> row(3 * static_cast<size_t>(k));  // g, xc, dxc of the row (rare)
+      for (int32_t i = 0; i < k; ++i) {
+        row[i] = g[i * kLaneRows + r];
+        row[k + i] = xc[i * kLaneRows + r];
+      }
+      route_backward_chosen_row_ref(p.options, row.data(), row.data() + k, row.data() + 2 * k);
+      for (int32_t i = 0; i < k; ++i) dxc[i * kLaneRows + r] = row[2 * k + i];
+    }
     int32_t* idx = s.lane_chosen.data();  // [kLaneRows, k]
     for (int64_t t = t0; t < t1; ++t) {
       std::memcpy(idx + (t - t0) * k, row_ptr(p.topk_indices, t), k * sizeof(int32_t));
