@@ -356,7 +356,11 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     + act(x @ shared_in) @ shared_out``, with the router of `route` on
     ``logits = x @ router`` (float32). Each step is also a function of its own (`route`,
     `permute`, `ragged_dot`, `activation`, `unpermute`), for callers who put communication
-    between them.
+    between them. Step by step (a GPU), the dense matmuls (the router's, the shared expert's and
+    their gradients) are `jnp.dot` and follow JAX's matmul precision: on an NVIDIA GPU XLA's
+    default rounds float32 inputs to TF32 (about 1e-3 relative); set
+    ``jax.default_matmul_precision("highest")`` for float32 throughout, as the grouped matmuls
+    compute.
 
     Args:
       x: ``[..., H]`` float32 or bfloat16: the T tokens of all leading axes (``[T, H]``, or
