@@ -49,6 +49,26 @@ bool on_sm80(const Problem& g) {
 constexpr const char* kSm90Needs =
     "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability 9.0 "
     "and a build with sm_90a";
+
+// The pingpong and cooperative 256x128 schedules are built for bf16 only.
+template <class Problem>
+bool on_sm90_bf16(const Problem& g) {
+  return g.in_type == DType::kBF16 && on_sm90(g);
+}
+constexpr const char* kSm90Bf16Needs =
+    "CUDA buffers, bf16 inputs aligned for tensor cores, a device of compute capability 9.0 and a "
+    "build with sm_90a";
+
+// Which sm90 schedule kAuto runs bf16 calls on, from one run of each on an H100 (qwen3-30b-a3b
+// bf16, bench/results/gpu-h100-2026-11-24/bench-qwen3-bf16*.txt), share of the dense cuBLAS matmul
+// in the same run, cooperative 128x128 / pingpong / cooperative 256x128:
+//   forward          4096 tokens 51.7 / 52.4 / 37.2%   16384 tokens 62.8 / 63.1 / 66.3%
+//   input gradient   4096 tokens 52.1 / 55.7 / 37.5%   16384 tokens 65.1 / 73.1 / 66.2%
+//   weight gradient  4096 tokens 37.5 / 42.4 / 45.7%   16384 tokens 62.0 / 61.1 / 71.9%
+// The forward and input gradient (rows of each group in the tiles' M: 256x128 tiles waste half a
+// tile on groups of ~256 rows) on pingpong; the weight gradient (each group's [K, n] output in
+// the tiles, whatever its rows) on cooperative 256x128. f16 calls run kCudaSm90. (One run each,
+// two shapes, one card: the next sweep over presets and token counts may refine this by shape.)
 constexpr const char* kSm80Needs =
     "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability "
     ">= 8.0 and a build with sm_80";
@@ -64,6 +84,9 @@ constexpr const char* kStreamNeeds = "host buffers and the default mode (not bat
 // In order of preference; the CPU's reference last.
 constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
 #if MOEKIT_HAS_CUDA
+    {RaggedDotImpl::kCudaSm90Pingpong, cu::row_grouped_sm90_pingpong, on_sm90_bf16, kSm90Bf16Needs},
+    {RaggedDotImpl::kCudaSm90Cooperative256, cu::row_grouped_sm90_coop256, on_sm90_bf16,
+     kSm90Bf16Needs, detail::never},
     {RaggedDotImpl::kCudaSm90, cu::row_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::row_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, kCudaNeeds},
@@ -75,6 +98,10 @@ constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
 };
 constexpr Implementation<RaggedDotImpl, ContractionGroupedGemm> kContractionImpls[] = {
 #if MOEKIT_HAS_CUDA
+    {RaggedDotImpl::kCudaSm90Cooperative256, cu::contraction_grouped_sm90_coop256, on_sm90_bf16,
+     kSm90Bf16Needs},
+    {RaggedDotImpl::kCudaSm90Pingpong, cu::contraction_grouped_sm90_pingpong, on_sm90_bf16,
+     kSm90Bf16Needs, detail::never},
     {RaggedDotImpl::kCudaSm90, cu::contraction_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::contraction_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::contraction_grouped_portable, on_cuda, kCudaNeeds},

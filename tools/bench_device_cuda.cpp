@@ -77,14 +77,10 @@ class CudaBenchDevice : public BenchDevice {
     cudaDeviceProp prop{};
     cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     cuda_check(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
-    // The sm90 family bf16 grouped matmuls run (a tuning knob of src/cuda/sm90_grouped_gemm.cu,
-    // in builds with MOEKIT_CUDA_SM90_CANDIDATES).
-    const char* sm90 = std::getenv("MOEKIT_CUDA_SM90_KERNEL");
-    description_ = fmt::format(
-        "{} ({} SMs, {:.0f} GiB, compute capability {}.{}, CUDA driver {}.{}; sm90 bf16 kernel "
-        "{})",
-        prop.name, prop.multiProcessorCount, prop.totalGlobalMem / double(1ull << 30), prop.major,
-        prop.minor, driver / 1000, driver % 1000 / 10, sm90 && *sm90 ? sm90 : "cooperative");
+    description_ =
+        fmt::format("{} ({} SMs, {:.0f} GiB, compute capability {}.{}, CUDA driver {}.{})",
+                    prop.name, prop.multiProcessorCount, prop.totalGlobalMem / double(1ull << 30),
+                    prop.major, prop.minor, driver / 1000, driver % 1000 / 10);
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     cublas_check(cublasCreate(&cublas_), "cublasCreate");
     cublas_check(cublasSetStream(cublas_, stream_), "cublasSetStream");

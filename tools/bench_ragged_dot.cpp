@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <stdexcept>
+#include <utility>
 
 #include "bench_common.h"
 #include "bench_device.h"
@@ -36,11 +37,30 @@ struct RaggedDotBenchOptions : BenchOptions {
   std::string baseline;       // also time the full call with this impl, in the same loop
 };
 
+// --impl and --baseline's names, in RaggedDotImpl's order.
+constexpr std::pair<const char*, RaggedDotImpl> kImplNames[] = {
+    {"auto", RaggedDotImpl::kAuto},
+    {"onednn", RaggedDotImpl::kOneDnn},
+    {"reference", RaggedDotImpl::kReference},
+    {"sm90", RaggedDotImpl::kCudaSm90},
+    {"sm80", RaggedDotImpl::kCudaSm80},
+    {"portable", RaggedDotImpl::kCudaPortable},
+    {"stream", RaggedDotImpl::kCpuStream},
+    {"sm90-pingpong", RaggedDotImpl::kCudaSm90Pingpong},
+    {"sm90-cooperative-256", RaggedDotImpl::kCudaSm90Cooperative256},
+};
+
 RaggedDotImpl parse_impl(const std::string& name) {
-  if (name == "onednn") return RaggedDotImpl::kOneDnn;
-  if (name == "stream") return RaggedDotImpl::kCpuStream;
-  if (name == "reference") return RaggedDotImpl::kReference;
-  return RaggedDotImpl::kAuto;
+  for (const auto& [n, impl] : kImplNames) {
+    if (name == n) return impl;
+  }
+  return RaggedDotImpl::kAuto;  // CLI11 checked the name
+}
+
+std::vector<std::string> impl_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : kImplNames) names.emplace_back(entry.first);
+  return names;
 }
 
 constexpr int64_t kPeakRows = 4096;  // the dense matmul that measures the dense rate
@@ -531,12 +551,14 @@ void register_bench_ragged_dot(CLI::App& bench) {
       ->check(CLI::IsMember({"fwd", "dlhs", "drhs"}))
       ->capture_default_str();
   cmd->add_option("--impl", opts->impl,
-                  "Implementation of the timed calls (RaggedDotOptions::impl): auto picks by shape")
-      ->check(CLI::IsMember({"auto", "onednn", "stream", "reference"}))
+                  "Implementation of the timed calls (RaggedDotOptions::impl): auto picks by "
+                  "shape; onednn, stream, reference (CPU); sm90, sm90-pingpong, "
+                  "sm90-cooperative-256, sm80, portable (CUDA)")
+      ->check(CLI::IsMember(impl_names()))
       ->capture_default_str();
   cmd->add_option("--baseline", opts->baseline,
                   "Also time the full call with this implementation, in the same loop")
-      ->check(CLI::IsMember({"auto", "onednn", "stream", "reference"}));
+      ->check(CLI::IsMember(impl_names()));
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();

@@ -57,7 +57,12 @@ struct RaggedDotGroups {
 // Which implementation runs. kAuto takes the first one in order of preference that takes the
 // call: on CUDA the CUTLASS grouped GEMMs on tensor cores (sm90a kernels on compute capability
 // 9.0, sm80 kernels on 8.x and later; bf16/f16 inputs with 16-byte aligned pointers and row
-// strides, K and n multiples of 8), then a portable kernel; on the CPU, for the forward and input
+// strides, K and n multiples of 8), then a portable kernel. The sm90 kernels come in three tile
+// schedules: kCudaSm90 (cooperative, 128x128 tiles), kCudaSm90Pingpong (128x128, each consumer
+// warpgroup its own tile) and kCudaSm90Cooperative256 (256x128 tiles on clusters of 2), the last
+// two for bf16 only; kAuto runs bf16 forward and input gradients on pingpong and bf16 weight
+// gradients on cooperative 256x128, as measured (src/ragged_dot.cpp), f16 on kCudaSm90. On the
+// CPU, for the forward and input
 // gradient with few rows in every local group (outside the batch-invariant mode; the bound
 // depends on the dtype and the layout, as measured), kCpuStream, which streams each group's
 // weights once with the rows' sums in registers (asked for by name it takes any group sizes), and
@@ -72,6 +77,8 @@ enum class RaggedDotImpl {
   kCudaSm80,
   kCudaPortable,
   kCpuStream,  // forward and input gradient only
+  kCudaSm90Pingpong,
+  kCudaSm90Cooperative256,
 };
 
 struct RaggedDotOptions {

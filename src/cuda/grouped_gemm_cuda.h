@@ -42,21 +42,28 @@ Status row_grouped_portable(const RowGroupedGemm& g);
 Status contraction_grouped_portable(const ContractionGroupedGemm& g);
 
 // CUTLASS 2.x grouped GEMM (sm80 kernels; run on any device of compute capability >= 8.0).
-// CUTLASS 3.x grouped GEMM with TMA and wgmma (sm90a kernels; compute capability 9.0 only).
-// Each is compiled when CMAKE_CUDA_ARCHITECTURES names its architecture (MOEKIT_CUDA_SM80,
+// CUTLASS 3.x grouped GEMM with TMA and wgmma (sm90a kernels; compute capability 9.0 only), in
+// three tile schedules, each its own RaggedDotImpl: sm90 (cooperative, 128x128 tiles; bf16 and
+// f16), sm90_pingpong (128x128, one tile per consumer warpgroup) and sm90_coop256 (cooperative,
+// 256x128 tiles on 2x1 clusters), the last two bf16 only; sm90_workspace_size covers all three.
+// Each architecture is compiled when CMAKE_CUDA_ARCHITECTURES names it (MOEKIT_CUDA_SM80,
 // MOEKIT_CUDA_SM90 = 1); otherwise the stubs below say so.
+#define MOEKIT_CUDA_DECLARE_SCHEDULE(name)            \
+  Status row_grouped_##name(const RowGroupedGemm& g); \
+  Status contraction_grouped_##name(const ContractionGroupedGemm& g);
 #define MOEKIT_CUDA_DECLARE_TC(arch)                                       \
   size_t arch##_workspace_size(int64_t num_local, const DeviceInfo& info); \
-  Status row_grouped_##arch(const RowGroupedGemm& g);                      \
-  Status contraction_grouped_##arch(const ContractionGroupedGemm& g);
-#define MOEKIT_CUDA_STUB_TC(arch)                                                      \
-  inline size_t arch##_workspace_size(int64_t, const DeviceInfo&) { return 0; }        \
-  inline Status row_grouped_##arch(const RowGroupedGemm&) {                            \
+  MOEKIT_CUDA_DECLARE_SCHEDULE(arch)
+#define MOEKIT_CUDA_STUB_SCHEDULE(name, arch)                                          \
+  inline Status row_grouped_##name(const RowGroupedGemm&) {                            \
     return Status::unimplemented("ragged_dot", "built without the " #arch " kernels"); \
   }                                                                                    \
-  inline Status contraction_grouped_##arch(const ContractionGroupedGemm&) {            \
+  inline Status contraction_grouped_##name(const ContractionGroupedGemm&) {            \
     return Status::unimplemented("ragged_dot", "built without the " #arch " kernels"); \
   }
+#define MOEKIT_CUDA_STUB_TC(arch)                                               \
+  inline size_t arch##_workspace_size(int64_t, const DeviceInfo&) { return 0; } \
+  MOEKIT_CUDA_STUB_SCHEDULE(arch, arch)
 
 #if MOEKIT_CUDA_SM80
 MOEKIT_CUDA_DECLARE_TC(sm80)
@@ -65,8 +72,12 @@ MOEKIT_CUDA_STUB_TC(sm80)
 #endif
 #if MOEKIT_CUDA_SM90
 MOEKIT_CUDA_DECLARE_TC(sm90)
+MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_pingpong)
+MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_coop256)
 #else
 MOEKIT_CUDA_STUB_TC(sm90)
+MOEKIT_CUDA_STUB_SCHEDULE(sm90_pingpong, sm90)
+MOEKIT_CUDA_STUB_SCHEDULE(sm90_coop256, sm90)
 #endif
 
 }  // namespace moekit::detail::cuda

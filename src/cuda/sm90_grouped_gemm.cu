@@ -1,12 +1,9 @@
-// The sm90 entry points of grouped_gemm_cuda.h. The kernels are instantiated per input dtype in
-// sm90_grouped_gemm_bf16.cu and sm90_grouped_gemm_f16.cu. Configured with
-// MOEKIT_CUDA_SM90_CANDIDATES=ON, the build also holds two bf16 tuning candidates
-// (sm90_grouped_gemm_bf16_<config>.cu), which the environment variable MOEKIT_CUDA_SM90_KERNEL
-// picks so that one build can time each (scripts/device-check); neither has been shown to be
-// faster, so they are left out by default.
+// The sm90 entry points of grouped_gemm_cuda.h: three tile schedules of one CUTLASS 3.x kernel
+// (sm90_grouped_gemm.cuh), each a RaggedDotImpl of its own. The cooperative 128x128 kernels are
+// instantiated for bf16 and f16 (sm90_grouped_gemm_bf16.cu, _f16.cu), the pingpong and the
+// cooperative 256x128 ones for bf16 only (sm90_grouped_gemm_bf16_pingpong.cu, _coop256.cu);
+// ragged_dot.cpp's tables say which one kAuto runs for which call.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "cuda/sm90_grouped_gemm.cuh"
 
@@ -15,99 +12,75 @@ namespace moekit::detail::cuda {
 namespace tc {
 MOEKIT_TC_EXTERN(sm90::Kernel, cutlass::bfloat16_t)
 MOEKIT_TC_EXTERN(sm90::Kernel, cutlass::half_t)
-#if MOEKIT_CUDA_SM90_CANDIDATES
 MOEKIT_TC_EXTERN(sm90::KernelCoop256, cutlass::bfloat16_t)
 MOEKIT_TC_EXTERN(sm90::KernelPingpong, cutlass::bfloat16_t)
-#endif
 }  // namespace tc
 
 namespace {
 
 using BF16 = cutlass::bfloat16_t;
 
-#if MOEKIT_CUDA_SM90_CANDIDATES
-// Which family runs bf16 calls: MOEKIT_CUDA_SM90_KERNEL, read once. Unset: cooperative. f16
-// calls always run cooperative.
-enum class Sm90Family { kCooperative, kCooperative256, kPingpong };
+constexpr const char* kBf16Only = "ragged_dot (CUDA, sm90)";
 
-struct Choice {
-  Status status;
-  Sm90Family family;
-};
-
-Choice parse_choice(const char* env) {
-  const std::string s = env ? env : "";
-  if (s.empty() || s == "cooperative") return {{}, Sm90Family::kCooperative};
-  if (s == "cooperative-256x128-2x1") return {{}, Sm90Family::kCooperative256};
-  if (s == "pingpong") return {{}, Sm90Family::kPingpong};
-  return {Status::invalid_argument("ragged_dot (CUDA, sm90)", "MOEKIT_CUDA_SM90_KERNEL", s,
-                                   "expected cooperative, cooperative-256x128-2x1 or pingpong"),
-          Sm90Family::kCooperative};
+// The bf16-only kernels, for a call whose inputs are not bf16: refused (the table's predicate
+// keeps such calls away; this guards a direct call).
+template <class Problem>
+bool bf16(const Problem& g, Status* status) {
+  if (g.in_type == DType::kBF16) return true;
+  *status = Status::unimplemented(kBf16Only, "this sm90 tile schedule is built for bf16 only");
+  return false;
 }
-
-Status bf16_family(Sm90Family* out) {
-  static const Choice choice = parse_choice(std::getenv("MOEKIT_CUDA_SM90_KERNEL"));
-  *out = choice.family;
-  return choice.status;
-}
-
-// Runs a bf16 call on the candidate MOEKIT_CUDA_SM90_KERNEL names into *status and says true;
-// false where the default kernel runs it.
-template <class Problem, class Run256, class RunPingpong>
-bool run_candidate(const Problem& g, Status* status, Run256 run256, RunPingpong run_pingpong) {
-  if (g.in_type != DType::kBF16) return false;
-  Sm90Family family;
-  *status = bf16_family(&family);
-  if (!status->ok()) return true;
-  if (family == Sm90Family::kCooperative256) *status = run256();
-  if (family == Sm90Family::kPingpong) *status = run_pingpong();
-  return family != Sm90Family::kCooperative;
-}
-#endif
 
 }  // namespace
 
 size_t sm90_workspace_size(int64_t num_local, const DeviceInfo& info) {
-  size_t bytes = tc::workspace_size_any<sm90::Kernel>(num_local, info);
-#if MOEKIT_CUDA_SM90_CANDIDATES
-  bytes = std::max({bytes, tc::workspace_size<sm90::KernelCoop256, BF16>(num_local, info),
-                    tc::workspace_size<sm90::KernelPingpong, BF16>(num_local, info)});
-#endif
-  return bytes;
+  return std::max({tc::workspace_size_any<sm90::Kernel>(num_local, info),
+                   tc::workspace_size<sm90::KernelCoop256, BF16>(num_local, info),
+                   tc::workspace_size<sm90::KernelPingpong, BF16>(num_local, info)});
 }
 
 Status row_grouped_sm90(const RowGroupedGemm& g) {
   DeviceInfo info;
   MOEKIT_RETURN_IF_ERROR(device_info(&info));
-#if MOEKIT_CUDA_SM90_CANDIDATES
-  Status status;
-  if (run_candidate(
-          g, &status,
-          [&] { return tc::row_grouped<sm90::KernelCoop256, BF16>(g, g.groups, g.exec, info); },
-          [&] { return tc::row_grouped<sm90::KernelPingpong, BF16>(g, g.groups, g.exec, info); })) {
-    return status;
-  }
-#endif
   return tc::row_grouped_any<sm90::Kernel>(g, g.groups, g.exec, info);
 }
 
 Status contraction_grouped_sm90(const ContractionGroupedGemm& g) {
   DeviceInfo info;
   MOEKIT_RETURN_IF_ERROR(device_info(&info));
-#if MOEKIT_CUDA_SM90_CANDIDATES
-  Status status;
-  if (run_candidate(
-          g, &status,
-          [&] {
-            return tc::contraction_grouped<sm90::KernelCoop256, BF16>(g, g.groups, g.exec, info);
-          },
-          [&] {
-            return tc::contraction_grouped<sm90::KernelPingpong, BF16>(g, g.groups, g.exec, info);
-          })) {
-    return status;
-  }
-#endif
   return tc::contraction_grouped_any<sm90::Kernel>(g, g.groups, g.exec, info);
+}
+
+Status row_grouped_sm90_pingpong(const RowGroupedGemm& g) {
+  Status status;
+  if (!bf16(g, &status)) return status;
+  DeviceInfo info;
+  MOEKIT_RETURN_IF_ERROR(device_info(&info));
+  return tc::row_grouped<sm90::KernelPingpong, BF16>(g, g.groups, g.exec, info);
+}
+
+Status contraction_grouped_sm90_pingpong(const ContractionGroupedGemm& g) {
+  Status status;
+  if (!bf16(g, &status)) return status;
+  DeviceInfo info;
+  MOEKIT_RETURN_IF_ERROR(device_info(&info));
+  return tc::contraction_grouped<sm90::KernelPingpong, BF16>(g, g.groups, g.exec, info);
+}
+
+Status row_grouped_sm90_coop256(const RowGroupedGemm& g) {
+  Status status;
+  if (!bf16(g, &status)) return status;
+  DeviceInfo info;
+  MOEKIT_RETURN_IF_ERROR(device_info(&info));
+  return tc::row_grouped<sm90::KernelCoop256, BF16>(g, g.groups, g.exec, info);
+}
+
+Status contraction_grouped_sm90_coop256(const ContractionGroupedGemm& g) {
+  Status status;
+  if (!bf16(g, &status)) return status;
+  DeviceInfo info;
+  MOEKIT_RETURN_IF_ERROR(device_info(&info));
+  return tc::contraction_grouped<sm90::KernelCoop256, BF16>(g, g.groups, g.exec, info);
 }
 
 }  // namespace moekit::detail::cuda

@@ -177,8 +177,8 @@ struct KernelWith {
   }
 };
 
-// The families, as tc_grouped_gemm.cuh takes them. Kernel is the one every call runs; the other
-// two are bf16-only candidates that MOEKIT_CUDA_SM90_KERNEL selects for tuning runs.
+// The families, as tc_grouped_gemm.cuh takes them: RaggedDotImpl::kCudaSm90 (bf16 and f16),
+// kCudaSm90Cooperative256 and kCudaSm90Pingpong (bf16).
 template <class TIn, class TOut, class LayoutA, class LayoutB>
 using Kernel = KernelWith<Cooperative128x128, TIn, TOut, LayoutA, LayoutB>;
 template <class TIn, class TOut, class LayoutA, class LayoutB>

@@ -1,5 +1,5 @@
-// A tuning candidate of the sm90 grouped GEMM with bf16 inputs: cooperative, 256x128 tiles on 2x1
-// clusters (MOEKIT_CUDA_SM90_KERNEL selects it; see sm90_grouped_gemm.cu).
+// The sm90 grouped GEMM with bf16 inputs on the cooperative schedule, 256x128 tiles on 2x1
+// clusters (RaggedDotImpl::kCudaSm90Cooperative256; see sm90_grouped_gemm.cu).
 #include "cuda/sm90_grouped_gemm.cuh"
 
 namespace moekit::detail::cuda::tc {

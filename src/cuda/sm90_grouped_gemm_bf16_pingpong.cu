@@ -1,5 +1,5 @@
-// A tuning candidate of the sm90 grouped GEMM with bf16 inputs: pingpong, 128x128 tiles
-// (MOEKIT_CUDA_SM90_KERNEL selects it; see sm90_grouped_gemm.cu).
+// The sm90 grouped GEMM with bf16 inputs on the pingpong schedule, 128x128 tiles
+// (RaggedDotImpl::kCudaSm90Pingpong; see sm90_grouped_gemm.cu).
 #include "cuda/sm90_grouped_gemm.cuh"
 
 namespace moekit::detail::cuda::tc {
