@@ -4,6 +4,7 @@
 // cooperative 256x128 ones for bf16 only (sm90_grouped_gemm_bf16_pingpong.cu, _coop256.cu);
 // ragged_dot.cpp's tables say which one kAuto runs for which call.
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/sm90_grouped_gemm.cuh"
 
@@ -20,15 +21,21 @@ namespace {
 
 using BF16 = cutlass::bfloat16_t;
 
-constexpr const char* kBf16Only = "ragged_dot (CUDA, sm90)";
-
-// The bf16-only kernels, for a call whose inputs are not bf16: refused (the table's predicate
-// keeps such calls away; this guards a direct call).
-template <class Problem>
-bool bf16(const Problem& g, Status* status) {
-  if (g.in_type == DType::kBF16) return true;
-  *status = Status::unimplemented(kBf16Only, "this sm90 tile schedule is built for bf16 only");
-  return false;
+// A call on one of the bf16-only schedules (the table's predicate keeps other dtypes away; this
+// guards a direct call).
+template <template <class, class, class, class> class KernelT, class Problem>
+Status run_bf16(const Problem& g) {
+  if (g.in_type != DType::kBF16) {
+    return Status::unimplemented("ragged_dot (CUDA, sm90)",
+                                 "this sm90 tile schedule is built for bf16 only");
+  }
+  DeviceInfo info;
+  MOEKIT_RETURN_IF_ERROR(device_info(&info));
+  if constexpr (std::is_same_v<Problem, RowGroupedGemm>) {
+    return tc::row_grouped<KernelT, BF16>(g, g.groups, g.exec, info);
+  } else {
+    return tc::contraction_grouped<KernelT, BF16>(g, g.groups, g.exec, info);
+  }
 }
 
 }  // namespace
@@ -52,35 +59,16 @@ Status contraction_grouped_sm90(const ContractionGroupedGemm& g) {
 }
 
 Status row_grouped_sm90_pingpong(const RowGroupedGemm& g) {
-  Status status;
-  if (!bf16(g, &status)) return status;
-  DeviceInfo info;
-  MOEKIT_RETURN_IF_ERROR(device_info(&info));
-  return tc::row_grouped<sm90::KernelPingpong, BF16>(g, g.groups, g.exec, info);
+  return run_bf16<sm90::KernelPingpong>(g);
 }
-
 Status contraction_grouped_sm90_pingpong(const ContractionGroupedGemm& g) {
-  Status status;
-  if (!bf16(g, &status)) return status;
-  DeviceInfo info;
-  MOEKIT_RETURN_IF_ERROR(device_info(&info));
-  return tc::contraction_grouped<sm90::KernelPingpong, BF16>(g, g.groups, g.exec, info);
+  return run_bf16<sm90::KernelPingpong>(g);
 }
-
 Status row_grouped_sm90_coop256(const RowGroupedGemm& g) {
-  Status status;
-  if (!bf16(g, &status)) return status;
-  DeviceInfo info;
-  MOEKIT_RETURN_IF_ERROR(device_info(&info));
-  return tc::row_grouped<sm90::KernelCoop256, BF16>(g, g.groups, g.exec, info);
+  return run_bf16<sm90::KernelCoop256>(g);
 }
-
 Status contraction_grouped_sm90_coop256(const ContractionGroupedGemm& g) {
-  Status status;
-  if (!bf16(g, &status)) return status;
-  DeviceInfo info;
-  MOEKIT_RETURN_IF_ERROR(device_info(&info));
-  return tc::contraction_grouped<sm90::KernelCoop256, BF16>(g, g.groups, g.exec, info);
+  return run_bf16<sm90::KernelCoop256>(g);
 }
 
 }  // namespace moekit::detail::cuda
