@@ -4,7 +4,8 @@
 //   stream_call K n rows E copies [impl] [transposed]
 //     impl: the RaggedDotImpl number (6 kCpuStream, 1 kOneDnn; 99: a plain parallel read of
 //     the weights instead of the call); transposed: rhs [E, n, K] (the contraction-contiguous
-//     form). Environment: F32=1 (f32 instead of bf16), REPS (default 15), NOPROBE=1.
+//     form). Environment: F32=1 (f32 instead of bf16), REPS (default 15), NOPROBE=1, SPARSE=s
+//     (rows in every s-th group only, the others empty: the weights' rate counts those groups).
 // Prints the median call, the weights' bytes over it, the probe's rate and their ratio.
 #include <moekit/ragged_dot.h>
 #include <omp.h>
@@ -34,10 +35,13 @@ int main(int argc, char** argv) {
   const bool f32 = getenv("F32") != nullptr;
   const DType dt = f32 ? DType::kF32 : DType::kBF16;
   const size_t es = f32 ? 4 : 2, elems = static_cast<size_t>(E * K * n);
-  const int64_t m = r * E;
+  const int64_t sparse = getenv("SPARSE") ? atoi(getenv("SPARSE")) : 1;
+  const int64_t busy = (E + sparse - 1) / sparse;
+  const int64_t m = r * busy;
   std::vector<float> lhs(static_cast<size_t>(m * K), 1.f), out(static_cast<size_t>(m * n));
   std::vector<std::vector<char>> w(copies, std::vector<char>(elems * es, 0x3c));
-  std::vector<int32_t> sizes(static_cast<size_t>(E), static_cast<int32_t>(r));
+  std::vector<int32_t> sizes(static_cast<size_t>(E), 0);
+  for (int64_t e = 0; e < E; e += sparse) sizes[e] = static_cast<int32_t>(r);
 
   const size_t probe_bytes = size_t{256} << 20;
   std::vector<char> probe(probe_bytes, 1);
@@ -80,7 +84,7 @@ int main(int argc, char** argv) {
   }
   std::sort(ts.begin(), ts.end());
   std::sort(rs.begin(), rs.end());
-  const double gb = static_cast<double>(elems * es) / 1e9, t = ts[reps / 2];
+  const double gb = static_cast<double>(elems * es) / 1e9 * busy / E, t = ts[reps / 2];
   std::printf(
       "K %ld n %ld r %ld E %ld impl %d: %.4f ms, %.1f GB/s weights, probe %.1f GB/s -> %.0f%%\n",
       static_cast<long>(K), static_cast<long>(n), static_cast<long>(r), static_cast<long>(E), impl,
