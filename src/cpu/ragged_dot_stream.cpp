@@ -981,24 +981,38 @@ MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_
 HWY_EXPORT(Run);
 
 // The most rows in a local group for which the kernels ran faster than oneDNN, measured on an AMD
-// EPYC with AVX512-BF16, qwen3-30b-a3b shapes, 2 threads (bench/results/ragged_dot_small-*; the
-// bench's groups differ by up to +-25%): the bf16-pair kernels and the f32 dot products up to
-// 2048 tokens (128 rows per group on average, 160 at most; at 4096 oneDNN's blocked matmuls are
-// 2-6% ahead); the f32 kernel of the output-contiguous form (the forward against [K, n] weights)
-// up to 256 tokens (16 rows, 20 at most; at 512 tokens, 32 rows, oneDNN's f32 matmul ran 8% ahead
-// in the sweep of 2026-11-26, so the bound is 24). bf16 on
-// a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as well): the f32
-// bounds.
+// EPYC with AVX512-BF16, 2 threads, the presets' shapes (bench/results/ragged_dot_small-*; the
+// bench's groups differ by up to +-25%, so its largest group is about 1.25x the mean):
+//   - the dot products (the input gradient against [K, n] weights, bf16 or f32): 160 rows, ahead
+//     of oneDNN up to 128 rows per group on average on every preset (1.00-1.18x at 128), 2-6%
+//     behind past it (qwen3 at 4096 tokens);
+//   - the bf16-pair kernel of the output-contiguous form (the forward against [K, n] weights),
+//     by the bytes of a weight row: 160 rows below 2 KiB (qwen3's 1.5 KiB: 1.11x at 128 rows
+//     on average), 120 up to 8 KiB (at 128 rows olmoe's 2 KiB ran 0.91x, deepseek-v3's 4 KiB
+//     0.92x, gpt-oss-20b's 5.6 KiB 0.96x; at 64 rows 1.04-1.07x, deepseek-v2-lite's 2.75 KiB at
+//     96 rows 1.07x), 48 past it (mixtral-8x7b's 28 KiB: 1.14x at 32 rows, 0.96x at 64, 0.89x
+//     at 128), bench/results/ragged_dot_small-cpu-2026-11-26-6;
+//   - the f32 kernel of the output-contiguous form: 24 rows (16 rows, 20 at most, ahead at 256
+//     qwen3 tokens; at 512 tokens, 32 rows, oneDNN's f32 matmul ran 8% ahead in the sweep of
+//     2026-11-26).
+// bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
+// well): the f32 bounds.
 // The choice follows the sizes of the call's local groups, not how many of them have rows: an
 // expert-parallel rank (a few local groups) then chooses as the one-rank layer (every group) does
 // unless another rank's expert has more than `most` rows, and its experts' gradients keep the
 // one-rank layer's bits (LayerEp tests; a count rule broke them). A choice per group would close
 // that gap, and would let oneDNN take the calls of few groups of one chunk each, where threading
 // inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or gpt-oss-20b).
-bool stream_picks(const RowGroupedGemm& g) {
-  const bool pairs = g.in_type == DType::kBF16 && stream::has_avx512_bf16();
+int64_t stream_most_rows(const RowGroupedGemm& g) {
   const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
-  const int64_t most = pairs || dot ? 160 : 24;
+  if (dot) return 160;
+  if (g.in_type != DType::kBF16 || !stream::has_avx512_bf16()) return 24;
+  const int64_t row_bytes = g.n * 2;
+  return row_bytes < 2048 ? 160 : row_bytes <= 8192 ? 120 : 48;
+}
+
+bool stream_picks(const RowGroupedGemm& g) {
+  const int64_t most = stream_most_rows(g);
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     if (g.groups.sizes[g.groups.offset + j] > most) return false;
   }

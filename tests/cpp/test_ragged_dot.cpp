@@ -417,14 +417,16 @@ TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
 
 // kAuto takes kCpuStream where every local group has at most `bound` rows, oneDNN where one has
 // more: its result is the bytes of the implementation named. `pass` runs one call on groups
-// {3, rows, 0, 9} of K x n f32 data with the implementation given and returns its output bytes.
+// {3, rows, 0, 9} of K x n data (`dtype`; the output f32) with the implementation given and
+// returns its output bytes.
 template <typename Pass>
-void ExpectAutoPicksByTheLargestLocalGroup(int64_t K, int64_t n, int32_t bound, Pass pass) {
+void ExpectAutoPicksByTheLargestLocalGroup(int64_t K, int64_t n, int32_t bound, Pass pass,
+                                           DType dtype = DType::kF32) {
   std::mt19937 rng(11);
   for (const int32_t rows : {bound, bound + 1}) {
     const std::vector<int32_t> sizes{3, rows, 0, 9};
     const int64_t m = 3 + rows + 9;
-    HostTensor in(DType::kF32, {m, pass.in_cols(K, n)}), w(DType::kF32, {4, K, n});
+    HostTensor in(dtype, {m, pass.in_cols(K, n)}), w(dtype, {4, K, n});
     in.fill_random(rng);
     w.fill_random(rng);
     const bool small = rows <= bound;
@@ -468,6 +470,18 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroup) {
 // could not fail.)
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
   ExpectAutoPicksByTheLargestLocalGroup(1000, 72, 24, FwdPass{});
+}
+
+// The bf16 forward against [K, n] weights: with AVX512-BF16 (the pair kernel) the bound follows
+// the bytes of a weight row, 160 rows below 2 KiB, 120 up to 8 KiB, 48 past it; without, the f32
+// kernel's 24.
+TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
+  const bool pairs = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512f");
+  for (const auto& [n, bound] : {std::pair{1000, 160}, std::pair{1100, 120}, std::pair{4200, 48}}) {
+    SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
+    ExpectAutoPicksByTheLargestLocalGroup(1000, n, pairs ? bound : 24, FwdPass{}, DType::kBF16);
+  }
 }
 
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
