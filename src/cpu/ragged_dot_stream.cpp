@@ -671,9 +671,10 @@ void Run(const RowGroupedGemm& g) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-// GCC 12 warns that the AVX-512 intrinsics' own headers may use an uninitialised value
+// GCC 12 warns that the AVX-512 intrinsics' own headers may use (or use) an uninitialised value
 // (_mm512_undefined_*, by design): not this file's code.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 namespace moekit::detail {
 namespace stream {
 
