@@ -6,7 +6,6 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
