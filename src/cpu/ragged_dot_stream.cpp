@@ -993,9 +993,9 @@ HWY_EXPORT(Run);
 //     0.92x, gpt-oss-20b's 5.6 KiB 0.96x; at 64 rows 1.04-1.07x, deepseek-v2-lite's 2.75 KiB at
 //     96 rows 1.07x), 48 past it (mixtral-8x7b's 28 KiB: 1.14x at 32 rows, 0.96x at 64, 0.89x
 //     at 128), bench/results/ragged_dot_small-cpu-2026-11-26-6;
-//   - the f32 kernel of the output-contiguous form: 24 rows (16 rows, 20 at most, ahead at 256
-//     qwen3 tokens; at 512 tokens, 32 rows, oneDNN's f32 matmul ran 8% ahead in the sweep of
-//     2026-11-26).
+//   - the f32 kernel of the output-contiguous form: 12 rows, its one chunk on AVX-512 (at 8 rows
+//     on average 1.05-1.09x oneDNN on qwen3 and deepseek-v3; at 16, 20 at most, 0.91-0.93x; at 32
+//     0.93x; bench/results/ragged_dot_small-cpu-2026-11-26-6/fwd-f32-stream.txt).
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
 // well): the f32 bounds.
 // The choice follows the sizes of the call's local groups, not how many of them have rows: an
@@ -1007,7 +1007,7 @@ HWY_EXPORT(Run);
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
   if (dot) return 160;
-  if (g.in_type != DType::kBF16 || !stream::has_avx512_bf16()) return 24;
+  if (g.in_type != DType::kBF16 || !stream::has_avx512_bf16()) return 12;
   const int64_t row_bytes = g.n * 2;
   return row_bytes < 2048 ? 160 : row_bytes <= 8192 ? 120 : 48;
 }
