@@ -982,20 +982,22 @@ MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_
 HWY_EXPORT(Run);
 
 // The most rows in a local group for which the kernels ran faster than oneDNN, measured on an AMD
-// EPYC with AVX512-BF16, 2 threads, the presets' shapes (bench/results/ragged_dot_small-*; the
-// bench's groups differ by up to +-25%, so its largest group is about 1.25x the mean):
-//   - the dot products (the input gradient against [K, n] weights, bf16 or f32): 160 rows, ahead
-//     of oneDNN up to 128 rows per group on average on every preset (1.00-1.18x at 128), 2-6%
-//     behind past it (qwen3 at 4096 tokens);
+// EPYC with AVX512-BF16, 2 threads, the presets' shapes (the bench's groups differ by up to
+// +-25%, so its largest group is about 1.25x the mean):
+//   - the dot products (the input gradient against [K, n] weights, bf16 or f32): 160 rows; at
+//     128 rows per group on average (160 at most) 1.01-1.19x oneDNN on every preset, at 256
+//     (qwen3, 4096 tokens) 1.03x now, where earlier sweeps had oneDNN 2-6% ahead (dlhs-stream.txt);
 //   - the bf16-pair kernel of the output-contiguous form (the forward against [K, n] weights),
-//     by the bytes of a weight row: 160 rows below 2 KiB (qwen3's 1.5 KiB: 1.11x at 128 rows
-//     on average), 120 up to 8 KiB (at 128 rows olmoe's 2 KiB ran 0.91x, deepseek-v3's 4 KiB
-//     0.92x, gpt-oss-20b's 5.6 KiB 0.96x; at 64 rows 1.04-1.07x, deepseek-v2-lite's 2.75 KiB at
-//     96 rows 1.07x), 48 past it (mixtral-8x7b's 28 KiB: 1.14x at 32 rows, 0.96x at 64, 0.89x
-//     at 128), bench/results/ragged_dot_small-cpu-2026-11-26-6;
+//     by the bytes of a weight row: 160 rows below 2 KiB (qwen3's 1.5 KiB: 1.10x at 128 rows on
+//     average), 120 up to 8 KiB (at 128 rows olmoe's 2 KiB and gpt-oss-20b's 5.6 KiB ran 0.91x,
+//     deepseek-v3's 4 KiB 0.94x; at 64 rows 1.01-1.09x; deepseek-v2-lite's 2.75 KiB at 96 rows
+//     1.02x), 48 past it (mixtral-8x7b's 28 KiB: 1.04x at 32 rows, 0.91x at 64, 0.86x at 128)
+//     (fwd-stream.txt);
 //   - the f32 kernel of the output-contiguous form: 12 rows, its one chunk on AVX-512 (at 8 rows
 //     on average 1.05-1.09x oneDNN on qwen3 and deepseek-v3; at 16, 20 at most, 0.91-0.93x; at 32
-//     0.93x; bench/results/ragged_dot_small-cpu-2026-11-26-6/fwd-f32-stream.txt).
+//     0.93x; fwd-f32-stream.txt).
+// (The files named: bench/results/ragged_dot_small-cpu-2026-11-26-6/, kCpuStream forced beside
+// oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
 // well): the f32 bounds.
 // The choice follows the sizes of the call's local groups, not how many of them have rows: an
@@ -1004,6 +1006,7 @@ HWY_EXPORT(Run);
 // one-rank layer's bits (LayerEp tests; a count rule broke them). A choice per group would close
 // that gap, and would let oneDNN take the calls of few groups of one chunk each, where threading
 // inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or gpt-oss-20b).
+namespace {
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
   if (dot) return 160;
@@ -1011,6 +1014,7 @@ int64_t stream_most_rows(const RowGroupedGemm& g) {
   const int64_t row_bytes = g.n * 2;
   return row_bytes < 2048 ? 160 : row_bytes <= 8192 ? 120 : 48;
 }
+}  // namespace
 
 bool stream_picks(const RowGroupedGemm& g) {
   const int64_t most = stream_most_rows(g);

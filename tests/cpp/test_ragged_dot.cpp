@@ -473,12 +473,13 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
 }
 
 // The bf16 forward against [K, n] weights: with AVX512-BF16 (the pair kernel) the bound follows
-// the bytes of a weight row, 160 rows below 2 KiB, 120 up to 8 KiB, 48 past it; without, the f32
-// kernel's 12.
+// the bytes of a weight row, 160 rows below 2 KiB, 120 from 2 KiB to 8 KiB (both edges), 48 past
+// it; without, the f32 kernel's 12.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
   const bool pairs = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512f");
-  for (const auto& [n, bound] : {std::pair{1000, 160}, std::pair{1100, 120}, std::pair{4200, 48}}) {
+  for (const auto& [n, bound] : {std::pair{1000, 160}, std::pair{1024, 120}, std::pair{1100, 120},
+                                 std::pair{4096, 120}, std::pair{4200, 48}}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
     ExpectAutoPicksByTheLargestLocalGroup(1000, n, pairs ? bound : 12, FwdPass{}, DType::kBF16);
   }
