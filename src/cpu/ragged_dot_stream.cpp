@@ -19,7 +19,8 @@
 //     kBlockBytes and at least kMinBlockRows rows, a panel of output columns at a time, each chunk
 //     of rows adding the block's products to its f32 sums (kept in a per-thread buffer between
 //     blocks); either way the next block is prefetched in order as the panels run. With several
-//     chunks and rows past kSpanBytes, an item takes a slab of the columns. (A panel's 128 bytes of
+//     chunks and rows past kSpanBytes, or many rows and sums past kSumsBytes, an item takes a
+//     slab of the columns. (A panel's 128 bytes of
 //     every row read straight from memory, a strided walk, ran at ~70% of a sequential read's rate
 //     on an AMD EPYC: bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
 // A work item is a group (up to kItemRows of its rows), or a slab of its output columns where
@@ -87,6 +88,18 @@ constexpr int64_t kSpanBytes = 4096;
 constexpr int64_t kDotItemCols = 2048;
 // The most rows of a group in one work item (bounding its per-thread buffers of sums).
 constexpr int64_t kItemRows = 192;
+// The output-contiguous form, items of more than kSumsRows rows: the slab of columns is narrowed
+// until the item's f32 sums take at most kSumsBytes. A block keeps about kBlockBytes, so a
+// narrower slab's blocks span more contraction rows and each chunk loads and stores its sums once
+// per more of them (at 64 rows and 2048 columns, 256 rows a block instead of 64); the sums and
+// both blocks also stay well inside L2 (the sums alone took 512 KiB there). With fewer rows the
+// call is closer to the memory's rate, and the slabs' shorter runs of each weight row cost more
+// than they save. By hand (deepseek-v3's forward, K 7168, n 2048, every group the same size,
+// weights cold): 64 KiB against unbounded sums ran 0.77 / 0.85 / 0.94x at 16 / 24 / 32 rows,
+// 1.18 / 1.13 / 1.16 / 1.21x at 36 / 40 / 64 / 96; 128 KiB 0.87 / 0.96 / 0.96x 64 KiB's rate at
+// 40 / 64 / 96 rows (ragged_dot_small-cpu-2026-11-26-7/README.md).
+constexpr int64_t kSumsRows = 32;
+constexpr int64_t kSumsBytes = 64 << 10;
 
 // A group's rows [row, row + rows) and output columns [col, col + cols).
 struct Item {
@@ -95,7 +108,8 @@ struct Item {
 
 // The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
 // of whole panels where the groups are too few to keep the threads busy, or (output-contiguous
-// form, groups of more than one chunk of `chunk` rows) rows of more than kSpanBytes.
+// form, groups of more than one chunk of `chunk` rows) rows of more than kSpanBytes or (more than
+// kSumsRows rows) sums of more than kSumsBytes.
 std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk);
 
 // Thread t of `threads`' items [begin, end): contiguous runs of near-equal cost, an item's cost
@@ -695,10 +709,14 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk) {
   int64_t row = local_rows(g.groups).begin;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     const int64_t rows = g.groups.sizes[g.groups.offset + j];
-    const int64_t slabs =
-        std::min(panels, std::max(balance, g.b_s1 != 1 || rows > chunk ? wide : int64_t{1}));
-    const int64_t slab = (panels + slabs - 1) / slabs * panel;
     const Chunks runs(rows, kItemRows);
+    // The output-contiguous form, runs of more than kSumsRows rows: sums of kSumsBytes at most.
+    const int64_t run_rows = runs.count > 0 ? (rows + runs.count - 1) / runs.count : 0;
+    const int64_t sums =
+        g.b_s1 == 1 && run_rows > kSumsRows ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes : 1;
+    const int64_t slabs = std::min(
+        panels, std::max(balance, g.b_s1 != 1 || rows > chunk ? std::max(wide, sums) : int64_t{1}));
+    const int64_t slab = (panels + slabs - 1) / slabs * panel;
     for (int64_t r = 0; r < runs.count; ++r) {
       for (int64_t col = 0; col < g.n; col += slab)
         out.push_back({j, row + runs.begin(r), runs.size(r), col, std::min(slab, g.n - col)});
@@ -987,17 +1005,18 @@ HWY_EXPORT(Run);
 //   - the dot products (the input gradient against [K, n] weights, bf16 or f32): 160 rows; at
 //     128 rows per group on average (160 at most) 1.01-1.19x oneDNN on every preset, at 256
 //     (qwen3, 4096 tokens) 1.03x now, where earlier sweeps had oneDNN 2-6% ahead (dlhs-stream.txt);
-//   - the bf16-pair kernel of the output-contiguous form (the forward against [K, n] weights),
-//     by the bytes of a weight row: 160 rows below 2 KiB (qwen3's 1.5 KiB: 1.10x at 128 rows on
-//     average), 120 up to 8 KiB (at 128 rows olmoe's 2 KiB and gpt-oss-20b's 5.6 KiB ran 0.91x,
-//     deepseek-v3's 4 KiB 0.94x; at 64 rows 1.01-1.09x; deepseek-v2-lite's 2.75 KiB at 96 rows
-//     1.02x), 48 past it (mixtral-8x7b's 28 KiB: 1.04x at 32 rows, 0.91x at 64, 0.86x at 128)
-//     (fwd-stream.txt);
+//   - the bf16-pair kernel of the output-contiguous form (the forward against [K, n] weights):
+//     256 rows, whatever a weight row's bytes. Forced, against oneDNN (fwd-stream.txt): at 96-128
+//     rows per group on average 1.10-1.22x on every preset (deepseek-v3 at 4096 tokens 1.10x,
+//     mixtral-8x7b's 28 KiB rows 1.13x), at 192 (deepseek-v2-lite) 1.08x, at 256 1.00-1.04x
+//     (qwen3, olmoe, gpt-oss-20b, mixtral-8x7b), at 384-512 0.99-1.02x. (Before the slabs of
+//     kSumsBytes the bound was 48-160 rows by the bytes of a weight row:
+//     ragged_dot_small-cpu-2026-11-26-6/.)
 //   - the f32 kernel of the output-contiguous form: 12 rows, its one chunk on AVX-512 (at 8 rows
 //     on average 1.05-1.09x oneDNN on qwen3 and deepseek-v3; at 16, 20 at most, 0.91-0.93x; at 32
 //     0.93x; fwd-f32-stream.txt).
-// (The files named: bench/results/ragged_dot_small-cpu-2026-11-26-6/, kCpuStream forced beside
-// oneDNN.)
+// (The files named: bench/results/ragged_dot_small-cpu-2026-11-26-7/ for the bf16-pair forward,
+// -6/ for the rest, kCpuStream forced beside oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
 // well): the f32 bounds.
 // The choice follows the sizes of the call's local groups, not how many of them have rows: an
@@ -1010,9 +1029,7 @@ namespace {
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
   if (dot) return 160;
-  if (g.in_type != DType::kBF16 || !stream::has_avx512_bf16()) return 12;
-  const int64_t row_bytes = g.n * 2;
-  return row_bytes < 2048 ? 160 : row_bytes <= 8192 ? 120 : 48;
+  return g.in_type == DType::kBF16 && stream::has_avx512_bf16() ? 256 : 12;
 }
 }  // namespace
 
