@@ -712,8 +712,9 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk) {
     const Chunks runs(rows, kItemRows);
     // The output-contiguous form, runs of more than kSumsRows rows: sums of kSumsBytes at most.
     const int64_t run_rows = runs.count > 0 ? (rows + runs.count - 1) / runs.count : 0;
-    const int64_t sums =
-        g.b_s1 == 1 && run_rows > kSumsRows ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes : 1;
+    const int64_t sums = g.b_s1 == 1 && run_rows > kSumsRows
+                             ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes
+                             : 1;
     const int64_t slabs = std::min(
         panels, std::max(balance, g.b_s1 != 1 || rows > chunk ? std::max(wide, sums) : int64_t{1}));
     const int64_t slab = (panels + slabs - 1) / slabs * panel;
