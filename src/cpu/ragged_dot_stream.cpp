@@ -12,6 +12,10 @@
 //     their rows staying in L1), the sums reduced across lanes at the end; the next super-block
 //     is prefetched in order as they go. With several chunks and rows past kSpanBytes, the
 //     contraction goes in spans, outermost, so that a span of the group's rows stays in L2.
+//     With the bf16-pair kernels, more than kSumsRows rows and a contraction longer than
+//     kSpanBytes, the output-contiguous form's kernels instead: a block of 64 weight rows' pairs
+//     transposed into their panel (a pair is one 32-bit element), every chunk run on it
+//     (TransposedItem).
 //   - the output's (the forward against [K, n], the input gradient against transposed weights):
 //     a row's output is a sum of weight rows scaled by its elements. The weights go by blocks of
 //     contraction rows. With one chunk of rows (up to 11, or 12 for the f32 kernel), blocks of 8
@@ -20,9 +24,9 @@
 //     of rows adding the block's products to its f32 sums (kept in a per-thread buffer between
 //     blocks); either way the next block is prefetched in order as the panels run. With several
 //     chunks and rows past kSpanBytes, or many rows and sums past kSumsBytes, an item takes a
-//     slab of the columns. (A panel's 128 bytes of
-//     every row read straight from memory, a strided walk, ran at ~70% of a sequential read's rate
-//     on an AMD EPYC: bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
+//     slab of the columns. (A panel's 128 bytes of every row read straight from memory, a
+//     strided walk, ran at ~70% of a sequential read's rate on an AMD EPYC:
+//     bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
 // A work item is a group (up to kItemRows of its rows), or a slab of its output columns where
 // there are too few groups to keep the threads busy. Each thread takes a contiguous run of items of
 // near-equal cost (their weight bytes, weighted up where their rows make them compute-bound), so
@@ -97,7 +101,12 @@ constexpr int64_t kItemRows = 192;
 // than they save. By hand (deepseek-v3's forward, K 7168, n 2048, every group the same size,
 // weights cold): 64 KiB against unbounded sums ran 0.77 / 0.85 / 0.94x at 16 / 24 / 32 rows,
 // 1.18 / 1.13 / 1.16 / 1.21x at 36 / 40 / 64 / 96; 128 KiB 0.87 / 0.96 / 0.96x 64 KiB's rate at
-// 40 / 64 / 96 rows (ragged_dot_small-cpu-2026-11-26-7/README.md).
+// 40 / 64 / 96 rows (ragged_dot_small-cpu-2026-11-26-7/README.md). The contraction-contiguous
+// form's items of more than kSumsRows rows with a contraction longer than kSpanBytes run the same
+// kernels on transposed pairs, and take the same slabs: against the dot products (in spans),
+// gpt-oss-20b's input gradient (5.6 KiB) ran 1.05 / 1.11 / 1.13x at 64 / 128 / 256 rows per group,
+// mixtral-8x7b's (28 KiB) 1.11 / 1.18x at 64 / 128; with one span (deepseek-v3's 4 KiB, qwen3's
+// 1.5 KiB) 0.88-1.03x, so not there (by-hand/dlhs-dot-vs-transposed.txt).
 constexpr int64_t kSumsRows = 32;
 constexpr int64_t kSumsBytes = 64 << 10;
 
@@ -109,8 +118,16 @@ struct Item {
 // The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
 // of whole panels where the groups are too few to keep the threads busy, or (output-contiguous
 // form, groups of more than one chunk of `chunk` rows) rows of more than kSpanBytes or (more than
-// kSumsRows rows) sums of more than kSumsBytes.
-std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk);
+// kSumsRows rows) sums of more than kSumsBytes; `transposed`: the contraction-contiguous form's
+// items of more than kSumsRows rows run TransposedItem, and are bounded by their sums too.
+std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed);
+
+// Whether a call is of the contraction-contiguous form with bf16 rows longer than kSpanBytes
+// (where the dot products go in spans, their sums added span by span): with the pair kernels, its
+// items of more than kSumsRows rows run on transposed pairs.
+inline bool long_dot(const RowGroupedGemm& g) {
+  return g.b_s1 != 1 && g.in_type == DType::kBF16 && g.kc * 2 > kSpanBytes;
+}
 
 // Thread t of `threads`' items [begin, end): contiguous runs of near-equal cost, an item's cost
 // its weight bytes, times its rows over kComputeRows where the rows make it compute-bound
@@ -192,6 +209,12 @@ void axpy_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint
 // kAxpyPanelsWideRows, by halves of panels: the same pair order).
 void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                        int64_t ldb, int64_t cols, float* acc, int64_t ld_acc, const Lines& ahead);
+// The pairs of kc contraction elements of 64 weight rows (those of the contraction-contiguous
+// form), as axpy_pairs' panel in column order: panel[kp][c] = (w[c][2kp], w[c][2kp + 1]) for
+// kp < ceil(kc / 2), c < 64; weight rows ldw apart, of which the first `rows` exist (the rest
+// give 0); an odd kc's last pair is (w[c][kc - 1], 0). Each pair is one 32-bit element, so this is
+// a 32-bit transpose, 16 x 16 at a time.
+void transpose_pairs(const uint16_t* w, int64_t ldw, int64_t kc, int64_t rows, uint32_t* panel);
 // tile[r][0, 64) in column order from acc[r][0, 64) in the pair order (tile may be acc).
 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc, float* tile,
                            int64_t ld_tile);
@@ -554,6 +577,57 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                       g.ldc);
 }
 
+// The contraction-contiguous form (b_s0 == 1) through the pair kernels of the output-contiguous
+// one, for items of more than kSumsRows rows (bf16 pairs only): blocks of contraction rows, panel
+// by panel (64 weight rows), each panel's pairs transposed into the panel buffer
+// (stream::transpose_pairs) and every chunk of rows run on it; the next block prefetched over
+// the calls. The sums, in column order, are in `acc` ([rows][cols rounded up to panels]).
+template <bool kOutBf16>
+void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
+  using T = uint16_t;
+  constexpr int64_t panel = stream::kPanel;
+  const stream::Chunks chunks(it.rows, stream::kAxpyRows);
+  const int64_t width = (it.cols + panel - 1) / panel * panel;
+  float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
+  std::fill(acc, acc + it.rows * width, 0.f);
+  const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
+  auto weights = [&](const Item& i) {
+    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.col * g.b_s1;
+  };
+  const T* b = weights(it);
+  const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s1 * es;
+  // Contraction rows per block: about kBlockBytes of the item's weight rows, whole pairs.
+  int64_t kb =
+      std::max(stream::kMinBlockRows, stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
+  kb += kb % 2;
+  auto region = [&](const T* w, int64_t cols, int64_t k0) {
+    return stream::lines_of(w + k0, stride, std::min(kb, g.kc - k0) * es, cols);
+  };
+  stream::Ahead(region(b, it.cols, 0), 1).step();
+  auto* pairs = reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)));
+  const int64_t panels = width / panel, calls = panels * chunks.count;
+  for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
+    const int64_t kc = std::min(kb, g.kc - k0);
+    const stream::Lines next = k0 + kc < g.kc ? region(b, it.cols, k0 + kc)
+                               : next_item    ? region(weights(*next_item), next_item->cols, 0)
+                                              : stream::Lines{};
+    int64_t call = 0;
+    for (int64_t c0 = 0; c0 < width; c0 += panel) {
+      stream::transpose_pairs(b + c0 * g.b_s1 + k0, g.b_s1, kc, std::min(panel, it.cols - c0),
+                              pairs);
+      for (int64_t ci = 0; ci < chunks.count; ++ci, ++call) {
+        const int64_t r0 = chunks.begin(ci);
+        stream::axpy_pairs(chunks.size(ci), a + r0 * g.lda + k0, g.lda, kc, nullptr, 0, panel,
+                           acc + r0 * width + c0, width, stream::part(next, call, calls), pairs,
+                           stream::PanelUse::kRead);
+      }
+    }
+  }
+  StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
+                      static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
+                      g.ldc);
+}
+
 // The contraction-contiguous form (b_s0 == 1), one item: its output columns are weight rows.
 // The contraction goes in spans of about kSpanBytes per row (so that a chunk's span of rows stays
 // in L1, and the item's in L2, however long the rows); within a span, the weight rows go by
@@ -649,9 +723,10 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
 template <bool kPairs, typename T, bool kOutBf16>
 void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+  const bool transposed = kPairs && stream::long_dot(g);
   // (One chunk of rows reads whole rows in blocks of a few: no slabs for it.)
   const std::vector<Item> items =
-      stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows);
+      stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows, transposed);
 #pragma omp parallel
   {
     // This thread's items: a contiguous run of them (stream::share), each prefetching the start
@@ -661,6 +736,8 @@ void RunItems(const RowGroupedGemm& g) {
       const Item* next = i + 1 < end ? &items[i + 1] : nullptr;
       if (g.b_s1 == 1) {
         AxpyItem<kPairs, T, kOutBf16>(g, items[i], next);
+      } else if (transposed && items[i].rows > stream::kSumsRows) {
+        if constexpr (kPairs) TransposedItem<kOutBf16>(g, items[i], next);
       } else {
         DotItem<kPairs, T, kOutBf16>(g, items[i], next);
       }
@@ -692,7 +769,7 @@ HWY_AFTER_NAMESPACE();
 namespace moekit::detail {
 namespace stream {
 
-std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk) {
+std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed) {
   int64_t busy = 0;  // groups with rows
   for (int64_t j = 0; j < g.groups.num_local; ++j) busy += g.groups.sizes[g.groups.offset + j] > 0;
   // Slabs per group, in whole panels: enough items for 4 per thread where the groups alone are
@@ -712,11 +789,11 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk) {
     const Chunks runs(rows, kItemRows);
     // The output-contiguous form, runs of more than kSumsRows rows: sums of kSumsBytes at most.
     const int64_t run_rows = runs.count > 0 ? (rows + runs.count - 1) / runs.count : 0;
-    const int64_t sums = g.b_s1 == 1 && run_rows > kSumsRows
-                             ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes
-                             : 1;
+    const int64_t fit = (g.b_s1 == 1 || transposed) && run_rows > kSumsRows
+                            ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes
+                            : 1;
     const int64_t slabs = std::min(
-        panels, std::max(balance, g.b_s1 != 1 || rows > chunk ? std::max(wide, sums) : int64_t{1}));
+        panels, std::max(balance, g.b_s1 != 1 || rows > chunk ? std::max(wide, fit) : int64_t{1}));
     const int64_t slab = (panels + slabs - 1) / slabs * panel;
     for (int64_t r = 0; r < runs.count; ++r) {
       for (int64_t col = 0; col < g.n; col += slab)
@@ -978,6 +1055,54 @@ void dot_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint1
       rows, [&](auto r) { dot<decltype(r)::value>(a, lda, kc, b, ldb, out, ld_out, ahead); });
 }
 
+MOEKIT_AVX512_BF16 void transpose_pairs(const uint16_t* w, int64_t ldw, int64_t kc, int64_t rows,
+                                        uint32_t* panel) {
+  const int64_t pairs = (kc + 1) / 2;
+  for (int64_t kp0 = 0; kp0 < pairs; kp0 += 16) {
+    const int64_t elems = std::min<int64_t>(32, kc - 2 * kp0), tile_pairs = (elems + 1) / 2;
+    const __mmask32 m = elems == 32 ? ~__mmask32{0} : __mmask32((1u << elems) - 1);
+    for (int g = 0; g < 4; ++g) {
+      // r[i]: 16 pairs of weight row 16g + i; t, u: the transpose's first two steps, within
+      // 128-bit lanes (u[4q + j], lane L: column 4L + j of rows 4q..4q + 3); then the lanes.
+      __m512i r[16], t[16], u[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        const int64_t c = 16 * g + i;
+        r[i] =
+            c < rows ? _mm512_maskz_loadu_epi16(m, w + c * ldw + 2 * kp0) : _mm512_setzero_si512();
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+      }
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) {
+        u[4 * q + 0] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
+        u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
+        u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i p0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44),
+                      p1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xee),
+                      p2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44),
+                      p3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xee);
+        const __m512i col[4] = {
+            _mm512_shuffle_i32x4(p0, p2, 0x88), _mm512_shuffle_i32x4(p0, p2, 0xdd),
+            _mm512_shuffle_i32x4(p1, p3, 0x88), _mm512_shuffle_i32x4(p1, p3, 0xdd)};
+        // col[L] is pair 4L + j of the 16 rows.
+#pragma GCC unroll 4
+        for (int L = 0; L < 4; ++L) {
+          if (4 * L + j < tile_pairs)
+            _mm512_store_si512(panel + (kp0 + 4 * L + j) * kPanel + 16 * g, col[L]);
+        }
+      }
+    }
+  }
+}
+
 MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc,
                                               float* tile, int64_t ld_tile) {
   // Vector 2h + 0 holds, per 128-bit lane q, columns 32h + 8q + [0, 4); vector 2h + 1 columns
@@ -1004,20 +1129,22 @@ HWY_EXPORT(Run);
 // EPYC with AVX512-BF16, 2 threads, the presets' shapes (the bench's groups differ by up to
 // +-25%, so its largest group is about 1.25x the mean):
 //   - the dot products (the input gradient against [K, n] weights, bf16 or f32): 160 rows; at
-//     128 rows per group on average (160 at most) 1.01-1.19x oneDNN on every preset, at 256
-//     (qwen3, 4096 tokens) 1.03x now, where earlier sweeps had oneDNN 2-6% ahead (dlhs-stream.txt);
+//     128 rows per group on average 1.01-1.19x oneDNN on every preset, at 256 (qwen3, 4096
+//     tokens) 1.03x, where earlier sweeps had oneDNN 2-6% ahead (-6/dlhs-stream.txt). Where the
+//     transposed pairs take the groups past 32 rows (stream::long_dot), 256 rows: at 128 rows per
+//     group on average gpt-oss-20b 1.16x oneDNN, mixtral-8x7b 1.19x; at 256 0.99x and 1.04x
+//     (dlhs-stream.txt).
 //   - the bf16-pair kernel of the output-contiguous form (the forward against [K, n] weights):
 //     256 rows, whatever a weight row's bytes. Forced, against oneDNN (fwd-stream.txt): at 96-128
 //     rows per group on average 1.10-1.22x on every preset (deepseek-v3 at 4096 tokens 1.10x,
 //     mixtral-8x7b's 28 KiB rows 1.13x), at 192 (deepseek-v2-lite) 1.08x, at 256 1.00-1.04x
 //     (qwen3, olmoe, gpt-oss-20b, mixtral-8x7b), at 384-512 0.99-1.02x. (Before the slabs of
-//     kSumsBytes the bound was 48-160 rows by the bytes of a weight row:
-//     ragged_dot_small-cpu-2026-11-26-6/.)
+//     kSumsBytes the bound was 48-160 rows by the bytes of a weight row: -6/.)
 //   - the f32 kernel of the output-contiguous form: 12 rows, its one chunk on AVX-512 (at 8 rows
 //     on average 1.05-1.09x oneDNN on qwen3 and deepseek-v3; at 16, 20 at most, 0.91-0.93x; at 32
-//     0.93x; fwd-f32-stream.txt).
-// (The files named: bench/results/ragged_dot_small-cpu-2026-11-26-7/ for the bf16-pair forward,
-// -6/ for the rest, kCpuStream forced beside oneDNN.)
+//     0.93x; -6/fwd-f32-stream.txt).
+// (The files named: bench/results/ragged_dot_small-cpu-2026-11-26-7/, and -6/ where it says so,
+// kCpuStream forced beside oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
 // well): the f32 bounds.
 // The choice follows the sizes of the call's local groups, not how many of them have rows: an
@@ -1028,9 +1155,9 @@ HWY_EXPORT(Run);
 // inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or gpt-oss-20b).
 namespace {
 int64_t stream_most_rows(const RowGroupedGemm& g) {
-  const bool dot = g.b_s1 != 1 && g.b_s0 == 1;
-  if (dot) return 160;
-  return g.in_type == DType::kBF16 && stream::has_avx512_bf16() ? 256 : 12;
+  const bool pairs = g.in_type == DType::kBF16 && stream::has_avx512_bf16();
+  if (g.b_s1 != 1) return pairs && stream::long_dot(g) ? 256 : 160;
+  return pairs ? 256 : 12;
 }
 }  // namespace
 

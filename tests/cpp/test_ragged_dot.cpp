@@ -485,6 +485,54 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
   }
 }
 
+// The bf16 input gradient against [K, n] weights: 160 rows with a contraction of up to 4 KiB;
+// past it, with AVX512-BF16 (the transposed pairs past 32 rows), 256.
+TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16InputGradient) {
+  const bool pairs = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512f");
+  for (const auto& [n, bound] : {std::pair{2048, 160}, std::pair{2050, pairs ? 256 : 160}}) {
+    SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
+    ExpectAutoPicksByTheLargestLocalGroup(72, n, bound, DlhsPass{}, DType::kBF16);
+  }
+}
+
+// The contraction-contiguous form's transposed pairs (the bf16-pair kernels, groups of more than
+// 32 rows, a contraction past 4 KiB): the input gradient against [K, n] weights and the forward
+// against [n, K] ones, an odd contraction, 300 outputs (slabs of whole 64-column panels and a
+// partial one), groups of 33 and 70 rows beside one the dot products take and an empty one,
+// against the reference within f32 accumulation error.
+TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
+  const int64_t kc = 2101, cols = 300, G = 4;
+  const std::vector<int32_t> sizes{33, 0, 70, 5};
+  const int64_t m = 108;
+  std::mt19937 rng(8);
+  for (bool dlhs : {true, false}) {
+    SCOPED_TRACE(dlhs ? "input gradient, [K, n] weights" : "forward, [n, K] weights");
+    HostTensor a(DType::kBF16, {m, kc}), w(DType::kBF16, {G, cols, kc});
+    a.fill_random(rng);
+    w.fill_random(rng);
+    HostTensor a_abs = a, w_abs = w;
+    for (int64_t i = 0; i < m * kc; ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
+    for (int64_t i = 0; i < G * cols * kc; ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
+    auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+      RaggedDotOptions o;
+      o.impl = impl, o.rhs_transposed = !dlhs;
+      HostTensor out(DType::kF32, {m, cols});
+      const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
+                             : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
+      EXPECT_TRUE(st.ok()) << st.message();
+      return out;
+    };
+    const HostTensor want = run(a, w, RaggedDotImpl::kReference);
+    const HostTensor bound = run(a_abs, w_abs, RaggedDotImpl::kReference);
+    const HostTensor got = run(a, w, RaggedDotImpl::kCpuStream);
+    for (int64_t i = 0; i < m * cols; ++i) {
+      ASSERT_NEAR(got.get_flat(i), want.get_flat(i), (kc + 4) * 1.2e-7 * bound.get_flat(i))
+          << "element " << i;
+    }
+  }
+}
+
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
 // else, it says so.
 TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
