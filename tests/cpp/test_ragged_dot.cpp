@@ -363,6 +363,23 @@ INSTANTIATE_TEST_SUITE_P(Stream, RaggedDotTest,
                                   impl_suffix(std::get<1>(info.param));
                          });
 
+// One kCpuStream check against the reference: `run(x, w, impl)` gives a call's f32 output; the
+// reference on the operands' magnitudes bounds each element's f32 accumulation error over a
+// contraction of kc. Returns a function of the output under test that asserts each element.
+template <typename Run>
+auto StreamChecker(Run run, HostTensor& a, HostTensor& w, int64_t kc) {
+  HostTensor a_abs = a, w_abs = w;
+  for (int64_t i = 0; i < a.span(); ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
+  for (int64_t i = 0; i < w.span(); ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
+  return [want = run(a, w, RaggedDotImpl::kReference),
+          bound = run(a_abs, w_abs, RaggedDotImpl::kReference), kc](const HostTensor& got) {
+    for (int64_t i = 0; i < got.span(); ++i) {
+      ASSERT_NEAR(got.get_flat(i), want.get_flat(i), (kc + 4) * 1.2e-7 * bound.get_flat(i))
+          << "element " << i;
+    }
+  };
+}
+
 // kCpuStream on every Highway target this CPU runs (the bf16-pair kernel needs AVX512-BF16 and
 // an AVX-512 target; the others take the f32 kernel, bf16 widened), against the reference: each
 // element within f32 accumulation error of the reference's, the error bound taken from the
@@ -385,9 +402,6 @@ TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
             w(in, transposed ? std::vector<int64_t>{G, n, K} : std::vector<int64_t>{G, K, n});
         a.fill_random(rng);
         w.fill_random(rng);
-        HostTensor a_abs = a, w_abs = w;
-        for (int64_t i = 0; i < m * kc; ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
-        for (int64_t i = 0; i < G * K * n; ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
         auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
           RaggedDotOptions o;
           o.rhs_transposed = transposed, o.impl = impl;
@@ -397,18 +411,14 @@ TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
           EXPECT_TRUE(s.ok()) << s.message();
           return out;
         };
-        const HostTensor want = run(a, w, RaggedDotImpl::kReference);
-        const HostTensor bound = run(a_abs, w_abs, RaggedDotImpl::kReference);
+        const auto check = StreamChecker(run, a, w, kc);
         const auto targets = hwy::SupportedAndGeneratedTargets();
         ASSERT_GE(targets.size(), 2u);
         for (const int64_t target : targets) {
           SCOPED_TRACE(hwy::TargetName(target));
           hwy::SetSupportedTargetsForTest(target);
-          const HostTensor got = run(a, w, RaggedDotImpl::kCpuStream);
-          for (int64_t i = 0; i < m * cols; ++i) {
-            ASSERT_NEAR(got.get_flat(i), want.get_flat(i), (kc + 4) * 1.2e-7 * bound.get_flat(i))
-                << "element " << i;
-          }
+          check(run(a, w, RaggedDotImpl::kCpuStream));
+          if (::testing::Test::HasFatalFailure()) break;
         }
         hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
       }
@@ -511,9 +521,6 @@ TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
     HostTensor a(DType::kBF16, {m, kc}), w(DType::kBF16, {G, cols, kc});
     a.fill_random(rng);
     w.fill_random(rng);
-    HostTensor a_abs = a, w_abs = w;
-    for (int64_t i = 0; i < m * kc; ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
-    for (int64_t i = 0; i < G * cols * kc; ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
     auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
       RaggedDotOptions o;
       o.impl = impl, o.rhs_transposed = !dlhs;
@@ -523,13 +530,7 @@ TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
       EXPECT_TRUE(st.ok()) << st.message();
       return out;
     };
-    const HostTensor want = run(a, w, RaggedDotImpl::kReference);
-    const HostTensor bound = run(a_abs, w_abs, RaggedDotImpl::kReference);
-    const HostTensor got = run(a, w, RaggedDotImpl::kCpuStream);
-    for (int64_t i = 0; i < m * cols; ++i) {
-      ASSERT_NEAR(got.get_flat(i), want.get_flat(i), (kc + 4) * 1.2e-7 * bound.get_flat(i))
-          << "element " << i;
-    }
+    StreamChecker(run, a, w, kc)(run(a, w, RaggedDotImpl::kCpuStream));
   }
 }
 
