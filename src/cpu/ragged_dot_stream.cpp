@@ -1128,12 +1128,16 @@ HWY_EXPORT(Run);
 // The most rows in a local group for which the kernels ran faster than oneDNN, measured on an AMD
 // EPYC with AVX512-BF16, 2 threads, the presets' shapes (the bench's groups differ by up to
 // +-25%, so its largest group is about 1.25x the mean):
-//   - the dot products (the input gradient against [K, n] weights, bf16 or f32): 160 rows; at
-//     128 rows per group on average 1.01-1.19x oneDNN on every preset, at 256 (qwen3, 4096
-//     tokens) 1.03x, where earlier sweeps had oneDNN 2-6% ahead (-6/dlhs-stream.txt). Where the
-//     transposed pairs take the groups past 32 rows (stream::long_dot), 256 rows: at 128 rows per
-//     group on average gpt-oss-20b 1.16x oneDNN, mixtral-8x7b 1.19x; at 256 0.99x and 1.04x
-//     (dlhs-stream.txt).
+//   - the bf16-pair dot products (the input gradient against [K, n] weights): 256 rows. At 128
+//     rows per group on average 1.01-1.19x oneDNN on every preset, at 256 (qwen3, 4096 tokens)
+//     1.03x (-6/dlhs-stream.txt); deepseek-v3 at 4096 tokens (128 rows, 160 at most, past the
+//     old bound of 160) 1157-1175 ms against oneDNN's 1389-1414
+//     (by-hand/dlhs-dot-vs-transposed.txt, by-hand/ab-dlhs-every-dot-item.txt, dlhs-stream.txt).
+//     Past 32 rows with a long contraction the transposed pairs run instead (stream::long_dot): at
+//     128 rows per group on average gpt-oss-20b 1.16x oneDNN, mixtral-8x7b 1.19x; at 256 0.99x
+//     and 1.04x (dlhs-stream.txt);
+//   - the f32 dot products: 160 rows, the bound the bf16 ones had (the f32 kernel has not been
+//     measured apart);
 //   - the bf16-pair kernel of the output-contiguous form (the forward against [K, n] weights):
 //     256 rows, whatever a weight row's bytes. Forced, against oneDNN (fwd-stream.txt): at 96-128
 //     rows per group on average 1.10-1.22x on every preset (deepseek-v3 at 4096 tokens 1.10x,
@@ -1155,9 +1159,8 @@ HWY_EXPORT(Run);
 // inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or gpt-oss-20b).
 namespace {
 int64_t stream_most_rows(const RowGroupedGemm& g) {
-  const bool pairs = g.in_type == DType::kBF16 && stream::has_avx512_bf16();
-  if (g.b_s1 != 1) return pairs && stream::long_dot(g) ? 256 : 160;
-  return pairs ? 256 : 12;
+  if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
+  return g.b_s1 != 1 ? 160 : 12;
 }
 }  // namespace
 
