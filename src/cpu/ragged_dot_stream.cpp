@@ -596,9 +596,9 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
   };
   const T* b = weights(it);
   const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s1 * es;
-  // Contraction rows per block: about kBlockBytes of the item's weight rows, whole pairs.
-  int64_t kb =
-      std::max(stream::kMinBlockRows, stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
+  // Contraction rows per block: about kBlockBytes of the item's weight rows (counted in whole
+  // panels, as the panel buffer holds them), whole pairs.
+  int64_t kb = std::max(stream::kMinBlockRows, stream::kBlockBytes / (width * es));
   kb += kb % 2;
   auto region = [&](const T* w, int64_t cols, int64_t k0) {
     return stream::lines_of(w + k0, stride, std::min(kb, g.kc - k0) * es, cols);
