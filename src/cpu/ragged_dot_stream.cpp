@@ -787,7 +787,8 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     const int64_t rows = g.groups.sizes[g.groups.offset + j];
     const Chunks runs(rows, kItemRows);
-    // The output-contiguous form, runs of more than kSumsRows rows: sums of kSumsBytes at most.
+    // Runs of more than kSumsRows rows on the pair kernels' panels (the output-contiguous form, or
+    // `transposed`): sums of kSumsBytes at most.
     const int64_t run_rows = runs.count > 0 ? (rows + runs.count - 1) / runs.count : 0;
     const int64_t fit = (g.b_s1 == 1 || transposed) && run_rows > kSumsRows
                             ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes
