@@ -280,6 +280,17 @@ std::vector<Case> cases() {
   // chunk of 6 (1 to 64 rows).
   add({300, 200, 140, {1, 64, 7, 0, 6, 13, 60, 2}, 0, 8}, "K200_n140_stream_rows");
   add({90, 75, 128, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 2, 7}, "K75_n128_stream_shard");
+  // A contraction past 4 KiB of bf16 (the input gradient's n = 2101, odd): kCpuStream's
+  // transposed pairs for groups past 32 rows, a group of 200 in two runs, 33 and 37 beside an empty
+  // one; all local, a shard of two, and (row padding, not transposed) leading dimensions past the
+  // rows.
+  add({270, 40, 2101, {200, 0, 37, 33}, 0, 4}, "K40_n2101_stream_long_dot");
+  add({270, 40, 2101, {33, 200, 0, 37}, 1, 2}, "K40_n2101_stream_long_dot_shard");
+  {
+    Case c{270, 40, 2101, {37, 33, 0, 200}, 0, 4};
+    c.row_pad = 3;
+    add(c, "K40_n2101_stream_long_dot_rowpad");
+  }
   // Fewer than 4 output columns: the dot-product form's padded path (the input gradient's K = 3;
   // the transposed forward's n = 2).
   add({40, 3, 2, {7, 0, 33}, 0, 3}, "K3_n2_stream_narrow");
