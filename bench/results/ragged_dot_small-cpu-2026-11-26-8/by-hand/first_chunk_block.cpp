@@ -13,10 +13,21 @@
 #define AT __attribute__((target("avx512f,avx512bw,avx512bf16")))
 constexpr int kPanel = 64;
 bool getenv_seq = false;
+bool getenv_strip = false;
 int W1 = 11;
 const char* g_pf = nullptr;
 int g_pfn = 0;
 int g_loc = 3;
+bool g_nostore = false, g_noshuf = false;
+const char* g_strip = nullptr;
+int64_t g_strip_row = 0, g_strip_rows = 0, g_strip_ld = 0;
+inline void stripstep() {
+  if (g_strip_row < g_strip_rows) {
+    __builtin_prefetch(g_strip + g_strip_row * g_strip_ld);
+    __builtin_prefetch(g_strip + g_strip_row * g_strip_ld + 64);
+    ++g_strip_row;
+  }
+}
 AT inline void pfstep() {
   for (int i = 0; i < g_pfn; ++i) {
     if (g_loc == 3)
@@ -65,6 +76,7 @@ AT __attribute__((noinline)) void axpy(const uint16_t* a, int64_t lda, int64_t k
     } else {
       __m512i v[4];
       if constexpr (kFrom == 1) {
+        stripstep();
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) v[i] = _mm512_load_si512(panel + kp * kPanel + 16 * i);
       } else {
@@ -80,12 +92,16 @@ AT __attribute__((noinline)) void axpy(const uint16_t* a, int64_t lda, int64_t k
           __m512i x[2], y[2];
           for (int h = 0; h < 2; ++h)
             x[h] = _mm512_loadu_si512(r0 + 32 * h), y[h] = _mm512_loadu_si512(r0 + ldb + 32 * h);
-          for (int h = 0; h < 2; ++h)
-            v[2 * h] = _mm512_unpacklo_epi16(x[h], y[h]),
-                  v[2 * h + 1] = _mm512_unpackhi_epi16(x[h], y[h]);
+          if (g_noshuf) {
+            v[0] = x[0], v[1] = y[0], v[2] = x[1], v[3] = y[1];
+          } else
+            for (int h = 0; h < 2; ++h)
+              v[2 * h] = _mm512_unpacklo_epi16(x[h], y[h]),
+                    v[2 * h + 1] = _mm512_unpackhi_epi16(x[h], y[h]);
         }
+        if (!g_nostore)
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) _mm512_store_si512(panel + kp * kPanel + 16 * i, v[i]);
+          for (int i = 0; i < 4; ++i) _mm512_store_si512(panel + kp * kPanel + 16 * i, v[i]);
       }
 #pragma GCC unroll 12
       for (int r = 0; r < R; ++r) {
@@ -168,6 +184,9 @@ int main(int argc, char** argv) {
   std::vector<float> acc(rows * n);
   uint32_t* panel = (uint32_t*)aligned_alloc(64, (kc / 2) * 64 * 4);
   getenv_seq = getenv("SEQ") != nullptr;
+  getenv_strip = getenv("STRIP") != nullptr;
+  g_nostore = getenv("NOSTORE");
+  g_noshuf = getenv("NOSHUF");
   if (getenv("W1")) W1 = atoi(getenv("W1"));
   g_loc = getenv("LOC") ? atoi(getenv("LOC")) : 3;
   const int chunks = (rows + most - 1) / most;
@@ -221,6 +240,12 @@ int main(int argc, char** argv) {
               const int r0 = rows * ci / chunks, r1 = rows * (ci + 1) / chunks;
               const uint16_t* ap = a.data() + r0 * lda;
               float* sp = acc.data() + r0 * n + c0;
+              if (ci == 1 && getenv_strip) {
+                g_strip = (const char*)(b.data() + k0 * n + c0 + 64);
+                g_strip_row = 0;
+                g_strip_rows = c0 + 64 < n ? kc : 0;
+                g_strip_ld = n * 2;
+              }
               if (ci > 0 || var == 1)
                 run<1>(r1 - r0, ap, lda, kc, b.data() + k0 * n + c0, n, sp, n, panel);
               else if (var == 0)
