@@ -24,6 +24,13 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g);
 // whether it runs faster than oneDNN on a call (by its largest local group, as measured).
 Status row_grouped_gemm_stream(const RowGroupedGemm& g);
 bool stream_picks(const RowGroupedGemm& g);
+// kCpuStream's output-contiguous form (the forward against [K, n] weights), groups of one chunk of
+// rows: how many column slabs each is cut into, for `busy` groups with rows on `threads` threads
+// and weight rows of `row_bytes`. Whole, unless a thread would have no group (then enough slabs
+// for every thread, each slab's run of a row at least 4 KiB) or the groups do not divide evenly
+// between the threads (then enough to even them, each run at least 8 KiB); ragged_dot_stream.cpp
+// gives the measurements.
+int64_t one_chunk_slabs(int64_t busy, int64_t threads, int64_t row_bytes);
 
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.
 inline void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end) {

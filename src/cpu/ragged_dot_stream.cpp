@@ -59,6 +59,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "cpu/convert.h"
@@ -115,11 +116,26 @@ struct Item {
   int64_t j, row, rows, col, cols;
 };
 
+// The output-contiguous form's groups of one chunk of rows (calls near the memory's rate; the
+// slabs of one_chunk_slabs in grouped_gemm.h): a slab reads a run of each weight row, and runs of
+// a few KiB read slower than whole rows. A group is cut to give an idle thread work where its
+// runs keep at least kMinRunBytes, and to even out a count the threads do not divide where they
+// keep at least kLongRunBytes. By hand (two threads, one row per group, K 2048, bf16, weights cold;
+// share of a parallel read's rate in the same loop;
+// bench/results/ragged_dot_small-cpu-2026-11-26-8/ by-hand/slabs.txt): one group of 1408 columns
+// whole / in 2 / 8 slabs 67 / 61 / 37%, of 4096 columns 37 / 68 / 58%, of 16384 42 / 79 / 71%; 2
+// groups whole 65-80%, in 2 slabs 45-71%; 3 groups of 1408 or 2880 columns whole 50-61%, in 2 slabs
+// 42-53%, of 8192 or 14336 columns whole 58-69%, in 2 slabs 70-75%. (Before, groups fewer than 4
+// per thread were cut until there were 4: at 1 token the forward of deepseek-v2-lite, gpt-oss-20b
+// and mixtral-8x7b ran at 68-81% of the floor, whole at 87-115%; -8/ab-slabs.txt.)
+constexpr int64_t kMinRunBytes = 4096, kLongRunBytes = 8192;
+
 // The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
-// of whole panels where the groups are too few to keep the threads busy, or (output-contiguous
-// form, groups of more than one chunk of `chunk` rows) rows of more than kSpanBytes or (more than
-// kSumsRows rows) sums of more than kSumsBytes; `transposed`: the contraction-contiguous form's
-// items of more than kSumsRows rows run TransposedItem, and are bounded by their sums too.
+// of whole panels: in the output-contiguous form, groups of one chunk of `chunk` rows as
+// one_chunk_slabs says; others where the groups are too few for 4 items per thread, or (the
+// output-contiguous form) rows of more than kSpanBytes or (more than kSumsRows rows) sums of more
+// than kSumsBytes; `transposed`: the contraction-contiguous form's items of more than kSumsRows
+// rows run TransposedItem, and are bounded by their sums too.
 std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed);
 
 // Whether a call is of the contraction-contiguous form with bf16 rows longer than kSpanBytes
@@ -767,6 +783,18 @@ HWY_AFTER_NAMESPACE();
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 namespace moekit::detail {
+
+int64_t one_chunk_slabs(int64_t busy, int64_t threads, int64_t row_bytes) {
+  if (busy <= 0 || threads <= 1) return 1;
+  if (busy < threads) {
+    return std::min((threads + busy - 1) / busy,
+                    std::max<int64_t>(1, row_bytes / stream::kMinRunBytes));
+  }
+  if (busy % threads == 0) return 1;
+  return std::min(threads / std::gcd(busy, threads),
+                  std::max<int64_t>(1, row_bytes / stream::kLongRunBytes));
+}
+
 namespace stream {
 
 std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed) {
@@ -775,8 +803,11 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
   // Slabs per group, in whole panels: enough items for 4 per thread where the groups alone are
   // fewer; in the output-contiguous form, with more than one chunk of rows, rows of at most
   // kSpanBytes (a block of them and the chunks' sums stay in L2); in the other, at most
-  // kDotItemCols columns.
-  const int64_t want = 4 * omp_get_max_threads(), panels = (g.n + panel - 1) / panel;
+  // kDotItemCols columns. The output-contiguous form's groups of one chunk: one_chunk_slabs.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t want = 4 * threads, panels = (g.n + panel - 1) / panel;
+  const int64_t one_chunk =
+      one_chunk_slabs(busy, threads, g.n * static_cast<int64_t>(dtype_size(g.in_type)));
   const int64_t balance = busy >= want ? 1 : (want + busy - 1) / std::max<int64_t>(busy, 1);
   const int64_t wide =
       g.b_s1 == 1
@@ -794,7 +825,9 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
                             ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes
                             : 1;
     const int64_t slabs = std::min(
-        panels, std::max(balance, g.b_s1 != 1 || rows > chunk ? std::max(wide, fit) : int64_t{1}));
+        panels, g.b_s1 == 1 && rows <= chunk
+                    ? one_chunk
+                    : std::max(balance, g.b_s1 != 1 || rows > chunk ? std::max(wide, fit) : 1));
     const int64_t slab = (panels + slabs - 1) / slabs * panel;
     for (int64_t r = 0; r < runs.count; ++r) {
       for (int64_t col = 0; col < g.n; col += slab)

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "cpu/grouped_gemm.h"
 #include "host_tensor.h"
 #include "moekit/ragged_dot.h"
 
@@ -544,6 +545,63 @@ TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
     };
     StreamChecker(run, a, w, kc)(run(a, w, RaggedDotImpl::kCpuStream));
   }
+}
+
+// kCpuStream's forward, groups of one chunk of rows: whole, unless a thread would have no group
+// (then cut for it) or the groups do not divide evenly between the threads (then cut to even
+// them), never in runs of a weight row shorter than 4 KiB (8 KiB to even the threads).
+TEST(RaggedDotStream, OneChunkSlabs) {
+  using detail::one_chunk_slabs;
+  // Every thread has a group: whole, however long the rows.
+  EXPECT_EQ(one_chunk_slabs(2, 2, 1 << 20), 1);
+  EXPECT_EQ(one_chunk_slabs(6, 2, 2816), 1);
+  EXPECT_EQ(one_chunk_slabs(8, 4, 1 << 20), 1);
+  // A thread with no group: a slab for it where the runs keep 4 KiB.
+  EXPECT_EQ(one_chunk_slabs(1, 2, 2816), 1);
+  EXPECT_EQ(one_chunk_slabs(1, 2, 8191), 1);
+  EXPECT_EQ(one_chunk_slabs(1, 2, 8192), 2);
+  EXPECT_EQ(one_chunk_slabs(1, 4, 12288), 3);
+  EXPECT_EQ(one_chunk_slabs(1, 4, 1 << 20), 4);
+  EXPECT_EQ(one_chunk_slabs(3, 4, 1 << 20), 2);
+  // An uneven count: slabs to even it where the runs keep 8 KiB.
+  EXPECT_EQ(one_chunk_slabs(3, 2, 16383), 1);
+  EXPECT_EQ(one_chunk_slabs(3, 2, 16384), 2);
+  EXPECT_EQ(one_chunk_slabs(6, 4, 1 << 20), 2);
+  EXPECT_EQ(one_chunk_slabs(5, 4, 1 << 20), 4);
+  // One thread, or no group with rows.
+  EXPECT_EQ(one_chunk_slabs(3, 1, 1 << 20), 1);
+  EXPECT_EQ(one_chunk_slabs(0, 2, 1 << 20), 1);
+}
+
+// The forward's one-chunk groups cut into slabs, on two threads: one group of 3 rows of 8320-byte
+// bf16 (16640-byte f32) weight rows (2 slabs, one per thread), and 3 groups of 1, 2 and 1 rows of
+// 16400 bytes or more beside an empty one (2 slabs each); against the reference.
+TEST(RaggedDotStream, OneChunkSlabsAgainstTheReference) {
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  std::mt19937 rng(12);
+  for (DType in : {DType::kBF16, DType::kF32}) {
+    for (const auto& [n, sizes] :
+         {std::pair<int64_t, std::vector<int32_t>>{4160, {3}}, {8200, {1, 0, 2, 1}}}) {
+      SCOPED_TRACE(fmt::format("{} n = {} groups {}", dtype_name(in), n, sizes.size()));
+      const int64_t K = 131, G = static_cast<int64_t>(sizes.size());
+      int64_t m = 0;
+      for (int32_t s : sizes) m += s;
+      HostTensor a(in, {m, K}), w(in, {G, K, n});
+      a.fill_random(rng);
+      w.fill_random(rng);
+      auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+        RaggedDotOptions o;
+        o.impl = impl;
+        HostTensor out(DType::kF32, {m, n});
+        const Status st = ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
+        EXPECT_TRUE(st.ok()) << st.message();
+        return out;
+      };
+      StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
+    }
+  }
+  omp_set_num_threads(before);
 }
 
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
