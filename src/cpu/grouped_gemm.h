@@ -25,12 +25,16 @@ Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g);
 Status row_grouped_gemm_stream(const RowGroupedGemm& g);
 bool stream_picks(const RowGroupedGemm& g);
 // kCpuStream's output-contiguous form (the forward against [K, n] weights), groups of one chunk of
-// rows: how many column slabs each is cut into, for `busy` groups with rows on `threads` threads
-// and weight rows of `row_bytes`. Whole, unless a thread would have no group (then enough slabs
-// for every thread, each slab's run of a row at least 4 KiB) or the groups do not divide evenly
-// between the threads (then enough to even them, each run at least 8 KiB); ragged_dot_stream.cpp
-// gives the measurements.
-int64_t one_chunk_slabs(int64_t busy, int64_t threads, int64_t row_bytes);
+// rows: each is cut into `slabs` slabs of columns and `parts` parts of the contraction (one of
+// them 1), for `busy` groups with rows on `threads` threads, weight rows of `row_bytes` and a
+// contraction of kc. Whole, unless the groups are fewer than the threads (then parts, enough for
+// every thread, each of 64 contraction rows at least) or the threads do not divide their count
+// (then slabs to even them, each slab's run of a weight row at least 8 KiB);
+// ragged_dot_stream.cpp gives the measurements.
+struct OneChunkSplit {
+  int64_t slabs, parts;
+};
+OneChunkSplit one_chunk_split(int64_t busy, int64_t threads, int64_t row_bytes, int64_t kc);
 
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.
 inline void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end) {

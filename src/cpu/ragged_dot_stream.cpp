@@ -111,31 +111,38 @@ constexpr int64_t kItemRows = 192;
 constexpr int64_t kSumsRows = 32;
 constexpr int64_t kSumsBytes = 64 << 10;
 
-// A group's rows [row, row + rows) and output columns [col, col + cols).
+// A group's rows [row, row + rows) and output columns [col, col + cols), over the contraction's
+// rows [k0, k1). partial >= 0: the item is one of several parts of its group's contraction, whose
+// f32 sums go to the call's buffer of parts at that offset ([rows][cols rounded up to panels]) for
+// RunItems to add; else -1, the item's sums go to the output. (Only the output-contiguous form's
+// groups of one chunk are split so; the other items take the whole contraction.)
 struct Item {
-  int64_t j, row, rows, col, cols;
+  int64_t j, row, rows, col, cols, k0, k1, partial;
 };
 
-// The output-contiguous form's groups of one chunk of rows (calls near the memory's rate; the
-// slabs of one_chunk_slabs in grouped_gemm.h): a slab reads a run of each weight row, and runs of
-// a few KiB read slower than whole rows. A group is cut to give an idle thread work where its
-// runs keep at least kMinRunBytes, and to even out a count the threads do not divide where they
-// keep at least kLongRunBytes. By hand (two threads, one row per group, K 2048, bf16, weights cold;
-// share of a parallel read's rate in the same loop;
-// bench/results/ragged_dot_small-cpu-2026-11-26-8/ by-hand/slabs.txt): one group of 1408 columns
+// The output-contiguous form's groups of one chunk of rows (calls near the memory's rate;
+// one_chunk_split in grouped_gemm.h). A column slab reads a run of each weight row, and runs of a
+// few KiB read slower than whole rows; a part of the contraction reads whole rows. So where the
+// groups are fewer than the threads each is cut into parts of the contraction (of kMinPartRows rows
+// at least), and where the threads do not divide their count, into column slabs where the runs
+// keep kLongRunBytes; else a group is whole. By hand (two threads, one row per group, K 2048, bf16,
+// weights cold; share of a parallel read's rate in the same loop;
+// bench/results/ragged_dot_small-cpu-2026-11-26-8/by-hand/slabs.txt): one group of 1408 columns
 // whole / in 2 / 8 slabs 67 / 61 / 37%, of 4096 columns 37 / 68 / 58%, of 16384 42 / 79 / 71%; 2
-// groups whole 65-80%, in 2 slabs 45-71%; 3 groups of 1408 or 2880 columns whole 50-61%, in 2 slabs
-// 42-53%, of 8192 or 14336 columns whole 58-69%, in 2 slabs 70-75%. (Before, groups fewer than 4
-// per thread were cut until there were 4: at 1 token the forward of deepseek-v2-lite, gpt-oss-20b
-// and mixtral-8x7b ran at 68-81% of the floor, whole at 87-115%; -8/ab-slabs.txt.)
-constexpr int64_t kMinRunBytes = 4096, kLongRunBytes = 8192;
+// groups whole 65-80%, in 2 slabs 45-71%; 3 groups of 1408 or 2880 columns whole 50-61%, in 2
+// slabs 42-53%, of 8192 or 14336 columns whole 58-69%, in 2 slabs 70-75%. (Before, groups fewer
+// than 4 per thread were cut into slabs until there were 4: at 1 token the forward of
+// deepseek-v2-lite, gpt-oss-20b and mixtral-8x7b ran at 68-81% of the floor, whole at 87-115%;
+// -8/ab-slabs.txt.) A lone group in two parts: -8/by-hand/parts.txt.
+constexpr int64_t kLongRunBytes = 8192, kMinPartRows = 64;
 
 // The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
 // of whole panels: in the output-contiguous form, groups of one chunk of `chunk` rows as
-// one_chunk_slabs says; others where the groups are too few for 4 items per thread, or (the
-// output-contiguous form) rows of more than kSpanBytes or (more than kSumsRows rows) sums of more
-// than kSumsBytes; `transposed`: the contraction-contiguous form's items of more than kSumsRows
-// rows run TransposedItem, and are bounded by their sums too.
+// one_chunk_split says (in slabs, or in parts of the contraction); other groups where they are
+// too few for 4 items per thread, or (the output-contiguous form) rows of more than kSpanBytes or
+// (more than kSumsRows rows) sums of more than kSumsBytes; `transposed`: the
+// contraction-contiguous form's items of more than kSumsRows rows run TransposedItem, and are
+// bounded by their sums too. A group's parts are consecutive items.
 std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed);
 
 // Whether a call is of the contraction-contiguous form with bf16 rows longer than kSpanBytes
@@ -457,6 +464,11 @@ float* ThreadPanel(size_t n) {
   thread_local Buffer b;
   return b.get(n);
 }
+// The calling thread's buffer of a call's parts of the contraction (its OpenMP threads write it).
+float* PartsBuffer(size_t n) {
+  thread_local Buffer b;
+  return b.get(n);
+}
 
 // B's first `cols` columns of kc rows (ldb apart) as an f32 panel of w columns, zero past `cols`,
 // in this thread's panel buffer.
@@ -498,7 +510,7 @@ void AxpyF32Block(int rows, const T* a, int64_t lda, int64_t kc, const T* b, int
 // pair order); else the f32 kernel (panels of 4N). The item's sums are in `acc` ([rows][cols
 // rounded up to panels]).
 template <bool kPairs, typename T, bool kOutBf16>
-void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
+void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, float* parts) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
   // Chunks of rows: up to kAxpyPanelsRows rows (2 kF32Rows for the f32 kernel) in one, through
   // panels of 2 vectors past kAxpyPanelsWideRows (kF32Rows); more, kAxpyRows (kF32Rows) at a
@@ -507,11 +519,12 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const int64_t most = it.rows <= one ? one : kPairs ? stream::kAxpyRows : kF32Rows;
   const stream::Chunks chunks(it.rows, most);
   const int64_t width = (it.cols + panel - 1) / panel * panel;
-  float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
+  float* acc =
+      it.partial >= 0 ? parts + it.partial : ThreadBuffer(static_cast<size_t>(it.rows * width));
   std::fill(acc, acc + it.rows * width, 0.f);
-  const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
-  auto weights = [&](const Item& i) {
-    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.col;
+  const T* a = static_cast<const T*>(g.a) + it.row * g.lda + it.k0;
+  auto weights = [&](const Item& i) {  // from the item's first contraction row
+    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.k0 * g.b_s0 + i.col;
   };
   const T* b = weights(it);
   const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
@@ -526,22 +539,23 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                          (it.rows > (kPairs ? stream::kAxpyPanelsWideRows : kF32Rows) ? 2 : 1)
                    : std::max(stream::kMinBlockRows,
                               stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
-  kb += kb % 2;  // whole pairs
-  stream::Ahead(stream::lines_of(b, stride, it.cols * es, std::min(kb, g.kc)), 1).step();
+  kb += kb % 2;                      // whole pairs
+  const int64_t kn = it.k1 - it.k0;  // the item's contraction rows, from a's and b's
+  stream::Ahead(stream::lines_of(b, stride, it.cols * es, std::min(kb, kn)), 1).step();
   const int64_t panels = width / panel;
   // The pair kernels' panel buffer, with several chunks (the first leaves the pairs for the rest).
   auto* pairs =
       kPairs && chunks.count > 1
           ? reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)))
           : nullptr;
-  for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
-    const int64_t kc = std::min(kb, g.kc - k0);
+  for (int64_t k0 = 0; k0 < kn; k0 += kb) {
+    const int64_t kc = std::min(kb, kn - k0);
     const stream::Lines next =
-        k0 + kc < g.kc ? stream::lines_of(b + (k0 + kc) * g.b_s0, stride, it.cols * es,
-                                          std::min(kb, g.kc - k0 - kc))
-        : next_item    ? stream::lines_of(weights(*next_item), stride, next_item->cols * es,
-                                          std::min(kb, g.kc))
-                       : stream::Lines{};
+        k0 + kc < kn ? stream::lines_of(b + (k0 + kc) * g.b_s0, stride, it.cols * es,
+                                        std::min(kb, kn - k0 - kc))
+        : next_item  ? stream::lines_of(weights(*next_item), stride, next_item->cols * es,
+                                        std::min(kb, next_item->k1 - next_item->k0))
+                     : stream::Lines{};
     // One chunk of rows: every (full) panel of the block in one call, the kernels' fixed cost
     // (loading and storing the sums aside) paid once per block, not per panel: 1.2-2.1x on
     // qwen3-30b-a3b's and its layer's shapes at 1-6 rows per group.
@@ -588,6 +602,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     for (int64_t c0 = 0; c0 < width; c0 += panel)
       stream::pair_order_to_columns(static_cast<int>(it.rows), acc + c0, width, acc + c0, width);
   }
+  if (it.partial >= 0) return;  // a part of the contraction: RunItems adds the parts
   StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
                       static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
                       g.ldc);
@@ -736,6 +751,44 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                       g.ldc);
 }
 
+// Thread t of `threads`' share of adding the parts of the contraction (items with partial >= 0,
+// each group's consecutive): of each such group, a range of columns, every part's sums added into
+// the first part's and stored.
+template <bool kOutBf16>
+void AddParts(const RowGroupedGemm& g, const std::vector<Item>& items, float* parts, int64_t panel,
+              int t, int threads) {
+  const auto n = static_cast<int64_t>(items.size());
+  for (int64_t i = 0; i < n;) {
+    if (items[i].partial < 0) {
+      ++i;
+      continue;
+    }
+    const Item& first = items[i];
+    int64_t end = i + 1;
+    while (end < n && items[end].partial >= 0 && items[end].j == first.j &&
+           items[end].row == first.row && items[end].col == first.col)
+      ++end;
+    const int64_t width = (first.cols + panel - 1) / panel * panel;
+    // This thread's columns: whole 16-column runs, near-equal.
+    const int64_t runs = (first.cols + 15) / 16;
+    const int64_t c0 = std::min(first.cols, runs * t / threads * 16);
+    const int64_t c1 = std::min(first.cols, runs * (t + 1) / threads * 16);
+    float* sum = parts + first.partial;
+    if (c1 > c0) {
+      for (int64_t p = i + 1; p < end; ++p) {
+        const float* part = parts + items[p].partial;
+        for (int64_t r = 0; r < first.rows; ++r)
+          for (int64_t c = c0; c < c1; ++c) sum[r * width + c] += part[r * width + c];
+      }
+      StoreTile<kOutBf16>(
+          sum + c0, width, first.rows, c1 - c0, g.accumulate,
+          static_cast<char*>(g.c) + (first.row * g.ldc + first.col + c0) * dtype_size(g.out_type),
+          g.ldc);
+    }
+    i = end;
+  }
+}
+
 template <bool kPairs, typename T, bool kOutBf16>
 void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
@@ -743,6 +796,13 @@ void RunItems(const RowGroupedGemm& g) {
   // (One chunk of rows reads whole rows in blocks of a few: no slabs for it.)
   const std::vector<Item> items =
       stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows, transposed);
+  int64_t part_floats = 0;  // the parts of the contraction's sums
+  for (const Item& it : items) {
+    if (it.partial >= 0)
+      part_floats =
+          std::max(part_floats, it.partial + it.rows * ((it.cols + panel - 1) / panel * panel));
+  }
+  float* parts = part_floats > 0 ? PartsBuffer(static_cast<size_t>(part_floats)) : nullptr;
 #pragma omp parallel
   {
     // This thread's items: a contiguous run of them (stream::share), each prefetching the start
@@ -751,12 +811,16 @@ void RunItems(const RowGroupedGemm& g) {
     for (int64_t i = begin; i < end; ++i) {
       const Item* next = i + 1 < end ? &items[i + 1] : nullptr;
       if (g.b_s1 == 1) {
-        AxpyItem<kPairs, T, kOutBf16>(g, items[i], next);
+        AxpyItem<kPairs, T, kOutBf16>(g, items[i], next, parts);
       } else if (transposed && items[i].rows > stream::kSumsRows) {
         if constexpr (kPairs) TransposedItem<kOutBf16>(g, items[i], next);
       } else {
         DotItem<kPairs, T, kOutBf16>(g, items[i], next);
       }
+    }
+    if (parts != nullptr) {  // every part written: add them
+#pragma omp barrier
+      AddParts<kOutBf16>(g, items, parts, panel, omp_get_thread_num(), omp_get_num_threads());
     }
   }
 }
@@ -784,15 +848,16 @@ HWY_AFTER_NAMESPACE();
 #pragma GCC diagnostic ignored "-Wuninitialized"
 namespace moekit::detail {
 
-int64_t one_chunk_slabs(int64_t busy, int64_t threads, int64_t row_bytes) {
-  if (busy <= 0 || threads <= 1) return 1;
+OneChunkSplit one_chunk_split(int64_t busy, int64_t threads, int64_t row_bytes, int64_t kc) {
+  if (busy <= 0 || threads <= 1) return {1, 1};
   if (busy < threads) {
-    return std::min((threads + busy - 1) / busy,
-                    std::max<int64_t>(1, row_bytes / stream::kMinRunBytes));
+    return {1,
+            std::min((threads + busy - 1) / busy, std::max<int64_t>(1, kc / stream::kMinPartRows))};
   }
-  if (busy % threads == 0) return 1;
-  return std::min(threads / std::gcd(busy, threads),
-                  std::max<int64_t>(1, row_bytes / stream::kLongRunBytes));
+  if (busy % threads == 0) return {1, 1};
+  return {std::min(threads / std::gcd(busy, threads),
+                   std::max<int64_t>(1, row_bytes / stream::kLongRunBytes)),
+          1};
 }
 
 namespace stream {
@@ -803,11 +868,12 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
   // Slabs per group, in whole panels: enough items for 4 per thread where the groups alone are
   // fewer; in the output-contiguous form, with more than one chunk of rows, rows of at most
   // kSpanBytes (a block of them and the chunks' sums stay in L2); in the other, at most
-  // kDotItemCols columns. The output-contiguous form's groups of one chunk: one_chunk_slabs.
+  // kDotItemCols columns. The output-contiguous form's groups of one chunk: one_chunk_split.
   const int64_t threads = omp_get_max_threads();
   const int64_t want = 4 * threads, panels = (g.n + panel - 1) / panel;
-  const int64_t one_chunk =
-      one_chunk_slabs(busy, threads, g.n * static_cast<int64_t>(dtype_size(g.in_type)));
+  const OneChunkSplit one_chunk =
+      one_chunk_split(busy, threads, g.n * static_cast<int64_t>(dtype_size(g.in_type)), g.kc);
+  int64_t partial = 0;  // the floats of the parts' sums so far
   const int64_t balance = busy >= want ? 1 : (want + busy - 1) / std::max<int64_t>(busy, 1);
   const int64_t wide =
       g.b_s1 == 1
@@ -824,14 +890,27 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
     const int64_t fit = (g.b_s1 == 1 || transposed) && run_rows > kSumsRows
                             ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes
                             : 1;
+    const bool one = g.b_s1 == 1 && rows <= chunk;
     const int64_t slabs = std::min(
-        panels, g.b_s1 == 1 && rows <= chunk
-                    ? one_chunk
+        panels, one ? one_chunk.slabs
                     : std::max(balance, g.b_s1 != 1 || rows > chunk ? std::max(wide, fit) : 1));
     const int64_t slab = (panels + slabs - 1) / slabs * panel;
+    const int64_t parts = one ? one_chunk.parts : 1;
     for (int64_t r = 0; r < runs.count; ++r) {
-      for (int64_t col = 0; col < g.n; col += slab)
-        out.push_back({j, row + runs.begin(r), runs.size(r), col, std::min(slab, g.n - col)});
+      for (int64_t col = 0; col < g.n; col += slab) {
+        const int64_t cols = std::min(slab, g.n - col);
+        if (parts == 1) {
+          out.push_back({j, row + runs.begin(r), runs.size(r), col, cols, 0, g.kc, -1});
+          continue;
+        }
+        // Parts of whole pairs of contraction rows, the last to the end.
+        for (int64_t p = 0; p < parts; ++p) {
+          const int64_t k0 = g.kc * p / parts / 2 * 2;
+          const int64_t k1 = p + 1 == parts ? g.kc : g.kc * (p + 1) / parts / 2 * 2;
+          out.push_back({j, row + runs.begin(r), runs.size(r), col, cols, k0, k1, partial});
+          partial += runs.size(r) * ((cols + panel - 1) / panel * panel);
+        }
+      }
     }
     row += rows;
   }
@@ -840,7 +919,8 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
 
 std::pair<int64_t, int64_t> share(const std::vector<Item>& items, int t, int threads) {
   auto cost = [](const Item& it) {
-    return static_cast<double>(it.cols) * static_cast<double>(std::max(it.rows, kComputeRows));
+    return static_cast<double>(it.cols) * static_cast<double>(std::max(it.rows, kComputeRows)) *
+           static_cast<double>(it.k1 - it.k0);
   };
   double total = 0;
   for (const Item& it : items) total += cost(it);

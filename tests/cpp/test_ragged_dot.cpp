@@ -547,58 +547,102 @@ TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
   }
 }
 
-// kCpuStream's forward, groups of one chunk of rows: whole, unless a thread would have no group
-// (then cut for it) or the groups do not divide evenly between the threads (then cut to even
-// them), never in runs of a weight row shorter than 4 KiB (8 KiB to even the threads).
-TEST(RaggedDotStream, OneChunkSlabs) {
-  using detail::one_chunk_slabs;
+// kCpuStream's forward, groups of one chunk of rows: whole, unless the groups are fewer than the
+// threads (then parts of the contraction, enough for every thread, of 64 rows at least) or the
+// threads do not divide their count (then column slabs to even them, never in runs of a weight
+// row shorter than 8 KiB).
+TEST(RaggedDotStream, OneChunkSplit) {
+  auto split = [](int64_t busy, int64_t threads, int64_t row_bytes, int64_t kc) {
+    const detail::OneChunkSplit s = detail::one_chunk_split(busy, threads, row_bytes, kc);
+    return std::pair(s.slabs, s.parts);
+  };
+  using P = std::pair<int64_t, int64_t>;
   // Every thread has a group: whole, however long the rows.
-  EXPECT_EQ(one_chunk_slabs(2, 2, 1 << 20), 1);
-  EXPECT_EQ(one_chunk_slabs(6, 2, 2816), 1);
-  EXPECT_EQ(one_chunk_slabs(8, 4, 1 << 20), 1);
-  // A thread with no group: a slab for it where the runs keep 4 KiB.
-  EXPECT_EQ(one_chunk_slabs(1, 2, 2816), 1);
-  EXPECT_EQ(one_chunk_slabs(1, 2, 8191), 1);
-  EXPECT_EQ(one_chunk_slabs(1, 2, 8192), 2);
-  EXPECT_EQ(one_chunk_slabs(1, 4, 12288), 3);
-  EXPECT_EQ(one_chunk_slabs(1, 4, 1 << 20), 4);
-  EXPECT_EQ(one_chunk_slabs(3, 4, 1 << 20), 2);
+  EXPECT_EQ(split(2, 2, 1 << 20, 4096), P(1, 1));
+  EXPECT_EQ(split(6, 2, 2816, 2048), P(1, 1));
+  EXPECT_EQ(split(8, 4, 1 << 20, 4096), P(1, 1));
+  // Fewer groups than threads: parts for every thread, of 64 contraction rows at least.
+  EXPECT_EQ(split(1, 2, 2816, 2048), P(1, 2));
+  EXPECT_EQ(split(1, 2, 2816, 128), P(1, 2));
+  EXPECT_EQ(split(1, 2, 2816, 127), P(1, 1));
+  EXPECT_EQ(split(1, 4, 2816, 2048), P(1, 4));
+  EXPECT_EQ(split(1, 4, 2816, 192), P(1, 3));
+  EXPECT_EQ(split(3, 4, 2816, 2048), P(1, 2));
   // An uneven count: slabs to even it where the runs keep 8 KiB.
-  EXPECT_EQ(one_chunk_slabs(3, 2, 16383), 1);
-  EXPECT_EQ(one_chunk_slabs(3, 2, 16384), 2);
-  EXPECT_EQ(one_chunk_slabs(6, 4, 1 << 20), 2);
-  EXPECT_EQ(one_chunk_slabs(5, 4, 1 << 20), 4);
+  EXPECT_EQ(split(3, 2, 16383, 2048), P(1, 1));
+  EXPECT_EQ(split(3, 2, 16384, 2048), P(2, 1));
+  EXPECT_EQ(split(6, 4, 1 << 20, 2048), P(2, 1));
+  EXPECT_EQ(split(5, 4, 1 << 20, 2048), P(4, 1));
   // One thread, or no group with rows.
-  EXPECT_EQ(one_chunk_slabs(3, 1, 1 << 20), 1);
-  EXPECT_EQ(one_chunk_slabs(0, 2, 1 << 20), 1);
+  EXPECT_EQ(split(3, 1, 1 << 20, 2048), P(1, 1));
+  EXPECT_EQ(split(0, 2, 1 << 20, 2048), P(1, 1));
 }
 
-// The forward's one-chunk groups cut into slabs, on two threads: one group of 3 rows of 8320-byte
-// bf16 (16640-byte f32) weight rows (2 slabs, one per thread), and 3 groups of 1, 2 and 1 rows of
-// 16400 bytes or more beside an empty one (2 slabs each); against the reference.
-TEST(RaggedDotStream, OneChunkSlabsAgainstTheReference) {
+// The forward's one-chunk groups split, against the reference: on two threads one group of 3 rows
+// (in two parts of the contraction; an odd contraction, so the second part ends on a lone row)
+// and 3 groups of 1, 2 and 1 rows of 16400 bytes or more beside an empty one (in 2 column slabs
+// each); on four threads 3 groups (two parts each: six parts on four threads) and
+// a lone group between empty ones (four parts). Each with bf16 and f32 operands, the output f32,
+// and of the operands' dtype added to what it held (the parts' sum and the held value rounded
+// once).
+TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
   const int before = omp_get_max_threads();
-  omp_set_num_threads(2);
   std::mt19937 rng(12);
+  struct Shape {
+    int threads;
+    int64_t n;
+    std::vector<int32_t> sizes;
+  };
+  const Shape shapes[] = {
+      {2, 4160, {3}}, {2, 8200, {1, 0, 2, 1}}, {4, 700, {2, 3, 1}}, {4, 300, {0, 5, 0}}};
   for (DType in : {DType::kBF16, DType::kF32}) {
-    for (const auto& [n, sizes] :
-         {std::pair<int64_t, std::vector<int32_t>>{4160, {3}}, {8200, {1, 0, 2, 1}}}) {
-      SCOPED_TRACE(fmt::format("{} n = {} groups {}", dtype_name(in), n, sizes.size()));
-      const int64_t K = 131, G = static_cast<int64_t>(sizes.size());
-      int64_t m = 0;
-      for (int32_t s : sizes) m += s;
-      HostTensor a(in, {m, K}), w(in, {G, K, n});
-      a.fill_random(rng);
-      w.fill_random(rng);
-      auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-        RaggedDotOptions o;
-        o.impl = impl;
-        HostTensor out(DType::kF32, {m, n});
-        const Status st = ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
-        EXPECT_TRUE(st.ok()) << st.message();
-        return out;
-      };
-      StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
+    for (const Shape& sh : shapes) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(fmt::format("{} threads {} n {} groups {} accumulate {}", dtype_name(in),
+                                 sh.threads, sh.n, sh.sizes.size(), accumulate));
+        omp_set_num_threads(sh.threads);
+        const int64_t K = 263, G = static_cast<int64_t>(sh.sizes.size());
+        int64_t m = 0;
+        for (int32_t s : sh.sizes) m += s;
+        HostTensor a(in, {m, K}), w(in, {G, K, sh.n}), held(DType::kF32, {m, sh.n});
+        a.fill_random(rng);
+        w.fill_random(rng);
+        held.fill_random(rng);
+        const DType out_type = accumulate ? in : DType::kF32;
+        HostTensor held_out(out_type, {m, sh.n});
+        for (int64_t i = 0; i < held.span(); ++i) held_out.set_flat(i, held.get_flat(i));
+        auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+          RaggedDotOptions o;
+          o.impl = impl, o.accumulate = accumulate;
+          HostTensor out = held_out;
+          const Status st = ragged_dot(x.in(), y.in(), sh.sizes, out.mut(), o);
+          EXPECT_TRUE(st.ok()) << st.message();
+          HostTensor f32(DType::kF32, {m, sh.n});
+          for (int64_t i = 0; i < f32.span(); ++i) f32.set_flat(i, out.get_flat(i));
+          return f32;
+        };
+        if (!accumulate) {
+          StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
+        } else {
+          // The held values added (bf16 or f32): within the f32 accumulation error (the
+          // reference on the operands' magnitudes bounds it) and one bf16 rounding of the
+          // reference's.
+          HostTensor a_abs = a, w_abs = w;
+          for (int64_t i = 0; i < a.span(); ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
+          for (int64_t i = 0; i < w.span(); ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
+          held_out.fill(0.f);
+          const HostTensor bound = run(a_abs, w_abs, RaggedDotImpl::kReference);
+          for (int64_t i = 0; i < held.span(); ++i) held_out.set_flat(i, held.get_flat(i));
+          const HostTensor want = run(a, w, RaggedDotImpl::kReference),
+                           got = run(a, w, RaggedDotImpl::kCpuStream);
+          for (int64_t i = 0; i < got.span(); ++i) {
+            ASSERT_NEAR(
+                got.get_flat(i), want.get_flat(i),
+                (K + 4) * 1.2e-7 * (bound.get_flat(i) + 1) + std::abs(want.get_flat(i)) / 128)
+                << "element " << i;
+          }
+        }
+      }
     }
   }
   omp_set_num_threads(before);
