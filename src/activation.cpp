@@ -102,4 +102,18 @@ Status activation_backward(ConstTensorView h, ConstTensorView d_a, Activation ac
   return detail::run_implementation(op, kBackwardImpls, impl, p);
 }
 
+const char* impl_name(ActivationImpl impl) {
+  switch (impl) {
+    case ActivationImpl::kAuto:
+      return "auto";
+    case ActivationImpl::kCuda:
+      return "cuda";
+    case ActivationImpl::kVectorized:
+      return "vectorized";
+    case ActivationImpl::kReference:
+      return "reference";
+  }
+  return "unknown";
+}
+
 }  // namespace moekit

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <cstddef>
-#include <string>
 
 #include "moekit/exec.h"
 #include "moekit/status.h"
@@ -44,7 +43,8 @@ struct Implementation {
 };
 
 // Runs the first implementation in `table` that takes the problem and picks it (want ==
-// Impl::kAuto), or the one named by `want`.
+// Impl::kAuto), or the one named by `want`; the errors name it by impl_name (the op's public
+// header declares it for its Impl).
 template <typename Impl, typename Problem, size_t N>
 Status run_implementation(const char* op, const Implementation<Impl, Problem> (&table)[N],
                           Impl want, const Problem& problem) {
@@ -55,12 +55,13 @@ Status run_implementation(const char* op, const Implementation<Impl, Problem> (&
     if (want != impl.id) continue;
     if (!takes) {
       return Status::unimplemented(op, fmt::format("impl {} does not take this call: it needs {}",
-                                                   static_cast<int>(want), impl.needs));
+                                                   impl_name(want), impl.needs));
     }
     return impl.run(problem);
   }
   if (want == Impl::kAuto) return Status::unimplemented(op, "no implementation takes this call");
-  return Status::invalid_argument(op, "impl", std::to_string(static_cast<int>(want)),
+  return Status::invalid_argument(op, "impl",
+                                  fmt::format("{} ({})", impl_name(want), static_cast<int>(want)),
                                   "not an implementation of this op");
 }
 

@@ -530,4 +530,18 @@ size_t permute_workspace_size(Device device, int64_t tokens, int64_t slots, int6
 #endif
 }
 
+const char* impl_name(PermuteImpl impl) {
+  switch (impl) {
+    case PermuteImpl::kAuto:
+      return "auto";
+    case PermuteImpl::kCuda:
+      return "cuda";
+    case PermuteImpl::kThreaded:
+      return "threaded";
+    case PermuteImpl::kReference:
+      return "reference";
+  }
+  return "unknown";
+}
+
 }  // namespace moekit

@@ -200,4 +200,28 @@ bool cuda_built() { return MOEKIT_HAS_CUDA != 0; }
 int cuda_device_count() { return 0; }
 #endif  // else in cuda/common.cu
 
+const char* impl_name(RaggedDotImpl impl) {
+  switch (impl) {
+    case RaggedDotImpl::kAuto:
+      return "auto";
+    case RaggedDotImpl::kOneDnn:
+      return "onednn";
+    case RaggedDotImpl::kReference:
+      return "reference";
+    case RaggedDotImpl::kCudaSm90:
+      return "sm90";
+    case RaggedDotImpl::kCudaSm80:
+      return "sm80";
+    case RaggedDotImpl::kCudaPortable:
+      return "portable";
+    case RaggedDotImpl::kCpuStream:
+      return "stream";
+    case RaggedDotImpl::kCudaSm90Pingpong:
+      return "sm90-pingpong";
+    case RaggedDotImpl::kCudaSm90Cooperative256:
+      return "sm90-cooperative-256";
+  }
+  return "unknown";
+}
+
 }  // namespace moekit

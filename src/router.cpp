@@ -536,4 +536,18 @@ size_t router_workspace_size(Device device, int64_t tokens, int64_t experts) {
 #endif
 }
 
+const char* impl_name(RouterImpl impl) {
+  switch (impl) {
+    case RouterImpl::kAuto:
+      return "auto";
+    case RouterImpl::kCuda:
+      return "cuda";
+    case RouterImpl::kVectorized:
+      return "vectorized";
+    case RouterImpl::kReference:
+      return "reference";
+  }
+  return "unknown";
+}
+
 }  // namespace moekit

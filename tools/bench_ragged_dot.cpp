@@ -37,29 +37,29 @@ struct RaggedDotBenchOptions : BenchOptions {
   std::string baseline;       // also time the full call with this impl, in the same loop
 };
 
-// --impl and --baseline's names, in RaggedDotImpl's order.
-constexpr std::pair<const char*, RaggedDotImpl> kImplNames[] = {
-    {"auto", RaggedDotImpl::kAuto},
-    {"onednn", RaggedDotImpl::kOneDnn},
-    {"reference", RaggedDotImpl::kReference},
-    {"sm90", RaggedDotImpl::kCudaSm90},
-    {"sm80", RaggedDotImpl::kCudaSm80},
-    {"portable", RaggedDotImpl::kCudaPortable},
-    {"stream", RaggedDotImpl::kCpuStream},
-    {"sm90-pingpong", RaggedDotImpl::kCudaSm90Pingpong},
-    {"sm90-cooperative-256", RaggedDotImpl::kCudaSm90Cooperative256},
+// --impl and --baseline's choices, in RaggedDotImpl's order, by the library's impl_name.
+constexpr RaggedDotImpl kImpls[] = {
+    RaggedDotImpl::kAuto,
+    RaggedDotImpl::kOneDnn,
+    RaggedDotImpl::kReference,
+    RaggedDotImpl::kCudaSm90,
+    RaggedDotImpl::kCudaSm80,
+    RaggedDotImpl::kCudaPortable,
+    RaggedDotImpl::kCpuStream,
+    RaggedDotImpl::kCudaSm90Pingpong,
+    RaggedDotImpl::kCudaSm90Cooperative256,
 };
 
 RaggedDotImpl parse_impl(const std::string& name) {
-  for (const auto& [n, impl] : kImplNames) {
-    if (name == n) return impl;
+  for (const RaggedDotImpl impl : kImpls) {
+    if (name == impl_name(impl)) return impl;
   }
   return RaggedDotImpl::kAuto;  // CLI11 checked the name
 }
 
 std::vector<std::string> impl_names() {
   std::vector<std::string> names;
-  for (const auto& entry : kImplNames) names.emplace_back(entry.first);
+  for (const RaggedDotImpl impl : kImpls) names.emplace_back(impl_name(impl));
   return names;
 }
 
@@ -129,8 +129,8 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
 
 RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
                       const std::string& dense_impl) {
-  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0, pr.m, 1,
-                 {},   {},        {},   {},   0,    0, 0,    dense_impl};
+  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0,          pr.m, 1,  {}, {},
+                 {},   {},        0,    0,    0,    dense_impl, 0,    {}, 1};
   r.flops = r.dense_flops = 2.0 * pr.m * pr.K * pr.n;
   return r;
 }

@@ -27,6 +27,8 @@ constexpr bool is_gated(Activation a) {
 // kAuto takes the CUDA kernel on CUDA buffers and the vectorised, threaded one on host buffers;
 // kReference is the CPU's scalar one the tests compare with.
 enum class ActivationImpl { kAuto, kCuda, kVectorized, kReference };
+// "auto", "cuda", "vectorized", "reference" ("unknown" outside the enum), as the errors say it.
+const char* impl_name(ActivationImpl impl);
 
 // a = act(h), row by row.
 //   h  [N, 2F] (gated) or [N, F]   f32 | bf16

@@ -51,6 +51,8 @@ enum class DropPolicy {
 // kAuto takes the first that takes the call: the CUDA kernels on CUDA buffers, the threaded
 // implementation on host buffers; kReference is the CPU's scalar one the tests compare with.
 enum class PermuteImpl { kAuto, kCuda, kThreaded, kReference };
+// "auto", "cuda", "threaded", "reference" ("unknown" outside the enum), as the errors say it.
+const char* impl_name(PermuteImpl impl);
 
 struct PermuteOptions {
   // Each expert's block of rows is padded with zero rows to a multiple of align_size, in

@@ -80,6 +80,10 @@ enum class RaggedDotImpl {
   kCudaSm90Pingpong,
   kCudaSm90Cooperative256,
 };
+// The implementation's name, as moekit bench's --impl takes it and the errors say it ("auto",
+// "onednn", "reference", "sm90", "sm80", "portable", "stream", "sm90-pingpong",
+// "sm90-cooperative-256"); "unknown" for a value outside the enum.
+const char* impl_name(RaggedDotImpl impl);
 
 struct RaggedDotOptions {
   bool rhs_transposed = false;  // rhs is [E_loc, n, K] instead of [E_loc, K, n]

@@ -38,6 +38,8 @@ enum class RouterScore {
 // kernels (one warp per token; E <= 1024), on host buffers the vectorised, threaded one;
 // kReference is the CPU's scalar reference the tests compare against.
 enum class RouterImpl { kAuto, kCuda, kVectorized, kReference };
+// "auto", "cuda", "vectorized", "reference" ("unknown" outside the enum), as the errors say it.
+const char* impl_name(RouterImpl impl);
 
 struct RouteOptions {
   int32_t k = 1;  // experts per token, in [1, E]

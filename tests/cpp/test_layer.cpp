@@ -1039,3 +1039,12 @@ TEST(LayerErrors, NamedBeforeAnythingIsWritten) {
 
 }  // namespace
 }  // namespace moekit
+
+// The names the errors give each implementation; "unknown" past the enum.
+TEST(Activation, ImplNames) {
+  EXPECT_STREQ(impl_name(moekit::ActivationImpl::kAuto), "auto");
+  EXPECT_STREQ(impl_name(moekit::ActivationImpl::kCuda), "cuda");
+  EXPECT_STREQ(impl_name(moekit::ActivationImpl::kVectorized), "vectorized");
+  EXPECT_STREQ(impl_name(moekit::ActivationImpl::kReference), "reference");
+  EXPECT_STREQ(impl_name(static_cast<moekit::ActivationImpl>(9)), "unknown");
+}

@@ -799,3 +799,12 @@ TEST(PermuteErrors, InvalidInputIsNamedAndNothingIsWritten) {
 
 }  // namespace
 }  // namespace moekit
+
+// The names the errors give each implementation; "unknown" past the enum.
+TEST(Permute, ImplNames) {
+  EXPECT_STREQ(impl_name(moekit::PermuteImpl::kAuto), "auto");
+  EXPECT_STREQ(impl_name(moekit::PermuteImpl::kCuda), "cuda");
+  EXPECT_STREQ(impl_name(moekit::PermuteImpl::kThreaded), "threaded");
+  EXPECT_STREQ(impl_name(moekit::PermuteImpl::kReference), "reference");
+  EXPECT_STREQ(impl_name(static_cast<moekit::PermuteImpl>(9)), "unknown");
+}

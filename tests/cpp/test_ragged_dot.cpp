@@ -663,11 +663,30 @@ TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
   EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
   s = ragged_dot(av, wv, small, TensorView(y.data(), DType::kF32, {100, n}), o);
   EXPECT_NE(s.message().find("batch_invariant"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("impl stream does not take this call"), std::string::npos)
+      << s.message();
   o.batch_invariant = false;
   s = ragged_dot_drhs(av, ConstTensorView(y.data(), DType::kF32, {100, n}), small,
                       TensorView(dw.data(), DType::kF32, {2, K, n}), o);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("not an implementation of this op"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("stream (6)"), std::string::npos) << s.message();
+}
+
+// Each implementation has a name of its own (the errors and moekit bench's --impl use them);
+// "unknown" past the enum.
+TEST(RaggedDot, ImplNames) {
+  std::vector<std::string> names;
+  for (int i = 0; i <= static_cast<int>(RaggedDotImpl::kCudaSm90Cooperative256); ++i)
+    names.emplace_back(impl_name(static_cast<RaggedDotImpl>(i)));
+  std::vector<std::string> unique = names;
+  std::sort(unique.begin(), unique.end());
+  unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
+  EXPECT_EQ(unique.size(), names.size());
+  EXPECT_EQ(std::count(names.begin(), names.end(), "unknown"), 0);
+  EXPECT_STREQ(impl_name(RaggedDotImpl::kCpuStream), "stream");
+  EXPECT_STREQ(impl_name(RaggedDotImpl::kOneDnn), "onednn");
+  EXPECT_STREQ(impl_name(static_cast<RaggedDotImpl>(99)), "unknown");
 }
 
 // With group_offset = 0 and E_loc = G every row of every group is computed (the plain

@@ -421,7 +421,7 @@ std::vector<GpuCase> gpu_cases() {
   return out;
 }
 
-std::string impl_name(RaggedDotImpl impl) {
+std::string impl_tag(RaggedDotImpl impl) {
   switch (impl) {
     case RaggedDotImpl::kAuto:
       return "auto";
@@ -454,7 +454,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, RaggedDotCuda,
                                             ::testing::ValuesIn(kCudaImpls)),
                          [](const auto& info) {
                            return std::get<0>(info.param).name + "_" +
-                                  impl_name(std::get<1>(info.param));
+                                  impl_tag(std::get<1>(info.param));
                          });
 
 // A call captured once in a CUDA graph computes the right answer when replayed after the device
@@ -477,7 +477,7 @@ TEST(RaggedDotCudaGraph, ReplaysFollowTheDeviceSizes) {
   HostTensor lhs32 = as_f32(lhs), rhs32 = as_f32(rhs);
 
   for (RaggedDotImpl impl : kCudaImpls) {
-    SCOPED_TRACE(impl_name(impl));
+    SCOPED_TRACE(impl_tag(impl));
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     const Exec exec = on_device(stream, ws.ptr, ws_bytes);
@@ -544,7 +544,7 @@ TEST(RaggedDotCudaWorkspace, TooSmallOrMisalignedIsRefusedBeforeAnyLaunch) {
   DeviceTensor ws(ws_bytes + 256);
   const RaggedDotGroups groups = device_groups(static_cast<const int32_t*>(sizes.ptr), 2, nullptr);
   for (RaggedDotImpl impl : kCudaImpls) {
-    SCOPED_TRACE(impl_name(impl));
+    SCOPED_TRACE(impl_tag(impl));
     auto call = [&](void* workspace, size_t bytes) {
       return ragged_dot_on_device(
           d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs), groups,
@@ -587,7 +587,7 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
       for (RaggedDotImpl impl :
            {RaggedDotImpl::kCudaSm90, RaggedDotImpl::kCudaSm90Pingpong,
             RaggedDotImpl::kCudaSm90Cooperative256, RaggedDotImpl::kCudaSm80}) {
-        SCOPED_TRACE(fmt::format("{} K={} {}", dtype_name(in), K, impl_name(impl)));
+        SCOPED_TRACE(fmt::format("{} K={} {}", dtype_name(in), K, impl_tag(impl)));
         const bool sm80 = impl == RaggedDotImpl::kCudaSm80;
         const bool bf16_only = impl == RaggedDotImpl::kCudaSm90Pingpong ||
                                impl == RaggedDotImpl::kCudaSm90Cooperative256;

@@ -21,7 +21,7 @@ namespace {
 using namespace router_oracle;  // NOLINT(google-build-using-namespace): the oracle is the test's
 
 constexpr RouterImpl kImpls[] = {RouterImpl::kVectorized, RouterImpl::kReference};
-const char* impl_name(RouterImpl i) { return i == RouterImpl::kReference ? "ref" : "vec"; }
+const char* impl_tag(RouterImpl i) { return i == RouterImpl::kReference ? "ref" : "vec"; }
 
 // ---------------------------------------------------------------------------------------------
 // route and route_backward over the grid.
@@ -111,7 +111,7 @@ TEST_P(RouteGrid, ForwardAndBackwardMatchOracle) {
   d_w.fill_random(rng);
 
   for (RouterImpl impl : kImpls) {
-    SCOPED_TRACE(impl_name(impl));
+    SCOPED_TRACE(impl_tag(impl));
     const RouteOptions ro = to_route_options(o, impl);
     HostTensor probs(DType::kF32, {c.T, c.E}), map(DType::kBool, {c.T, c.E}),
         idx(DType::kI32, {c.T, c.k}), w(DType::kF32, {c.T, c.k});
@@ -590,7 +590,7 @@ TEST(Route, NaNLogitsStillGiveKDistinctValidExperts) {
       if (o.num_groups > 0 && k % o.group_topk != 0) continue;
       for (RouterImpl impl : kImpls) {
         SCOPED_TRACE(
-            fmt::format("k={} score={} impl={}", k, static_cast<int>(o.score), impl_name(impl)));
+            fmt::format("k={} score={} impl={}", k, static_cast<int>(o.score), impl_tag(impl)));
         HostTensor map(DType::kBool, {T, E}), idx(DType::kI32, {T, k}), w(DType::kF32, {T, k});
         const RouteOptions ro = to_route_options(o, impl);
         ASSERT_TRUE(route(logits.in(), ro, {{}, map.mut(), idx.mut(), w.mut()}).ok());
@@ -668,7 +668,7 @@ TEST(Route, NaNLogitsFollowOneRuleInEveryImplementation) {
             const RowResult want = route_row(row_of(logits, t), o);
             for (int32_t i = 0; i < k; ++i) {
               SCOPED_TRACE(fmt::format("{} {} k={} variant {} row {} slot {}", dtype_name(dtype),
-                                       impl_name(impl), k, v, t, i));
+                                       impl_tag(impl), k, v, t, i));
               EXPECT_EQ(idx.get({t, i}), want.idx[i]);
               const double got = w.get({t, i});
               EXPECT_EQ(std::isnan(got), std::isnan(want.w[i])) << got << " " << want.w[i];
@@ -690,7 +690,7 @@ TEST(Route, NaNLogitsFollowOneRuleInEveryImplementation) {
             const double got = d.get_flat(i), want = want_d.get_flat(i);
             ASSERT_EQ(std::isnan(got), std::isnan(want))
                 << fmt::format("{} {} k={} variant {} d_logits[{}, {}]: {} against {}",
-                               dtype_name(dtype), impl_name(impl), k, v, i / E, i % E, got, want);
+                               dtype_name(dtype), impl_tag(impl), k, v, i / E, i % E, got, want);
             if (!std::isnan(want)) ASSERT_NEAR(got, want, 1e-5 * (1 + std::fabs(want)));
           }
         }
@@ -784,7 +784,7 @@ TEST_P(AuxScores, MatchOracleAndFiniteDifferences) {
   for (int64_t i = 0; i < T * E; ++i) logits.set_flat(i, normal(rng));
   d_scores.fill_random(rng);
   for (RouterImpl impl : kImpls) {
-    SCOPED_TRACE(impl_name(impl));
+    SCOPED_TRACE(impl_tag(impl));
     HostTensor scores(DType::kF32, {T, E}), map(DType::kBool, {T, E}),
         d_logits(DType::kF32, {T, E});
     ASSERT_TRUE(aux_loss_scores(logits.in(), k, score, scores.mut(), map.mut(), impl).ok());
@@ -964,7 +964,7 @@ TEST(Losses, NaNLogitsGiveNaNScoresLossesAndGradients) {
          {RouterScore::kSoftmax, RouterScore::kSigmoid, RouterScore::kSqrtSoftplus}) {
       for (RouterImpl impl : kImpls) {
         SCOPED_TRACE(fmt::format("{} score {} {}", dtype_name(dtype), static_cast<int>(score),
-                                 impl_name(impl)));
+                                 impl_tag(impl)));
         HostTensor scores(DType::kF32, {T, E}), map(DType::kBool, {T, E}), d(DType::kF32, {T, E});
         ASSERT_TRUE(aux_loss_scores(logits.in(), 2, score, scores.mut(), map.mut(), impl).ok());
         ASSERT_TRUE(
@@ -1149,3 +1149,12 @@ TEST(RouteErrors, ShapesDtypesAndIndicesAreNamed) {
 
 }  // namespace
 }  // namespace moekit
+
+// The names the errors give each implementation; "unknown" past the enum.
+TEST(Route, ImplNames) {
+  EXPECT_STREQ(impl_name(moekit::RouterImpl::kAuto), "auto");
+  EXPECT_STREQ(impl_name(moekit::RouterImpl::kCuda), "cuda");
+  EXPECT_STREQ(impl_name(moekit::RouterImpl::kVectorized), "vectorized");
+  EXPECT_STREQ(impl_name(moekit::RouterImpl::kReference), "reference");
+  EXPECT_STREQ(impl_name(static_cast<moekit::RouterImpl>(9)), "unknown");
+}
