@@ -421,23 +421,11 @@ std::vector<GpuCase> gpu_cases() {
   return out;
 }
 
+// The implementation's name (impl_name) in a test's name: its letters and digits.
 std::string impl_tag(RaggedDotImpl impl) {
-  switch (impl) {
-    case RaggedDotImpl::kAuto:
-      return "auto";
-    case RaggedDotImpl::kCudaSm90:
-      return "sm90";
-    case RaggedDotImpl::kCudaSm80:
-      return "sm80";
-    case RaggedDotImpl::kCudaPortable:
-      return "portable";
-    case RaggedDotImpl::kCudaSm90Pingpong:
-      return "sm90pingpong";
-    case RaggedDotImpl::kCudaSm90Cooperative256:
-      return "sm90coop256";
-    default:
-      return "cpu";
-  }
+  std::string tag = impl_name(impl);
+  tag.erase(std::remove(tag.begin(), tag.end(), '-'), tag.end());
+  return tag;
 }
 
 // The CUDA implementations, each in turn (those the device or build lacks skip or are passed
