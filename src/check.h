@@ -19,6 +19,9 @@ inline bool mul_fits(int64_t a, int64_t b, int64_t* out) {
   return !__builtin_mul_overflow(a, b, out);
 }
 
+// n rounded up to a multiple of a > 0 (n >= 0, the result known to fit).
+inline int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
 // "[2, 3]"
 std::string shape_str(const ConstTensorView& v);
 

@@ -34,6 +34,7 @@ using detail::kCudaNeeds;
 using detail::on_cpu;
 using detail::on_cuda;
 using detail::present;
+using detail::round_up;
 using detail::run_implementation;
 #if MOEKIT_HAS_CUDA
 namespace cu = detail::cuda;
@@ -78,8 +79,7 @@ int64_t capacity_of(int64_t T, int64_t k, int64_t E, double capacity_factor) {
   return c > static_cast<double>(kMaxRows) ? kMaxRows + 1 : static_cast<int64_t>(c);
 }
 
-// n (< 2^62) rounded up to a multiple of a (in [1, kMaxRows]): no overflow.
-int64_t round_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+// round_up (check.h) below takes n < 2^62 and a in [1, kMaxRows]: it cannot overflow.
 
 Status check_options(const char* op, const PermuteOptions& o) {
   if (o.align_size < 1 || o.align_size > kMaxRows) {

@@ -27,10 +27,11 @@
 //     slab of the columns. (A panel's 128 bytes of every row read straight from memory, a
 //     strided walk, ran at ~70% of a sequential read's rate on an AMD EPYC:
 //     bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
-// A work item is a group (up to kItemRows of its rows), or a slab of its output columns where
-// there are too few groups to keep the threads busy. Each thread takes a contiguous run of items of
-// near-equal cost (their weight bytes, weighted up where their rows make them compute-bound), so
-// that each item can prefetch the start of the next.
+// A work item is a group (up to kItemRows of its rows), a slab of its output columns, or (the
+// output's form, one chunk of rows, fewer groups than threads) a part of its contraction, whose
+// sums the threads add when every part is done (stream::items and one_chunk_split say when).
+// Each thread takes a contiguous run of items of near-equal cost (their weight bytes, weighted up
+// where their rows make them compute-bound), so that each item can prefetch the start of the next.
 //
 // Two kernels: on a CPU with AVX512-BF16, bf16 inputs multiply as bf16 pairs (vdpbf16ps; in the
 // output-contiguous form the pairs are two consecutive weight rows interleaved as the first chunk
@@ -62,6 +63,7 @@
 #include <numeric>
 #include <vector>
 
+#include "check.h"
 #include "cpu/convert.h"
 #include "cpu/grouped_gemm.h"
 #include "cpu/lanes-inl.h"
@@ -518,7 +520,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   const int64_t one = kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows;
   const int64_t most = it.rows <= one ? one : kPairs ? stream::kAxpyRows : kF32Rows;
   const stream::Chunks chunks(it.rows, most);
-  const int64_t width = (it.cols + panel - 1) / panel * panel;
+  const int64_t width = round_up(it.cols, panel);
   float* acc =
       it.partial >= 0 ? parts + it.partial : ThreadBuffer(static_cast<size_t>(it.rows * width));
   std::fill(acc, acc + it.rows * width, 0.f);
@@ -618,7 +620,7 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
   using T = uint16_t;
   constexpr int64_t panel = stream::kPanel;
   const stream::Chunks chunks(it.rows, stream::kAxpyRows);
-  const int64_t width = (it.cols + panel - 1) / panel * panel;
+  const int64_t width = round_up(it.cols, panel);
   float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
   std::fill(acc, acc + it.rows * width, 0.f);
   const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
@@ -768,7 +770,7 @@ void AddParts(const RowGroupedGemm& g, const std::vector<Item>& items, float* pa
     while (end < n && items[end].partial >= 0 && items[end].j == first.j &&
            items[end].row == first.row && items[end].col == first.col)
       ++end;
-    const int64_t width = (first.cols + panel - 1) / panel * panel;
+    const int64_t width = round_up(first.cols, panel);
     // This thread's columns: whole 16-column runs, near-equal.
     const int64_t runs = (first.cols + 15) / 16;
     const int64_t c0 = std::min(first.cols, runs * t / threads * 16);
@@ -793,14 +795,12 @@ template <bool kPairs, typename T, bool kOutBf16>
 void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
   const bool transposed = kPairs && stream::long_dot(g);
-  // (One chunk of rows reads whole rows in blocks of a few: no slabs for it.)
   const std::vector<Item> items =
       stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows, transposed);
   int64_t part_floats = 0;  // the parts of the contraction's sums
   for (const Item& it : items) {
     if (it.partial >= 0)
-      part_floats =
-          std::max(part_floats, it.partial + it.rows * ((it.cols + panel - 1) / panel * panel));
+      part_floats = std::max(part_floats, it.partial + it.rows * round_up(it.cols, panel));
   }
   float* parts = part_floats > 0 ? PartsBuffer(static_cast<size_t>(part_floats)) : nullptr;
 #pragma omp parallel
@@ -908,7 +908,7 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
           const int64_t k0 = g.kc * p / parts / 2 * 2;
           const int64_t k1 = p + 1 == parts ? g.kc : g.kc * (p + 1) / parts / 2 * 2;
           out.push_back({j, row + runs.begin(r), runs.size(r), col, cols, k0, k1, partial});
-          partial += runs.size(r) * ((cols + panel - 1) / panel * panel);
+          partial += runs.size(r) * round_up(cols, panel);
         }
       }
     }
