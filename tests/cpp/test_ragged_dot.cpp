@@ -377,7 +377,8 @@ INSTANTIATE_TEST_SUITE_P(Stream, RaggedDotTest,
 
 // One kCpuStream check against the reference: `run(x, w, impl)` gives a call's f32 output; the
 // reference on the operands' magnitudes bounds each element's f32 accumulation error over a
-// contraction of kc. Returns a function of the output under test that asserts each element.
+// contraction of kc (its magnitude: elements no call writes, as rows' padding, keep whatever the
+// output held). Returns a function of the output under test that asserts each element.
 template <typename Run>
 auto StreamChecker(Run run, HostTensor& a, HostTensor& w, int64_t kc) {
   HostTensor a_abs = a, w_abs = w;
@@ -386,7 +387,8 @@ auto StreamChecker(Run run, HostTensor& a, HostTensor& w, int64_t kc) {
   return [want = run(a, w, RaggedDotImpl::kReference),
           bound = run(a_abs, w_abs, RaggedDotImpl::kReference), kc](const HostTensor& got) {
     for (int64_t i = 0; i < got.span(); ++i) {
-      ASSERT_NEAR(got.get_flat(i), want.get_flat(i), (kc + 4) * 1.2e-7 * bound.get_flat(i))
+      ASSERT_NEAR(got.get_flat(i), want.get_flat(i),
+                  (kc + 4) * 1.2e-7 * std::abs(bound.get_flat(i)))
           << "element " << i;
     }
   };
@@ -581,8 +583,10 @@ TEST(RaggedDotStream, OneChunkSplit) {
 // The forward's one-chunk groups split, against the reference: on two threads one group of 3 rows
 // (in two parts of the contraction; an odd contraction, so the second part ends on a lone row)
 // and 3 groups of 1, 2 and 1 rows of 16400 bytes or more beside an empty one (in 2 column slabs
-// each); on four threads 3 groups (two parts each: six parts on four threads) and
-// a lone group between empty ones (four parts). Each with bf16 and f32 operands, the output f32,
+// each); on four threads 3 groups (two parts each: six parts on four threads) and a lone group
+// between empty ones (four parts); a shard (group_offset 1) whose one local group, or one busy
+// local group beside an empty one, goes in parts, the rows padded (row strides past the widths)
+// and the rows outside the shard zeroed or kept. Each with bf16 and f32 operands, the output f32,
 // and of the operands' dtype added to what it held (the parts' sum and the held value rounded
 // once).
 TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
@@ -592,32 +596,40 @@ TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
     int threads;
     int64_t n;
     std::vector<int32_t> sizes;
+    int32_t offset = 0;
+    int64_t e_loc = 0;  // 0: every group
+    int64_t pad = 0;    // elements past each row of x and the output
   };
   const Shape shapes[] = {
-      {2, 4160, {3}}, {2, 8200, {1, 0, 2, 1}}, {4, 700, {2, 3, 1}}, {4, 300, {0, 5, 0}}};
+      {2, 4160, {3}},      {2, 8200, {1, 0, 2, 1}},      {4, 700, {2, 3, 1}},
+      {4, 300, {0, 5, 0}}, {2, 600, {4, 3, 2}, 1, 1, 5}, {2, 600, {4, 0, 2, 1}, 1, 2, 3}};
   for (DType in : {DType::kBF16, DType::kF32}) {
     for (const Shape& sh : shapes) {
       for (bool accumulate : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} threads {} n {} groups {} accumulate {}", dtype_name(in),
-                                 sh.threads, sh.n, sh.sizes.size(), accumulate));
+        SCOPED_TRACE(fmt::format("{} threads {} n {} groups {} offset {} accumulate {}",
+                                 dtype_name(in), sh.threads, sh.n, sh.sizes.size(), sh.offset,
+                                 accumulate));
         omp_set_num_threads(sh.threads);
-        const int64_t K = 263, G = static_cast<int64_t>(sh.sizes.size());
+        const int64_t K = 263;
+        const int64_t E_loc = sh.e_loc > 0 ? sh.e_loc : static_cast<int64_t>(sh.sizes.size());
         int64_t m = 0;
         for (int32_t s : sh.sizes) m += s;
-        HostTensor a(in, {m, K}), w(in, {G, K, sh.n}), held(DType::kF32, {m, sh.n});
+        HostTensor a(in, {m, K}, sh.pad), w(in, {E_loc, K, sh.n}),
+            held(DType::kF32, {m, sh.n}, sh.pad);
         a.fill_random(rng);
         w.fill_random(rng);
         held.fill_random(rng);
         const DType out_type = accumulate ? in : DType::kF32;
-        HostTensor held_out(out_type, {m, sh.n});
+        HostTensor held_out(out_type, {m, sh.n}, sh.pad);
         for (int64_t i = 0; i < held.span(); ++i) held_out.set_flat(i, held.get_flat(i));
         auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
           RaggedDotOptions o;
           o.impl = impl, o.accumulate = accumulate;
           HostTensor out = held_out;
-          const Status st = ragged_dot(x.in(), y.in(), sh.sizes, out.mut(), o);
+          const Status st =
+              ragged_dot(x.in(), y.in(), RaggedDotGroups(sh.sizes, sh.offset), out.mut(), o);
           EXPECT_TRUE(st.ok()) << st.message();
-          HostTensor f32(DType::kF32, {m, sh.n});
+          HostTensor f32(DType::kF32, {m, sh.n}, sh.pad);
           for (int64_t i = 0; i < f32.span(); ++i) f32.set_flat(i, out.get_flat(i));
           return f32;
         };
