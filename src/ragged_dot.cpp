@@ -59,16 +59,16 @@ constexpr const char* kSm90Bf16Needs =
     "CUDA buffers, bf16 inputs aligned for tensor cores, a device of compute capability 9.0 and a "
     "build with sm_90a";
 
-// Which sm90 schedule kAuto runs bf16 calls on, from one run of each on an H100 (qwen3-30b-a3b
-// bf16, bench/results/gpu-h100-2026-11-24/bench-qwen3-bf16*.txt), share of the dense cuBLAS matmul
-// in the same run, cooperative 128x128 / pingpong / cooperative 256x128:
-//   forward          4096 tokens 51.7 / 52.4 / 37.2%   16384 tokens 62.8 / 63.1 / 66.3%
-//   input gradient   4096 tokens 52.1 / 55.7 / 37.5%   16384 tokens 65.1 / 73.1 / 66.2%
-//   weight gradient  4096 tokens 37.5 / 42.4 / 45.7%   16384 tokens 62.0 / 61.1 / 71.9%
-// The forward and input gradient (rows of each group in the tiles' M: 256x128 tiles waste half a
-// tile on groups of ~256 rows) on pingpong; the weight gradient (each group's [K, n] output in
-// the tiles, whatever its rows) on cooperative 256x128. f16 calls run kCudaSm90. (One run each,
-// two shapes, one card: the next sweep over presets and token counts may refine this by shape.)
+// Which sm90 schedule kAuto runs bf16 calls on. The weight gradient (each group's [K, n] output
+// in the tiles, whatever its rows) on cooperative 256x128: best or within 2% of the best in every
+// shape of the H100's sweep (bench/results/gpu-h100-2026-11-26/README.md, "Which schedule"). The
+// forward and input gradient by shape (cu::sm90_rows_on_cooperative256): cooperative 256x128 on
+// long groups, pingpong on short ones (256x128 tiles waste up to half a tile on groups of ~256
+// rows; cooperative 128x128 was never more than 5% ahead of pingpong there). f16 calls run
+// kCudaSm90.
+bool sm90_rows_picks_cooperative256(const RowGroupedGemm& g) {
+  return cu::sm90_rows_on_cooperative256(g.m, g.groups.count, g.groups.num_local, g.kc, g.n);
+}
 constexpr const char* kSm80Needs =
     "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability "
     ">= 8.0 and a build with sm_80";
@@ -84,9 +84,9 @@ constexpr const char* kStreamNeeds = "host buffers and the default mode (not bat
 // In order of preference; the CPU's reference last.
 constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
 #if MOEKIT_HAS_CUDA
-    {RaggedDotImpl::kCudaSm90Pingpong, cu::row_grouped_sm90_pingpong, on_sm90_bf16, kSm90Bf16Needs},
     {RaggedDotImpl::kCudaSm90Cooperative256, cu::row_grouped_sm90_coop256, on_sm90_bf16,
-     kSm90Bf16Needs, detail::never},
+     kSm90Bf16Needs, sm90_rows_picks_cooperative256},
+    {RaggedDotImpl::kCudaSm90Pingpong, cu::row_grouped_sm90_pingpong, on_sm90_bf16, kSm90Bf16Needs},
     {RaggedDotImpl::kCudaSm90, cu::row_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::row_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, kCudaNeeds},

@@ -65,6 +65,22 @@ Status contraction_grouped_portable(const ContractionGroupedGemm& g);
   inline size_t arch##_workspace_size(int64_t, const DeviceInfo&) { return 0; } \
   MOEKIT_CUDA_STUB_SCHEDULE(arch, arch)
 
+// Which sm90 bf16 schedule kAuto runs a row-grouped call (forward, input gradient) on: cooperative
+// 256x128 tiles, or pingpong 128x128. From the call's shape only (the group sizes are in device
+// memory): rows per group expected r = m / groups, and r * local_groups rows in the local ones.
+// Cooperative 256x128 where the groups are long and the call has rows enough to fill the SMs with
+// its larger tiles (r >= 1024, 16384 rows at least), or where each expert's weights are read
+// through a long contraction to few columns (kc >= 7168, n <= 2048, r >= 256: deepseek-v3's
+// forward, where 128-row tiles read the 29 MB weights of an expert twice as often); pingpong
+// otherwise. From one sweep of the three schedules over every preset, 2048-16384 tokens, on an
+// H100 (bench/results/gpu-h100-2026-11-26/README.md, "Which schedule").
+inline bool sm90_rows_on_cooperative256(int64_t m, int64_t groups, int64_t local_groups, int64_t kc,
+                                        int64_t n) {
+  if (groups <= 0) return false;
+  const int64_t r = m / groups;
+  return (r >= 1024 && r * local_groups >= 16384) || (kc >= 7168 && n <= 2048 && r >= 256);
+}
+
 #if MOEKIT_CUDA_SM80
 MOEKIT_CUDA_DECLARE_TC(sm80)
 #else

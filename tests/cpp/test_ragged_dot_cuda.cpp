@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/grouped_gemm_cuda.h"
 #include "cuda/plan_math.h"
 #include "host_tensor.h"
 #include "moekit/ragged_dot.h"
@@ -55,6 +56,26 @@ TEST(CudaPlanRules, RowsAreClippedToM) {
   r = detail::cuda::clip_rows(int64_t{1} << 40, 5, 100);
   EXPECT_EQ(r.begin, 100);
   EXPECT_EQ(r.end, 100);
+}
+
+// kAuto's sm90 schedule for the forward and input gradient, at each edge of the rule: m rows over
+// `groups` groups, `local` of them on this shard, contraction kc, output width n.
+TEST(CudaScheduleRules, RowsGoToCooperative256OnLongGroupsOrLongContractions) {
+  const auto coop256 = detail::cuda::sm90_rows_on_cooperative256;
+  // Long groups, rows enough: 1024 rows per group expected, 16384 rows in the local groups.
+  EXPECT_TRUE(coop256(131072, 128, 128, 2048, 768));   // qwen3-30b-a3b, 16384 tokens
+  EXPECT_FALSE(coop256(130944, 128, 128, 2048, 768));  // 1023 rows per group
+  EXPECT_TRUE(coop256(16384, 16, 16, 2048, 768));
+  EXPECT_FALSE(coop256(8192, 8, 8, 4096, 14336));     // mixtral-8x7b, 4096 tokens: 8192 rows
+  EXPECT_TRUE(coop256(131072, 128, 16, 2048, 768));   // a shard of 16 groups: 16384 local rows
+  EXPECT_FALSE(coop256(131072, 128, 15, 2048, 768));  // of 15: 15360
+  // A long contraction to few columns: from 256 rows per group.
+  EXPECT_TRUE(coop256(65536, 256, 64, 7168, 2048));  // deepseek-v3's forward, 8192 tokens
+  EXPECT_FALSE(coop256(65280, 256, 64, 7168, 2048));
+  EXPECT_FALSE(coop256(65536, 256, 64, 7167, 2048));
+  EXPECT_FALSE(coop256(65536, 256, 64, 7168, 2056));
+  EXPECT_FALSE(coop256(65536, 256, 64, 2048, 7168));  // its input gradient
+  EXPECT_FALSE(coop256(1 << 20, 0, 0, 7168, 2048));   // no groups
 }
 
 // --- The calls as these tests make them -----------------------------------------------------
