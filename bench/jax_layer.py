@@ -22,8 +22,10 @@ Implementations:
   cpp     the C++ layer: `moekit bench layer --json` with the same preset, tokens, dtype and
           loss, in a process of its own (its forward and backward, each its median of --reps).
 Forward + backward is jax.value_and_grad of sum(out * ct) + the loss, to x and every weight
-(the C++ layer: its forward plus its backward). Compilation is not timed. Each round runs every
-implementation in turn, --reps timed runs each after --warmup untimed ones, each run --inner
+(the C++ layer: its forward plus its backward). Compilation is not timed: each JAX layer is
+compiled ahead of time, and the GiB of temporaries XLA asks for are printed before it first
+runs (and in the JSON, <impl>_xla_temp_gib), so that a device out of memory says whose. Each
+round runs every implementation in turn, --reps timed runs each after --warmup untimed ones, each run --inner
 calls issued back to back and waited for once (default 1 on the CPU, 10 on a GPU); the table
 gives the median over the rounds of each round's median, and the ratios to the C++ layer.
 The JSON also gives the MB of pages each JAX layer's timed calls first touched (minor faults, a
@@ -197,6 +199,12 @@ def setup(args):
                           "lax": passes(reference)}
 
 
+def xla_temp_gib(compiled):
+    """The GiB of temporaries a compiled function asks XLA for (NaN where the backend says not)."""
+    m = compiled.memory_analysis()
+    return m.temp_size_in_bytes / 2**30 if m is not None else float("nan")
+
+
 def time_call(fn, args, warmup, reps, inner):
     """(median ms per call, MB first touched per call) of `reps` runs of `inner` calls each,
     after `warmup` runs. Each run's results are dropped before the next run starts, as a
@@ -297,9 +305,18 @@ def main():
             print(f"skipped {skipped[-1]}", file=sys.stderr, flush=True)
             continue
         p, x, params, fns = setup(args)
-        outs = {}
+        outs, temp_gib = {}, {}
         for impl in impls:  # compiled before anything is timed
             if impl != "cpp":
+                for ps in passes:
+                    # Ahead of time, to say what XLA asks for before it runs: jax.lax.ragged_dot's
+                    # layer asked for 34 GiB forward and 148 GiB forward + backward at
+                    # qwen3-30b-a3b's 4096 tokens on the CPU (moekit's 0.4 and 0.7), and an H200
+                    # ran out of memory on it.
+                    fns[impl][ps] = fns[impl][ps].lower(x, params).compile()
+                    temp_gib[(impl, ps)] = xla_temp_gib(fns[impl][ps])
+                    print(f"{name} {args.tokens} tokens: {impl} {ps} compiled, XLA's temporaries "
+                          f"{temp_gib[(impl, ps)]:.2f} GiB", file=sys.stderr, flush=True)
                 for ps in passes:
                     out = jax.block_until_ready(fns[impl][ps](x, params))
                     if ps == "fwd":  # the gradients dropped: a preset's weights' worth each
@@ -340,6 +357,7 @@ def main():
                 row[f"{impl}_rounds_ms"] = rounds[(impl, ps)]
                 if impl != "cpp":
                     row[f"{impl}_rounds_faulted_mb"] = faulted[(impl, ps)]
+                    row[f"{impl}_xla_temp_gib"] = temp_gib[(impl, ps)]
             rows.append(row)
 
     print(f"moe_layer on one {device} device: {machine}; {args.dtype}, forward and forward + "

@@ -549,6 +549,8 @@ def test_bench_script_runs_and_prints_its_json():
         assert c["preset"] == "olmoe-1b-7b" and c["tokens"] == 4 and c["device"] == "cpu"
         for impl in ("moekit", "steps", "lax", "cpp"):
             assert c[f"{impl}_ms"] > 0 and c[f"{impl}_rounds_ms"] == [c[f"{impl}_ms"]]
+        for impl in ("moekit", "steps", "lax"):  # XLA's temporaries, from the compiled function
+            assert 0 <= c[f"{impl}_xla_temp_gib"] < 64
         assert c["steps_vs_moekit_max_rel_diff"] < 0.02
         assert c["lax_vs_moekit_max_rel_diff"] < 0.02
     assert "moekit/cpp" in done.stderr and "lax/moekit" in done.stderr
