@@ -10,7 +10,7 @@ import sys
 # Keys every case of a bench carries, the passes it may report, its rate key, and the values
 # its "op" key may take.
 REQUIRED = {
-    "ragged_dot": ({"op", "pass", "dtype", "preset", "tokens", "shards", "ms", "tflops"},
+    "ragged_dot": ({"op", "pass", "dtype", "preset", "tokens", "shards", "ms", "tflops", "ran"},
                    {"fwd", "dlhs", "drhs"}, "tflops", {"ragged_dot"}),
     "router": ({"op", "kernel", "pass", "preset", "tokens", "device", "ms", "gbps",
                 "memcpy_gbps"},
@@ -45,6 +45,8 @@ def main() -> int:
         assert c["ms"] > 0, c
         if c["op"] != "plan":
             assert c[rate] > 0, c
+        if op == "ragged_dot":  # the implementation that ran, by name (kAuto's choice)
+            assert c["ran"] not in ("auto", "unknown"), c
         if op in ("router", "permute") and c["device"] == "cpu":  # the CPU also times a read
             assert c["read_gbps"] > 0, c
         if c["op"] in ("dispatch", "combine"):

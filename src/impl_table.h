@@ -43,21 +43,25 @@ struct Implementation {
 };
 
 // Runs the first implementation in `table` that takes the problem and picks it (want ==
-// Impl::kAuto), or the one named by `want`; the errors name it by impl_name (the op's public
-// header declares it for its Impl).
+// Impl::kAuto), or the one named by `want`, writing its id to *ran first (when ran is set); the
+// errors name it by impl_name (the op's public header declares it for its Impl).
 template <typename Impl, typename Problem, size_t N>
 Status run_implementation(const char* op, const Implementation<Impl, Problem> (&table)[N],
-                          Impl want, const Problem& problem) {
+                          Impl want, const Problem& problem, Impl* ran = nullptr) {
+  auto run = [&](const Implementation<Impl, Problem>& impl) {
+    if (ran != nullptr) *ran = impl.id;
+    return impl.run(problem);
+  };
   for (const auto& impl : table) {
     const bool takes = impl.takes == nullptr || impl.takes(problem);
     if (want == Impl::kAuto && takes && (impl.picks == nullptr || impl.picks(problem)))
-      return impl.run(problem);
+      return run(impl);
     if (want != impl.id) continue;
     if (!takes) {
       return Status::unimplemented(op, fmt::format("impl {} does not take this call: it needs {}",
                                                    impl_name(want), impl.needs));
     }
-    return impl.run(problem);
+    return run(impl);
   }
   if (want == Impl::kAuto) return Status::unimplemented(op, "no implementation takes this call");
   return Status::invalid_argument(op, "impl",

@@ -132,7 +132,7 @@ Status row_grouped(const char* op, const char* a_name, ConstTensorView a, ConstT
       detail::row_problem(op, a_name, a, rhs, c_name, c, options, exec, contract_over_rhs_n, &g));
   MOEKIT_RETURN_IF_ERROR(detail::check_groups(op, groups, exec, rhs.shape[0], g.m, &g.groups));
   MOEKIT_RETURN_IF_ERROR(check_call(op, {c_name, c}, {a_name, a}, {"rhs", rhs}, groups, exec));
-  return detail::run_implementation(op, kRowImpls, options.impl, g);
+  return detail::run_implementation(op, kRowImpls, options.impl, g, options.ran);
 }
 
 }  // namespace
@@ -157,7 +157,7 @@ Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out, const RaggedD
   MOEKIT_RETURN_IF_ERROR(detail::check_groups(op, groups, exec, d_rhs.shape[0], g.m, &g.groups));
   MOEKIT_RETURN_IF_ERROR(
       check_call(op, {"d_rhs", d_rhs}, {"lhs", lhs}, {"d_out", d_out}, groups, exec));
-  return detail::run_implementation(op, kContractionImpls, options.impl, g);
+  return detail::run_implementation(op, kContractionImpls, options.impl, g, options.ran);
 }
 
 size_t ragged_dot_workspace_size(Device device, int64_t num_local_groups) {

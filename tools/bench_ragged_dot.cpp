@@ -72,9 +72,10 @@ struct RaggedDotRow {
   int64_t tokens, m, E, e_loc, offset, local_rows;
   int shards;
   Timing t, dense;
-  Timing invariant;                    // with --invariant: the same call in the mode
-  Timing baseline;                     // with --baseline: the full call with that impl
-  double flops, dense_flops, full_ms;  // full_ms: the full call's time, for shard rows
+  Timing invariant;                          // with --invariant: the same call in the mode
+  Timing baseline;                           // with --baseline: the full call with that impl
+  RaggedDotImpl ran = RaggedDotImpl::kAuto;  // the implementation the timed calls ran
+  double flops, dense_flops, full_ms;        // full_ms: the full call's time, for shard rows
   std::string dense_impl;
   // The floor (CPU): the distinct local groups' weight bytes, the rates measured beside it, the
   // copies of the weights cycled (1: warm, or the weights already larger than the caches).
@@ -129,8 +130,26 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
 
 RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
                       const std::string& dense_impl) {
-  RaggedDotRow r{pass, pr.tokens, pr.m, pr.E, pr.E, 0,          pr.m, 1,  {}, {},
-                 {},   {},        0,    0,    0,    dense_impl, 0,    {}, 1};
+  RaggedDotRow r{.pass = pass,
+                 .tokens = pr.tokens,
+                 .m = pr.m,
+                 .E = pr.E,
+                 .e_loc = pr.E,
+                 .offset = 0,
+                 .local_rows = pr.m,
+                 .shards = 1,
+                 .t = {},
+                 .dense = {},
+                 .invariant = {},
+                 .baseline = {},
+                 .ran = RaggedDotImpl::kAuto,
+                 .flops = 0,
+                 .dense_flops = 0,
+                 .full_ms = 0,
+                 .dense_impl = dense_impl,
+                 .weight_bytes = 0,
+                 .roof = {},
+                 .copies = 1};
   r.flops = r.dense_flops = 2.0 * pr.m * pr.K * pr.n;
   return r;
 }
@@ -148,10 +167,13 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
                std::vector<RaggedDotRow>& rows) {
   RaggedDotOptions plain, invariant;
   plain.impl = parse_impl(o.impl);
+  plain.ran = &full.ran;
   invariant.batch_invariant = true;
   std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0, plain)); }, dense};
   if (o.invariant) fns.push_back([&] { check(call(pr.E, 0, invariant)); });
   RaggedDotRow one = full;
+  RaggedDotOptions shard_plain = plain;
+  shard_plain.ran = &one.ran;
   if (o.shards > 1) {  // one shard's call: E/S local groups from its group_offset
     one.shards = o.shards;
     one.e_loc = pr.E / o.shards;
@@ -166,7 +188,7 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
     }
     one.weight_bytes = touched > 0 ? full.weight_bytes * touched_here / touched : 0;
     const auto offset = static_cast<int32_t>(one.offset);
-    fns.push_back([&, offset] { check(call(one.e_loc, offset, plain)); });
+    fns.push_back([&, offset] { check(call(one.e_loc, offset, shard_plain)); });
     if (o.invariant) fns.push_back([&, offset] { check(call(one.e_loc, offset, invariant)); });
   }
   progress.step(fmt::format("{}{}{}, interleaved", label,
@@ -386,12 +408,13 @@ int run(const Options& o) {
   // The table.
   const bool floor = !rows.empty() && rows.front().has_floor();
   fmt::print(
-      text, "\n{:>6} {:>5} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}{}{}\n", "tokens", "pass",
-      "shard", "rows", "ms", "TFLOP/s", "dense ms", "dense TF", "vs dense", "of full",
+      text, "\n{:>6} {:>5} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8}{}{}  {}\n", "tokens",
+      "pass", "shard", "rows", "ms", "TFLOP/s", "dense ms", "dense TF", "vs dense", "of full",
       floor ? fmt::format(" {:>8} {:>9} {:>7} {:>8}", "MB read", "floor ms", "bound", "of floor")
             : "",
       fmt::format("{}{}", o.invariant ? fmt::format(" {:>9} {:>9}", "inv ms", "inv rate") : "",
-                  o.baseline.empty() ? "" : fmt::format(" {:>9} {:>8}", "base ms", "speedup")));
+                  o.baseline.empty() ? "" : fmt::format(" {:>9} {:>8}", "base ms", "speedup")),
+      "ran");
   for (const Row& r : rows) {
     const bool base = !o.baseline.empty() && r.shards == 1;
     const double tf = r.flops / (r.t.median_ms * 1e9);
@@ -399,7 +422,8 @@ int run(const Options& o) {
     const std::string shard_s =
         r.shards == 1 ? "all" : fmt::format("{}/{}", r.offset / r.e_loc, r.shards);
     fmt::print(
-        text, "{:>6} {:>5} {:>7} {:>8} {:>9.2f} {:>8.3f} {:>9.2f} {:>8.3f} {:>8.1f}% {:>8}{}{}\n",
+        text,
+        "{:>6} {:>5} {:>7} {:>8} {:>9.2f} {:>8.3f} {:>9.2f} {:>8.3f} {:>8.1f}% {:>8}{}{}  {}\n",
         r.tokens, r.pass, shard_s, r.local_rows, r.t.median_ms, tf, r.dense.median_ms, dense_tf,
         100.0 * tf / dense_tf,
         r.shards == 1 ? std::string("") : fmt::format("{:.1f}%", 100.0 * r.t.median_ms / r.full_ms),
@@ -413,14 +437,16 @@ int run(const Options& o) {
                                 : "",
                     base ? fmt::format(" {:>9.2f} {:>7.2f}x", r.baseline.median_ms,
                                        r.baseline.median_ms / r.t.median_ms)
-                         : ""));
+                         : ""),
+        impl_name(r.ran));
   }
   fmt::print(
       text,
       "\nms: median of {} runs after {} warm-up, ragged_dot, dense and shard runs "
       "alternating; TFLOP/s = 2*rows*K*n / time; dense: one "
       "matmul of all m rows ({}); shard k/S: E/S local groups from group_offset "
-      "k*E/S, 'of full' its time over the full call's.{}\n",
+      "k*E/S, 'of full' its time over the full call's; ran: the implementation that ran it "
+      "(RaggedDotOptions::ran).{}\n",
       o.reps, o.warmup, rows.empty() ? "" : rows.front().dense_impl,
       fmt::format("{}{}",
                   o.invariant ? " inv: the same call in the batch-invariant mode, in the same "
@@ -494,6 +520,7 @@ int run(const Options& o) {
                        {"dense_tflops", r.dense_flops / (r.dense.median_ms * 1e9)},
                        {"dense_impl", r.dense_impl},
                        {"impl", o.impl},
+                       {"ran", impl_name(r.ran)},
                        {"device", o.device},
                        {"machine", machine}};
       j["ratio_to_dense"] = j["tflops"].get<double>() / j["dense_tflops"].get<double>();

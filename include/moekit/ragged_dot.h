@@ -60,10 +60,12 @@ struct RaggedDotGroups {
 // strides, K and n multiples of 8), then a portable kernel. The sm90 kernels come in three tile
 // schedules: kCudaSm90 (cooperative, 128x128 tiles), kCudaSm90Pingpong (128x128, each consumer
 // warpgroup its own tile) and kCudaSm90Cooperative256 (256x128 tiles on clusters of 2), the last
-// two for bf16 only; kAuto runs bf16 forward and input gradients on pingpong and bf16 weight
-// gradients on cooperative 256x128, as measured (src/ragged_dot.cpp), f16 on kCudaSm90. On the
-// CPU, for the forward and input
-// gradient with few rows in every local group (outside the batch-invariant mode; the bound
+// two for bf16 only; kAuto runs bf16 weight gradients on cooperative 256x128, bf16 forward and
+// input gradients on cooperative 256x128 where the groups are long (about 1024 rows each and
+// 16384 in all, or a contraction of 7168+ to at most 2048 columns with 256 rows a group) and on
+// pingpong otherwise, as measured (src/ragged_dot.cpp), f16 on kCudaSm90. RaggedDotOptions::ran
+// says which one ran. On the CPU, for the forward and input gradient with few rows in every local
+// group (outside the batch-invariant mode; the bound
 // depends on the dtype and the layout, as measured), kCpuStream, which streams each group's
 // weights once with the rows' sums in registers (asked for by name it takes any group sizes), and
 // oneDNN for everything else. kReference is the
@@ -99,6 +101,9 @@ struct RaggedDotOptions {
   // reference is invariant in either mode); a CUDA call with it is refused.
   bool batch_invariant = false;
   RaggedDotImpl impl = RaggedDotImpl::kAuto;
+  // If set, receives the implementation that runs the call (kAuto's choice, or the one named),
+  // before it runs; left as it was when the call is refused before that.
+  RaggedDotImpl* ran = nullptr;
 };
 
 // Forward.

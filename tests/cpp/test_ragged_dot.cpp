@@ -685,6 +685,37 @@ TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
   EXPECT_NE(s.message().find("stream (6)"), std::string::npos) << s.message();
 }
 
+// RaggedDotOptions::ran: the implementation kAuto chose (kCpuStream for few rows per group, by the
+// layout's bound: 12 rows for the f32 forward against [K, n] weights, 160 for its input gradient;
+// oneDNN past it and for the weight gradient), or the one named; untouched by a refused call.
+TEST(RaggedDot, RanSaysWhichImplementationRan) {
+  const int64_t K = 8, n = 8, m = 100;
+  std::vector<float> a(m * K, 0.5f), w(2 * K * n, 0.25f), y(m * n), dw(2 * K * n);
+  const ConstTensorView av(a.data(), DType::kF32, {m, K}), wv(w.data(), DType::kF32, {2, K, n});
+  const TensorView yv(y.data(), DType::kF32, {m, n});
+  const ConstTensorView dyv(y.data(), DType::kF32, {m, n});
+  const std::vector<int32_t> few{5, 7}, many{50, 50};
+  RaggedDotImpl ran = RaggedDotImpl::kAuto;
+  RaggedDotOptions o;
+  o.ran = &ran;
+  ASSERT_TRUE(ragged_dot(av, wv, few, yv, o).ok());
+  EXPECT_STREQ(impl_name(ran), "stream");
+  ASSERT_TRUE(ragged_dot(av, wv, many, yv, o).ok());
+  EXPECT_STREQ(impl_name(ran), "onednn");
+  ran = RaggedDotImpl::kAuto;
+  ASSERT_TRUE(ragged_dot_dlhs(dyv, wv, many, TensorView(a.data(), DType::kF32, {m, K}), o).ok());
+  EXPECT_STREQ(impl_name(ran), "stream");
+  ASSERT_TRUE(ragged_dot_drhs(av, dyv, few, TensorView(dw.data(), DType::kF32, {2, K, n}), o).ok());
+  EXPECT_STREQ(impl_name(ran), "onednn");
+  o.impl = RaggedDotImpl::kReference;
+  ASSERT_TRUE(ragged_dot(av, wv, few, yv, o).ok());
+  EXPECT_STREQ(impl_name(ran), "reference");
+  o.impl = RaggedDotImpl::kCpuStream;
+  o.batch_invariant = true;  // refused: kCpuStream does not keep the mode's bits
+  EXPECT_FALSE(ragged_dot(av, wv, few, yv, o).ok());
+  EXPECT_STREQ(impl_name(ran), "reference");
+}
+
 // Each implementation has a name of its own (the errors and moekit bench's --impl use them);
 // "unknown" past the enum.
 TEST(RaggedDot, ImplNames) {

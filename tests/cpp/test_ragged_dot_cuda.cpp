@@ -608,9 +608,12 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
         fill_sixty_fourths(rhs, rng);
         DeviceTensor d_lhs(lhs.bytes.size()), d_rhs(rhs.bytes.size()), d_out(out.bytes.size());
         d_lhs.upload(lhs), d_rhs.upload(rhs);
+        RaggedDotImpl ran = RaggedDotImpl::kAuto;
+        RaggedDotOptions opt;
+        opt.ran = &ran;
         const Status s = ragged_dot_on_device(
             d_lhs.view_as<ConstTensorView>(lhs), d_rhs.view_as<ConstTensorView>(rhs), groups,
-            d_out.view_as<TensorView>(out), {}, on_device(nullptr, ws.ptr, ws_bytes), impl);
+            d_out.view_as<TensorView>(out), opt, on_device(nullptr, ws.ptr, ws_bytes), impl);
         if (!takes) {
           EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.message();
           if (bf16_only && built && arch == 90 && K % 8 == 0) {
@@ -619,6 +622,15 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
           continue;
         }
         ASSERT_TRUE(s.ok()) << s.message();
+        EXPECT_EQ(ran, impl);
+        if (impl == RaggedDotImpl::kCudaSm90Pingpong) {  // kAuto's choice on these short groups
+          ASSERT_TRUE(ragged_dot_on_device(d_lhs.view_as<ConstTensorView>(lhs),
+                                           d_rhs.view_as<ConstTensorView>(rhs), groups,
+                                           d_out.view_as<TensorView>(out), opt,
+                                           on_device(nullptr, ws.ptr, ws_bytes))
+                          .ok());
+          EXPECT_STREQ(impl_name(ran), "sm90-pingpong");
+        }
         CUDA_OK(cudaDeviceSynchronize());
         d_out.download(out);
         HostTensor want(DType::kF32, {m, 40}), lhs32 = as_f32(lhs), rhs32 = as_f32(rhs);
