@@ -25,8 +25,8 @@ Forward + backward is jax.value_and_grad of sum(out * ct) + the loss, to x and e
 (the C++ layer: its forward plus its backward). Compilation is not timed: each JAX layer is
 compiled ahead of time, and the GiB of temporaries XLA asks for are printed before it first
 runs (and in the JSON, <impl>_xla_temp_gib), so that a device out of memory says whose. Each
-round runs every implementation in turn, --reps timed runs each after --warmup untimed ones, each run --inner
-calls issued back to back and waited for once (default 1 on the CPU, 10 on a GPU); the table
+round runs every implementation in turn, --reps timed runs each after --warmup untimed ones,
+each run --inner calls issued back to back and waited for once (default 1 on the CPU, 10 on a GPU); the table
 gives the median over the rounds of each round's median, and the ratios to the C++ layer.
 The JSON also gives the MB of pages each JAX layer's timed calls first touched (minor faults, a
 call's mean; the C++ layer reuses its buffers), and whether moekit.jax's malloc settings were made

@@ -69,9 +69,9 @@ Status contraction_grouped_portable(const ContractionGroupedGemm& g);
 // 256x128 tiles, or pingpong 128x128. From the call's shape only (the group sizes are in device
 // memory): rows per group expected r = m / groups, and r * local_groups rows in the local ones.
 // Cooperative 256x128 where the groups are long and the call has rows enough to fill the SMs with
-// its larger tiles (r >= 1024, 16384 rows at least), or where each expert's weights are read
-// through a long contraction to few columns (kc >= 7168, n <= 2048, r >= 256: deepseek-v3's
-// forward, where 128-row tiles read the 29 MB weights of an expert twice as often); pingpong
+// its larger tiles (r >= 1024, 16384 rows at least), or on a long contraction to few columns
+// (kc >= 7168, n <= 2048, r >= 256: deepseek-v3's forward, 1.05x and 1.53x pingpong's rate at 256
+// and 512 rows a group; why so much more there than elsewhere was not measured); pingpong
 // otherwise. From one sweep of the three schedules over every preset, 2048-16384 tokens, on an
 // H100 (bench/results/gpu-h100-2026-11-26/README.md, "Which schedule").
 inline bool sm90_rows_on_cooperative256(int64_t m, int64_t groups, int64_t local_groups, int64_t kc,
