@@ -643,6 +643,57 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
   }
 }
 
+// kAuto on long groups (1024 rows each, 16384 rows, bf16): cooperative 256x128 on an sm90 build and
+// device, the forward and the input gradient both, with the reference's results; elsewhere
+// whatever takes the call, the same results.
+TEST(RaggedDotCudaDispatch, LongGroupsRunOnCooperative256) {
+  MOEKIT_REQUIRE_GPU();
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_OK(cudaGetDeviceProperties(&prop, device));
+  const bool sm90 = MOEKIT_CUDA_SM90 && prop.major * 10 + prop.minor == 90;
+  const int64_t G = 16, m = 1024 * G, K = 64, n = 72;
+  const std::vector<int32_t> host_sizes(G, 1024);
+  DeviceTensor sizes(host_sizes.size() * sizeof(int32_t));
+  sizes.upload(host_sizes.data(), host_sizes.size() * sizeof(int32_t));
+  const RaggedDotGroups groups = device_groups(static_cast<const int32_t*>(sizes.ptr), G, nullptr);
+  const size_t ws_bytes = ragged_dot_workspace_size(Device::kCuda, G);
+  DeviceTensor ws(ws_bytes);
+  std::mt19937 rng(23);
+  HostTensor lhs(DType::kBF16, {m, K}), rhs(DType::kBF16, {G, K, n}), d_out(DType::kBF16, {m, n});
+  fill_sixty_fourths(lhs, rng);
+  fill_sixty_fourths(rhs, rng);
+  fill_sixty_fourths(d_out, rng);
+  HostTensor out(DType::kBF16, {m, n}), d_lhs(DType::kBF16, {m, K});
+  DeviceTensor dl(lhs.bytes.size()), dr(rhs.bytes.size()), dd(d_out.bytes.size()),
+      dy(out.bytes.size()), dx(d_lhs.bytes.size());
+  dl.upload(lhs), dr.upload(rhs), dd.upload(d_out);
+  RaggedDotImpl ran = RaggedDotImpl::kAuto;
+  RaggedDotOptions opt;
+  opt.ran = &ran;
+  const Exec exec = on_device(nullptr, ws.ptr, ws_bytes);
+  ASSERT_TRUE(ragged_dot(dl.view_as<ConstTensorView>(lhs), dr.view_as<ConstTensorView>(rhs), groups,
+                         dy.view_as<TensorView>(out), opt, exec)
+                  .ok());
+  if (sm90) EXPECT_STREQ(impl_name(ran), "sm90-cooperative-256");
+  ran = RaggedDotImpl::kAuto;
+  ASSERT_TRUE(ragged_dot_dlhs(dd.view_as<ConstTensorView>(d_out), dr.view_as<ConstTensorView>(rhs),
+                              groups, dx.view_as<TensorView>(d_lhs), opt, exec)
+                  .ok());
+  if (sm90) EXPECT_STREQ(impl_name(ran), "sm90-cooperative-256");
+  CUDA_OK(cudaDeviceSynchronize());
+  dy.download(out), dx.download(d_lhs);
+  HostTensor want(DType::kF32, {m, n}), want_dx(DType::kF32, {m, K});
+  HostTensor lhs32 = as_f32(lhs), rhs32 = as_f32(rhs), d_out32 = as_f32(d_out);
+  RaggedDotOptions ref;
+  ref.impl = RaggedDotImpl::kReference;
+  ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), host_sizes, want.mut(), ref).ok());
+  ASSERT_TRUE(ragged_dot_dlhs(d_out32.in(), rhs32.in(), host_sizes, want_dx.mut(), ref).ok());
+  expect_equal(out, want, "out");
+  expect_equal(d_lhs, want_dx, "d_lhs");
+}
+
 #endif  // MOEKIT_HAS_CUDA
 
 }  // namespace
