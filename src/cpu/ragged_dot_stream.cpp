@@ -112,6 +112,17 @@ constexpr int64_t kItemRows = 192;
 // 1.5 KiB) 0.88-1.03x, so not there (by-hand/dlhs-dot-vs-transposed.txt).
 constexpr int64_t kSumsRows = 32;
 constexpr int64_t kSumsBytes = 64 << 10;
+// The output-contiguous form, bf16, groups of one chunk of rows on weight rows longer than
+// kWideRowBytes: slabs of columns whose f32 sums take at most kWideSumsBytes. Whole, a block of
+// such rows (16 of mixtral-8x7b's 56 KiB gate|up rows: 896 KiB) and the next one, prefetched as
+// it runs, do not fit L2 beside the sums (917 KB at 8 rows): the block's loads waited on memory
+// (a perf profile put a third of the kernel's samples on them). A/B in one loop, [4096, 28672]
+// weights, 8 groups routed from T tokens, k = 2 (bench/results/ragged_dot_small-cpu-2026-11-26-9/,
+// geometric means of 9 runs): 128 KiB of sums 0.99 / 1.05 / 1.04 / 1.08 / 1.19x at T = 2 / 4 /
+// 8 / 16 / 32 (at first 256 KiB 1.04-1.24x, 512 KiB 1.02-1.11x); on 28 KiB rows ([4096, 14336])
+// the same cut ran 0.97-1.05x, so not there.
+constexpr int64_t kWideRowBytes = 32 << 10;
+constexpr int64_t kWideSumsBytes = 128 << 10;
 
 // A group's rows [row, row + rows) and output columns [col, col + cols), over the contraction's
 // rows [k0, k1). partial >= 0: the item is one of several parts of its group's contraction, whose
@@ -891,8 +902,11 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
                             ? (run_rows * g.n * 4 + kSumsBytes - 1) / kSumsBytes
                             : 1;
     const bool one = g.b_s1 == 1 && rows <= chunk;
+    const int64_t wide_sums = one && g.in_type == DType::kBF16 && g.n * 2 > kWideRowBytes
+                                  ? (rows * g.n * 4 + kWideSumsBytes - 1) / kWideSumsBytes
+                                  : 1;
     const int64_t slabs = std::min(
-        panels, one ? one_chunk.slabs
+        panels, one ? std::max(one_chunk.slabs, wide_sums)
                     : std::max(balance, g.b_s1 != 1 || rows > chunk ? std::max(wide, fit) : 1));
     const int64_t slab = (panels + slabs - 1) / slabs * panel;
     const int64_t parts = one ? one_chunk.parts : 1;

@@ -600,9 +600,17 @@ TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
     int64_t e_loc = 0;  // 0: every group
     int64_t pad = 0;    // elements past each row of x and the output
   };
-  const Shape shapes[] = {
-      {2, 4160, {3}},      {2, 8200, {1, 0, 2, 1}},      {4, 700, {2, 3, 1}},
-      {4, 300, {0, 5, 0}}, {2, 600, {4, 3, 2}, 1, 1, 5}, {2, 600, {4, 0, 2, 1}, 1, 2, 3}};
+  const Shape shapes[] = {{2, 4160, {3}},
+                          {2, 8200, {1, 0, 2, 1}},
+                          {4, 700, {2, 3, 1}},
+                          {4, 300, {0, 5, 0}},
+                          {2, 600, {4, 3, 2}, 1, 1, 5},
+                          {2, 600, {4, 0, 2, 1}, 1, 2, 3},
+                          // bf16 rows past 32 KiB: slabs of 128 KiB of sums (2 and 3 here), with
+                          // the parts of a lone group, and on a shard with padded rows.
+                          {2, 16448, {3, 0, 2}},
+                          {2, 16448, {5}},
+                          {2, 16448, {2, 5, 0}, 1, 2, 7}};
   for (DType in : {DType::kBF16, DType::kF32}) {
     for (const Shape& sh : shapes) {
       for (bool accumulate : {false, true}) {
