@@ -607,10 +607,12 @@ TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
                           {2, 600, {4, 3, 2}, 1, 1, 5},
                           {2, 600, {4, 0, 2, 1}, 1, 2, 3},
                           // bf16 rows past 32 KiB: slabs of 128 KiB of sums (2 and 3 here), with
-                          // the parts of a lone group, and on a shard with padded rows.
+                          // the parts of a lone group, on a shard with padded rows, and an odd
+                          // width (the last slab's last panel partial).
                           {2, 16448, {3, 0, 2}},
                           {2, 16448, {5}},
-                          {2, 16448, {2, 5, 0}, 1, 2, 7}};
+                          {2, 16448, {2, 5, 0}, 1, 2, 7},
+                          {2, 16451, {4, 1}}};
   for (DType in : {DType::kBF16, DType::kF32}) {
     for (const Shape& sh : shapes) {
       for (bool accumulate : {false, true}) {
