@@ -73,8 +73,8 @@
 namespace moekit::detail::stream {
 
 // The pair kernels' shapes: rows per chunk (their sums take 24 of the 32 AVX-512 registers),
-// output columns per panel (4 vectors of 16), weight rows per dot-product block.
-constexpr int kAxpyRows = 6, kPanel = 64, kDotRows = 6, kDotCols = 4;
+// output columns per panel (4 vectors of 16).
+constexpr int kAxpyRows = 6, kPanel = 64;
 // axpy_pairs_panels (one chunk of rows): up to kAxpyPanelsWideRows rows with panels of 4 vectors,
 // up to kAxpyPanelsRows with panels of 2. In L1 (by hand, a block of 64 weight rows), 6 rows of 4
 // vectors ran at 377 GFLOP/s against 468 with 5 (GCC 12 spills around the 24 sums), 6 rows of 2
@@ -226,6 +226,27 @@ struct Chunks {
   int64_t rows, count;
 };
 
+// The contraction-contiguous form's dot-product kernel for an item of `rows` rows: rows per chunk
+// and weight rows per call (each a column of the output). Each chunk reads the item's super-block
+// of weights again, from L2, while the next super-block streams in from memory; a chunk more costs
+// far more than its share of the compute where the two take about the same time. So the fewest
+// chunks whose kernel still keeps the FMA units busy: up to 8 rows one chunk against 1 weight row,
+// up to 16 two chunks against 2, more in chunks of 6 against 4 (24 sums in registers; 8 x 2 and
+// 12 x 2 ran slower there). A/B in one loop, bf16, qwen3-30b-a3b's input gradient (K 2048 out, n
+// 768 contracted), weights cold, rows spread evenly, share of the floor
+// (bench/results/ragged_dot_small-cpu-2026-11-26-10/): 4 / 8 / 16 rows a group 82 / 84 / 70% with
+// 6 x 4 everywhere, 102 / 96 / 84% so; 24-128 rows level. By hand, one stream of weights beside
+// dot products of 18 rows in registers ran at the read's rate when each line was used in one pass,
+// 1.2x / 1.75x slower in 2 / 3 passes (by-hand/overlap.txt, chunks.txt).
+struct DotShape {
+  int rows, cols;
+};
+constexpr DotShape dot_shape(int64_t rows) {
+  return rows <= 8 ? DotShape{8, 1} : rows <= 16 ? DotShape{8, 2} : DotShape{6, 4};
+}
+// The most sums a dot-product call returns (rows x cols of any shape above).
+constexpr int kDotMostSums = 24;
+
 // Whether this CPU runs the pair kernels (AVX512-BF16).
 bool has_avx512_bf16();
 
@@ -254,10 +275,11 @@ void transpose_pairs(const uint16_t* w, int64_t ldw, int64_t kc, int64_t rows, u
 // tile[r][0, 64) in column order from acc[r][0, 64) in the pair order (tile may be acc).
 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc, float* tile,
                            int64_t ld_tile);
-// out[r][c] = sum_k A[r][k] * B[c][k] for r < rows <= kDotRows, c < kDotCols (B's rows ldb
-// apart, contiguous along k), out's rows ld_out apart; `ahead` prefetched as it goes.
-void dot_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
-               float* out, int64_t ld_out, const Lines& ahead);
+// out[r][c] = sum_k A[r][k] * B[c][k] for r < rows, c < shape.cols, rows <= shape.rows (a shape
+// dot_shape gives; B's rows ldb apart, contiguous along k), out's rows ld_out apart; `ahead`
+// prefetched as it goes.
+void dot_pairs(DotShape shape, int rows, const uint16_t* a, int64_t lda, int64_t kc,
+               const uint16_t* b, int64_t ldb, float* out, int64_t ld_out, const Lines& ahead);
 
 }  // namespace moekit::detail::stream
 #endif
@@ -676,11 +698,16 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
 // The contraction goes in spans of about kSpanBytes per row (so that a chunk's span of rows stays
 // in L1, and the item's in L2, however long the rows); within a span, the weight rows go by
 // super-blocks of about kBlockBytes, each prefetched over the calls of the one before, each chunk
-// of rows over a super-block's weight rows 4 at a time (the first chunk from memory, the others
-// from L2). The kernels return 4 sums per row, added into `out` ([rows][cols rounded up to 4]).
+// of rows over a super-block's weight rows `cols` at a time (the first chunk from memory, the
+// others from L2; stream::dot_shape says how many rows and weight rows, by the item's rows; the f32
+// kernels take kF32DotRows and 4). The kernels return `cols` sums per row, added into `out`
+// ([rows][cols rounded up to 4]).
 template <bool kPairs, typename T, bool kOutBf16>
 void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
-  const stream::Chunks chunks(it.rows, kPairs ? stream::kDotRows : kF32DotRows);
+  const stream::DotShape shape =
+      kPairs ? stream::dot_shape(it.rows) : stream::DotShape{kF32DotRows, 4};
+  const stream::Chunks chunks(it.rows, shape.rows);
+  const int64_t cols = shape.cols;
   const int64_t width = (it.cols + 3) / 4 * 4;
   float* out = ThreadBuffer(static_cast<size_t>(it.rows * width));
   const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
@@ -716,7 +743,7 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
       return stream::lines_of(w + s0 * g.b_s1 + k0, stride, std::min(span, g.kc - k0) * es,
                               std::min(sb, cols - s0));
     };
-    float sums[stream::kDotRows * 4];
+    float sums[stream::kDotMostSums];
     for (int64_t k0 = 0; k0 < g.kc; k0 += span) {
       const int64_t kc = std::min(span, g.kc - k0);
       for (int64_t s0 = 0; s0 < it.cols; s0 += sb) {
@@ -727,23 +754,23 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                                    : next_item != nullptr
                                        ? region(weights(*next_item), next_item->cols, 0, 0)
                                        : stream::Lines{};
-        const int64_t calls = chunks.count * ((s1 - s0 + 3) / 4);
+        const int64_t calls = chunks.count * ((s1 - s0 + cols - 1) / cols);
         int64_t call = 0;
         for (int64_t ci = 0; ci < chunks.count; ++ci) {
           const int64_t r0 = chunks.begin(ci);
           const int rows = chunks.size(ci);
-          for (int64_t c0 = s0; c0 < s1; c0 += 4, ++call) {
-            // A last block of fewer than 4 weight rows moves back over columns already summed:
-            // of its sums only the new columns' are added.
-            const int64_t at = std::min(c0, it.cols - 4);
+          for (int64_t c0 = s0; c0 < s1; c0 += cols, ++call) {
+            // A last block of fewer than `cols` weight rows moves back over columns already
+            // summed: of its sums only the new columns' are added.
+            const int64_t at = std::min(c0, it.cols - cols);
             const stream::Lines ahead = stream::part(next, call, calls);
             // One span: the sums go straight into `out` (a moved-back block writes its old
             // columns' values again); several: through `sums`, added.
             float* to = spans == 1 ? out + r0 * width + at : sums;
-            const int64_t ld_to = spans == 1 ? width : 4;
+            const int64_t ld_to = spans == 1 ? width : cols;
             if constexpr (kPairs) {
-              stream::dot_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0, g.b_s1,
-                                to, ld_to, ahead);
+              stream::dot_pairs(shape, rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0,
+                                g.b_s1, to, ld_to, ahead);
             } else {
               WithRows<kF32DotRows, Dot<T>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc,
                                                         b + at * g.b_s1 + k0, g.b_s1, to, ld_to,
@@ -752,7 +779,7 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
             if (spans == 1) continue;
             for (int r = 0; r < rows; ++r) {
               float* o = out + (r0 + r) * width;
-              for (int64_t c = c0; c < at + 4; ++c) o[c] += sums[r * 4 + (c - at)];
+              for (int64_t c = c0; c < at + cols; ++c) o[c] += sums[r * cols + (c - at)];
             }
           }
         }
@@ -1097,18 +1124,17 @@ MOEKIT_AVX512_BF16 void axpy_panels(const uint16_t* a, int64_t lda, int64_t kc, 
 }
 
 // out[r][c] = the sum over k of A[r][k] B[c][k]: 32 bf16 at a time, the tail masked.
-template <int R>
-MOEKIT_AVX512_BF16 inline void dot_step(__m512 (&s)[R][kDotCols], const uint16_t* a, int64_t lda,
+template <int R, int C>
+MOEKIT_AVX512_BF16 inline void dot_step(__m512 (&s)[R][C], const uint16_t* a, int64_t lda,
                                         const uint16_t* b, int64_t ldb, __mmask32 m) {
-  __m512i bv[kDotCols];
+  __m512i bv[C];
 #pragma GCC unroll 8
-  for (int c = 0; c < kDotCols; ++c) bv[c] = _mm512_maskz_loadu_epi16(m, b + c * ldb);
+  for (int c = 0; c < C; ++c) bv[c] = _mm512_maskz_loadu_epi16(m, b + c * ldb);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const __m512i av = _mm512_maskz_loadu_epi16(m, a + r * lda);
 #pragma GCC unroll 8
-    for (int c = 0; c < kDotCols; ++c)
-      s[r][c] = _mm512_dpbf16_ps(s[r][c], (__m512bh)av, (__m512bh)bv[c]);
+    for (int c = 0; c < C; ++c) s[r][c] = _mm512_dpbf16_ps(s[r][c], (__m512bh)av, (__m512bh)bv[c]);
   }
 }
 
@@ -1126,23 +1152,40 @@ MOEKIT_AVX512_BF16 inline __m128 sum4(const __m512 (&v)[4]) {
   return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
 }
 
-template <int R>
+template <int R, int C>
 MOEKIT_AVX512_BF16 void dot(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                             int64_t ldb, float* out, int64_t ld_out, const Lines& ahead) {
   Ahead pf(ahead, kc / 32);
-  __m512 s[R][kDotCols];
+  __m512 s[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < kDotCols; ++c) s[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) s[r][c] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 32 <= kc; k += 32) {
     pf.step();
-    dot_step<R>(s, a + k, lda, b + k, ldb, ~__mmask32{0});
+    dot_step<R, C>(s, a + k, lda, b + k, ldb, ~__mmask32{0});
   }
-  if (k < kc) dot_step<R>(s, a + k, lda, b + k, ldb, __mmask32((1u << (kc - k)) - 1));
+  if (k < kc) dot_step<R, C>(s, a + k, lda, b + k, ldb, __mmask32((1u << (kc - k)) - 1));
+  if constexpr (C == 4) {
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) _mm_storeu_ps(out + r * ld_out, sum4(s[r]));
+    for (int r = 0; r < R; ++r) _mm_storeu_ps(out + r * ld_out, sum4(s[r]));
+  } else {
+    // The R x C sums in row-major order, 4 at a time, the last R C % 4 one by one.
+    constexpr int kSums = R * C;
+    alignas(16) float four[4];
+#pragma GCC unroll 8
+    for (int i = 0; i + 4 <= kSums; i += 4) {
+      const __m512 v[4] = {s[i / C][i % C], s[(i + 1) / C][(i + 1) % C],
+                           s[(i + 2) / C][(i + 2) % C], s[(i + 3) / C][(i + 3) % C]};
+      _mm_store_ps(four, sum4(v));
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) out[(i + q) / C * ld_out + (i + q) % C] = four[q];
+    }
+#pragma GCC unroll 4
+    for (int i = kSums / 4 * 4; i < kSums; ++i)
+      out[i / C * ld_out + i % C] = _mm512_reduce_add_ps(s[i / C][i % C]);
+  }
 }
 
 }  // namespace
@@ -1177,10 +1220,18 @@ void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, con
   });
 }
 
-void dot_pairs(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
-               float* out, int64_t ld_out, const Lines& ahead) {
-  with_rows<kDotRows>(
-      rows, [&](auto r) { dot<decltype(r)::value>(a, lda, kc, b, ldb, out, ld_out, ahead); });
+void dot_pairs(DotShape shape, int rows, const uint16_t* a, int64_t lda, int64_t kc,
+               const uint16_t* b, int64_t ldb, float* out, int64_t ld_out, const Lines& ahead) {
+  auto run = [&](auto most_rows, auto cols) {
+    with_rows<decltype(most_rows)::value>(rows, [&](auto r) {
+      dot<decltype(r)::value, decltype(cols)::value>(a, lda, kc, b, ldb, out, ld_out, ahead);
+    });
+  };
+  using std::integral_constant;
+  static_assert(dot_shape(8).rows == 8 && dot_shape(16).rows == 8 && dot_shape(17).rows == 6);
+  if (shape.cols == 1) return run(integral_constant<int, 8>{}, integral_constant<int, 1>{});
+  if (shape.cols == 2) return run(integral_constant<int, 8>{}, integral_constant<int, 2>{});
+  run(integral_constant<int, 6>{}, integral_constant<int, 4>{});
 }
 
 MOEKIT_AVX512_BF16 void transpose_pairs(const uint16_t* w, int64_t ldw, int64_t kc, int64_t rows,
