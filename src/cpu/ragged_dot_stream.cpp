@@ -292,6 +292,16 @@ using stream::Item;
 // Rows per chunk of the f32 kernels: their sums fill at most 24 of the registers (16 on AVX2).
 constexpr int kF32Rows = HWY_TARGET <= HWY_AVX3 ? 6 : 3;
 constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 6 : 2;
+// The f32 dot products' shape (stream::dot_shape says why the fewest chunks): on AVX-512, up to 4
+// rows one chunk against 1 weight row, up to 8 one against 2, more chunks of kF32DotRows against 4;
+// on AVX2 (16 registers) kF32DotRows against 4. A/B in one loop, qwen3-30b-a3b's input gradient in
+// f32, rows spread evenly / routed, share of the floor (ragged_dot_small-cpu-2026-11-26-10): 2 rows
+// a group 88 -> 108% / 85 -> 100%, 4 rows 89 -> 100% / 88 -> 97%, 8 rows 82 -> 85% / 88 -> 90%;
+// 8 x 2 past 8 rows level or slower.
+constexpr stream::DotShape DotShapeF32(int64_t rows) {
+  if (HWY_TARGET > HWY_AVX3 || rows > 8) return {kF32DotRows, 4};
+  return rows <= 4 ? stream::DotShape{8, 1} : stream::DotShape{8, 2};
+}
 
 template <typename T>
 HWY_INLINE lanes::V Load(lanes::D d, const T* p, size_t i) {
@@ -373,53 +383,70 @@ HWY_INLINE void StoreSums4(lanes::D d, const lanes::V (&v)[4], float* out) {
 #endif
 }
 
-// out[r][c] = sum_k A[r][k] * B[c][k] for c < 4: whole vectors, then the tail through zero-padded
+// out[r][c] = sum_k A[r][k] * B[c][k] for c < C: whole vectors, then the tail through zero-padded
 // copies.
-template <int R, typename T>
+template <int R, int C, typename T>
 HWY_NOINLINE void DotF32(const T* a, int64_t lda, int64_t kc, const T* b, int64_t ldb, float* out,
                          int64_t ld_out, const stream::Lines& ahead) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
   stream::Ahead pf(ahead, kc / static_cast<int64_t>(N));
-  lanes::V s[R][4];
+  lanes::V s[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < 4; ++c) s[r][c] = hn::Zero(d);
+    for (int c = 0; c < C; ++c) s[r][c] = hn::Zero(d);
   auto step = [&](const T* const* ap, const T* const* bp, size_t i) {
-    lanes::V bv[4];
+    lanes::V bv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < 4; ++c) bv[c] = Load(d, bp[c], i);
+    for (int c = 0; c < C; ++c) bv[c] = Load(d, bp[c], i);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const lanes::V av = Load(d, ap[r], i);
 #pragma GCC unroll 8
-      for (int c = 0; c < 4; ++c) s[r][c] = hn::MulAdd(av, bv[c], s[r][c]);
+      for (int c = 0; c < C; ++c) s[r][c] = hn::MulAdd(av, bv[c], s[r][c]);
     }
   };
   const T* ap[R];
-  const T* bp[4];
+  const T* bp[C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) ap[r] = a + r * lda;
 #pragma GCC unroll 8
-  for (int c = 0; c < 4; ++c) bp[c] = b + c * ldb;
+  for (int c = 0; c < C; ++c) bp[c] = b + c * ldb;
   size_t i = 0;
   for (; i + N <= static_cast<size_t>(kc); i += N) {
     pf.step();
     step(ap, bp, i);
   }
   if (i < static_cast<size_t>(kc)) {
-    HWY_ALIGN T pad[R + 4][HWY_MAX_BYTES / sizeof(float)] = {};
+    HWY_ALIGN T pad[R + C][HWY_MAX_BYTES / sizeof(float)] = {};
     const size_t tail = static_cast<size_t>(kc) - i;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) std::memcpy(pad[r], ap[r] + i, tail * sizeof(T)), ap[r] = pad[r];
 #pragma GCC unroll 8
-    for (int c = 0; c < 4; ++c)
+    for (int c = 0; c < C; ++c)
       std::memcpy(pad[R + c], bp[c] + i, tail * sizeof(T)), bp[c] = pad[R + c];
     step(ap, bp, 0);
   }
+  if constexpr (C == 4) {
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) StoreSums4(d, s[r], out + r * ld_out);
+    for (int r = 0; r < R; ++r) StoreSums4(d, s[r], out + r * ld_out);
+  } else {
+    // The R x C sums in row-major order, 4 at a time, the last R C % 4 one by one.
+    constexpr int kSums = R * C;
+    float four[4];
+#pragma GCC unroll 8
+    for (int i = 0; i + 4 <= kSums; i += 4) {
+      const lanes::V v[4] = {s[i / C][i % C], s[(i + 1) / C][(i + 1) % C],
+                             s[(i + 2) / C][(i + 2) % C], s[(i + 3) / C][(i + 3) % C]};
+      StoreSums4(d, v, four);
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) out[(i + q) / C * ld_out + (i + q) % C] = four[q];
+    }
+#pragma GCC unroll 4
+    for (int i = kSums / 4 * 4; i < kSums; ++i)
+      out[i / C * ld_out + i % C] = SumLanes(d, s[i / C][i % C]);
+  }
 }
 
 // Runs kernel<R>(rows, ...) for rows in [1, kMax] with R = rows.
@@ -448,16 +475,25 @@ struct Axpy {
     }
   };
 };
-template <typename T>
+template <typename T, int C = 4>
 struct Dot {
   template <int R>
   struct K {
     template <typename... Args>
     static void Run(Args&&... args) {
-      DotF32<R, T>(std::forward<Args>(args)...);
+      DotF32<R, C, T>(std::forward<Args>(args)...);
     }
   };
 };
+// DotF32 in a shape DotShapeF32 gives, for rows <= shape.rows.
+template <typename T, typename... Args>
+void DotF32Shaped(stream::DotShape shape, int rows, Args&&... args) {
+  if constexpr (HWY_TARGET <= HWY_AVX3) {
+    if (shape.cols == 1) return WithRows<8, Dot<T, 1>::template K>(rows, args...);
+    if (shape.cols == 2) return WithRows<8, Dot<T, 2>::template K>(rows, args...);
+  }
+  WithRows<kF32DotRows, Dot<T>::template K>(rows, args...);
+}
 
 // C[r][0, cols) (+)= tile[r][0, cols) for r < rows, tile rows ld_tile apart.
 template <bool kOutBf16>
@@ -704,8 +740,7 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
 // ([rows][cols rounded up to 4]).
 template <bool kPairs, typename T, bool kOutBf16>
 void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
-  const stream::DotShape shape =
-      kPairs ? stream::dot_shape(it.rows) : stream::DotShape{kF32DotRows, 4};
+  const stream::DotShape shape = kPairs ? stream::dot_shape(it.rows) : DotShapeF32(it.rows);
   const stream::Chunks chunks(it.rows, shape.rows);
   const int64_t cols = shape.cols;
   const int64_t width = (it.cols + 3) / 4 * 4;
@@ -772,9 +807,8 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
               stream::dot_pairs(shape, rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0,
                                 g.b_s1, to, ld_to, ahead);
             } else {
-              WithRows<kF32DotRows, Dot<T>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc,
-                                                        b + at * g.b_s1 + k0, g.b_s1, to, ld_to,
-                                                        ahead);
+              DotF32Shaped<T>(shape, rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0,
+                              g.b_s1, to, ld_to, ahead);
             }
             if (spans == 1) continue;
             for (int r = 0; r < rows; ++r) {

@@ -57,14 +57,23 @@ int main(int argc, char** argv) {
   const int64_t m = T * k;
   // 64-byte aligned, as moekit bench's buffers (std::vector's 16-byte alignment puts every
   // weight row across cache lines and ran the input gradient 1.5x slower); OFFSET=b moves the
-  // weights b bytes off it.
+  // weights b bytes off it. DTYPE=f32: f32 operands (bf16 otherwise); the output the same.
+  const bool f32 = getenv("DTYPE") != nullptr && std::strcmp(getenv("DTYPE"), "f32") == 0;
+  const DType dt = f32 ? DType::kF32 : DType::kBF16;
+  const size_t es = f32 ? 4 : 2;
   const size_t offset = getenv("OFFSET") ? atoi(getenv("OFFSET")) : 0;
-  auto buffer = [](size_t elems) {
-    auto* p = static_cast<uint16_t*>(std::aligned_alloc(64, (elems * 2 + 127) / 64 * 64));
-    std::fill(p, p + elems + 32, uint16_t{0x3f80});
+  auto buffer = [&](size_t elems) {
+    auto* p = static_cast<char*>(std::aligned_alloc(64, (elems * es + 127) / 64 * 64));
+    for (size_t i = 0; i < elems + 32 / es; ++i) {
+      if (f32) {
+        reinterpret_cast<float*>(p)[i] = 1.0f;
+      } else {
+        reinterpret_cast<uint16_t*>(p)[i] = 0x3f80;
+      }
+    }
     return p;
   };
-  uint16_t *x = buffer(m * K), *y = buffer(m * n), *w = buffer(E * K * n) + offset / 2;
+  char *x = buffer(m * K), *y = buffer(m * n), *w = buffer(E * K * n) + offset;
   std::vector<uint64_t> buf((256u << 20) / 8, 1);
   RaggedDotOptions o;
   o.impl = RaggedDotImpl::kCpuStream;
@@ -73,17 +82,17 @@ int main(int argc, char** argv) {
   std::vector<double> bw;
   int64_t busy = 0;
   for (auto s : sizes) busy += s > 0;
-  const double bytes = double(busy) * K * n * 2, flops = 2.0 * m * K * n;
+  const double bytes = double(busy) * K * n * es, flops = 2.0 * m * K * n;
   for (int rep = 0; rep < reps + 1; ++rep) {
     const double rate = read_rate(buf);
     for (size_t i = 0; i < variants.size(); ++i) {
       moekit_ab_variant = variants[i];
       const double t = now();
-      const ConstTensorView rhs(w, DType::kBF16, {E, K, n});
-      const Status s = fwd ? ragged_dot(ConstTensorView(x, DType::kBF16, {m, K}), rhs, sizes,
-                                        TensorView(y, DType::kBF16, {m, n}), o)
-                           : ragged_dot_dlhs(ConstTensorView(y, DType::kBF16, {m, n}), rhs, sizes,
-                                             TensorView(x, DType::kBF16, {m, K}), o);
+      const ConstTensorView rhs(w, dt, {E, K, n});
+      const Status s = fwd ? ragged_dot(ConstTensorView(x, dt, {m, K}), rhs, sizes,
+                                        TensorView(y, dt, {m, n}), o)
+                           : ragged_dot_dlhs(ConstTensorView(y, dt, {m, n}), rhs, sizes,
+                                             TensorView(x, dt, {m, K}), o);
       if (!s.ok()) return std::printf("error: %s\n", s.message().c_str()), 1;
       if (rep > 0) ms[i].push_back((now() - t) * 1e3);  // rep 0 warms up
     }
