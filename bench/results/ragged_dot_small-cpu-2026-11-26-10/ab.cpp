@@ -89,10 +89,10 @@ int main(int argc, char** argv) {
       moekit_ab_variant = variants[i];
       const double t = now();
       const ConstTensorView rhs(w, dt, {E, K, n});
-      const Status s = fwd ? ragged_dot(ConstTensorView(x, dt, {m, K}), rhs, sizes,
-                                        TensorView(y, dt, {m, n}), o)
-                           : ragged_dot_dlhs(ConstTensorView(y, dt, {m, n}), rhs, sizes,
-                                             TensorView(x, dt, {m, K}), o);
+      const Status s =
+          fwd ? ragged_dot(ConstTensorView(x, dt, {m, K}), rhs, sizes, TensorView(y, dt, {m, n}), o)
+              : ragged_dot_dlhs(ConstTensorView(y, dt, {m, n}), rhs, sizes,
+                                TensorView(x, dt, {m, K}), o);
       if (!s.ok()) return std::printf("error: %s\n", s.message().c_str()), 1;
       if (rep > 0) ms[i].push_back((now() - t) * 1e3);  // rep 0 warms up
     }
