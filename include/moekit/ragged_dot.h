@@ -15,7 +15,10 @@
 // a CUDA graph).
 //
 // Dtypes: lhs and rhs both f32 or both bf16 (on CUDA also both f16); out f32 or the input dtype.
-// Products accumulate in f32 whatever the storage type.
+// Products accumulate in f32 whatever the storage type. Any alignment is taken; on the CPU,
+// buffers and row strides in whole 64-byte cache lines read fastest (the input gradient at 32 rows
+// a group ran 1.2x slower with the weights 16 bytes off: std::vector's alignment; JAX's buffers
+// are 64-byte aligned).
 //
 // Every call validates what the host can see before it writes anything. Errors name the argument
 // and its value: shapes or dtypes that do not match, a null pointer for a non-empty tensor, an

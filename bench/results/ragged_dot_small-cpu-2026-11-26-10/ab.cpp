@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> buf((256u << 20) / 8, 1);
   RaggedDotOptions o;
   o.impl = RaggedDotImpl::kCpuStream;
+  o.rhs_transposed = getenv("TRANSPOSED") != nullptr;  // weights [E, n, K]
   const int reps = getenv("REPS") ? atoi(getenv("REPS")) : 9;
   std::vector<std::vector<double>> ms(variants.size());
   std::vector<double> bw;
@@ -88,7 +89,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < variants.size(); ++i) {
       moekit_ab_variant = variants[i];
       const double t = now();
-      const ConstTensorView rhs(w, dt, {E, K, n});
+      const ConstTensorView rhs =
+          o.rhs_transposed ? ConstTensorView(w, dt, {E, n, K}) : ConstTensorView(w, dt, {E, K, n});
       const Status s =
           fwd ? ragged_dot(ConstTensorView(x, dt, {m, K}), rhs, sizes, TensorView(y, dt, {m, n}), o)
               : ragged_dot_dlhs(ConstTensorView(y, dt, {m, n}), rhs, sizes,
