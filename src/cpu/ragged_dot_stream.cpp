@@ -734,15 +734,15 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
 // The contraction goes in spans of about kSpanBytes per row (so that a chunk's span of rows stays
 // in L1, and the item's in L2, however long the rows); within a span, the weight rows go by
 // super-blocks of about kBlockBytes, each prefetched over the calls of the one before, each chunk
-// of rows over a super-block's weight rows `cols` at a time (the first chunk from memory, the
-// others from L2; stream::dot_shape says how many rows and weight rows, by the item's rows; the f32
-// kernels take kF32DotRows and 4). The kernels return `cols` sums per row, added into `out`
-// ([rows][cols rounded up to 4]).
+// of rows over a super-block's weight rows `per_call` at a time (the first chunk from memory, the
+// others from L2; stream::dot_shape and DotShapeF32 say how many rows and weight rows, by the
+// item's rows). The kernels return `per_call` sums per row, added into `out` ([rows][cols rounded
+// up to 4]).
 template <bool kPairs, typename T, bool kOutBf16>
 void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const stream::DotShape shape = kPairs ? stream::dot_shape(it.rows) : DotShapeF32(it.rows);
   const stream::Chunks chunks(it.rows, shape.rows);
-  const int64_t cols = shape.cols;
+  const int64_t per_call = shape.cols;  // weight rows (output columns) per kernel call
   const int64_t width = (it.cols + 3) / 4 * 4;
   float* out = ThreadBuffer(static_cast<size_t>(it.rows * width));
   const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
@@ -789,20 +789,20 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                                    : next_item != nullptr
                                        ? region(weights(*next_item), next_item->cols, 0, 0)
                                        : stream::Lines{};
-        const int64_t calls = chunks.count * ((s1 - s0 + cols - 1) / cols);
+        const int64_t calls = chunks.count * ((s1 - s0 + per_call - 1) / per_call);
         int64_t call = 0;
         for (int64_t ci = 0; ci < chunks.count; ++ci) {
           const int64_t r0 = chunks.begin(ci);
           const int rows = chunks.size(ci);
-          for (int64_t c0 = s0; c0 < s1; c0 += cols, ++call) {
-            // A last block of fewer than `cols` weight rows moves back over columns already
+          for (int64_t c0 = s0; c0 < s1; c0 += per_call, ++call) {
+            // A last block of fewer than `per_call` weight rows moves back over columns already
             // summed: of its sums only the new columns' are added.
-            const int64_t at = std::min(c0, it.cols - cols);
+            const int64_t at = std::min(c0, it.cols - per_call);
             const stream::Lines ahead = stream::part(next, call, calls);
             // One span: the sums go straight into `out` (a moved-back block writes its old
             // columns' values again); several: through `sums`, added.
             float* to = spans == 1 ? out + r0 * width + at : sums;
-            const int64_t ld_to = spans == 1 ? width : cols;
+            const int64_t ld_to = spans == 1 ? width : per_call;
             if constexpr (kPairs) {
               stream::dot_pairs(shape, rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0,
                                 g.b_s1, to, ld_to, ahead);
@@ -813,7 +813,7 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
             if (spans == 1) continue;
             for (int r = 0; r < rows; ++r) {
               float* o = out + (r0 + r) * width;
-              for (int64_t c = c0; c < at + cols; ++c) o[c] += sums[r * cols + (c - at)];
+              for (int64_t c = c0; c < at + per_call; ++c) o[c] += sums[r * per_call + (c - at)];
             }
           }
         }
