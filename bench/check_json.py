@@ -1,8 +1,10 @@
 """Checks the JSON that `moekit bench OP ... --json` prints on stdin.
 
-Usage: bench/check_json.py OP COUNT [invariant] [floor]
+Usage: bench/check_json.py OP COUNT [invariant] [floor] [subset]
 (invariant: each case must carry the --invariant keys too; floor: each ragged_dot case, and each
-layer forward, its floor on the CPU: issue 35)
+layer forward, its floor on the CPU: issue 35; subset: each layer case ran a subset of the
+preset's experts at fewer tokens than it stands for, as --mem-limit-gib makes it; without it, the
+tokens it stands for are its own)
 """
 import json
 import sys
@@ -31,8 +33,8 @@ REQUIRED = {
 def main() -> int:
     op, count = sys.argv[1], int(sys.argv[2])
     flags = set(sys.argv[3:])
-    assert flags <= {"invariant", "floor"}, f"unknown flags {sorted(flags)}"
-    invariant, floor = "invariant" in flags, "floor" in flags
+    assert flags <= {"invariant", "floor", "subset"}, f"unknown flags {sorted(flags)}"
+    invariant, floor, subset = "invariant" in flags, "floor" in flags, "subset" in flags
     keys, passes, rate, ops = REQUIRED[op]
     cases = json.load(sys.stdin)
     assert isinstance(cases, list), f"expected a JSON array, got {type(cases).__name__}"
@@ -49,6 +51,12 @@ def main() -> int:
             assert c["ran"] not in ("auto", "unknown"), c
         if op in ("router", "permute") and c["device"] == "cpu":  # the CPU also times a read
             assert c["read_gbps"] > 0, c
+        if op == "layer" and ("experts" in c or subset):  # bench layer (not --ep): the experts
+            assert c["experts"] > 0, c                      # run, the tokens the case stands for
+            if subset:
+                assert 1 <= c["tokens"] < c["stands_for_tokens"], c
+            else:
+                assert c["tokens"] == c["stands_for_tokens"], c
         if c["op"] in ("dispatch", "combine"):
             assert c["ratio_to_alltoallv"] > 0, c
         if invariant:  # --invariant: the batch-invariant mode's time and rate beside it

@@ -30,6 +30,9 @@ using Options = LayerOptions;
 struct Result {
   std::string preset;
   int64_t tokens = 0, rows = 0;
+  // Where the preset's weights do not fit --mem-limit-gib: the experts run (a subset, fewer tokens
+  // in proportion) and the token count they stand for; else the preset's E and `tokens`.
+  int64_t experts = 0, stands_for = 0;
   Timing fwd, bwd, dense_up, dense_down;
   Timing fwd_inv, bwd_inv;  // with --invariant: the batch-invariant mode's, in the same loop
   std::array<double, kMoeSteps> fwd_steps{}, bwd_steps{};          // medians, ms
@@ -60,25 +63,33 @@ struct Result {
   }
 };
 
-// Runs one preset at T tokens on dev; returns false (with the reason) when it does not fit.
-bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
-             std::string& skipped) {
+// The bytes a run of preset p at T tokens holds: the weights and their gradients, the
+// activations, the layer's workspaces, the dense references' buffers and (CPU) the floor's read
+// probe and dense matmul of kPeakRows rows.
+constexpr int64_t kPeakRows = 4096;
+double run_bytes(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DType dt) {
   std::vector<float> bias;
-  MoeLayerConfig cfg = preset_config(p, o, bias);
+  const MoeLayerConfig cfg = preset_config(p, o, bias);
   const size_t es = dtype_size(dt);
   const int64_t H = p.H, F = p.F, E = p.E, W = 2 * F, Fs = cfg.shared_ffn;
   const int64_t N = moe_layer_rows(cfg, T);
   const MoeLayerWorkspace ws = moe_layer_workspace(cfg, T, dt, dev.device());
   const double weights = static_cast<double>(H * E + E * H * W + E * F * H + H * 2 * Fs + Fs * H);
-  const double bytes = 2 * weights * es + 4.0 * T * H * es + ws.saved_bytes + ws.forward_bytes +
-                       ws.backward_bytes + static_cast<double>(N * (H + W + F + H) * es);
-  if (bytes > o.mem_limit_gib * kGiB) {
-    skipped = fmt::format(
-        "{}: needs {:.1f} GiB at {} tokens (weights and their gradients {:.1f} "
-        "GiB), over --mem-limit-gib {}",
-        p.name, bytes / kGiB, T, 2 * weights * es / kGiB, o.mem_limit_gib);
-    return false;
-  }
+  const double floor_bytes =
+      dev.has_read() ? static_cast<double>(read_probe_bytes() + kPeakRows * (H + W) * es) : 0.0;
+  return 2 * weights * es + 4.0 * T * H * es + ws.saved_bytes + ws.forward_bytes +
+         ws.backward_bytes + static_cast<double>(N * (H + W + F + H) * es) + floor_bytes;
+}
+
+// Runs preset p at T tokens on dev (which its buffers fit).
+void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DType dt,
+                Result& r) {
+  std::vector<float> bias;
+  MoeLayerConfig cfg = preset_config(p, o, bias);
+  const size_t es = dtype_size(dt);
+  const int64_t H = p.H, F = p.F, E = p.E, W = 2 * F, Fs = cfg.shared_ffn;
+  const MoeLayerWorkspace ws = moe_layer_workspace(cfg, T, dt, dev.device());
+  const double bytes = run_bytes(dev, p, T, o, dt);
 
   const Mem bias_mem = place_expert_bias(dev, cfg.route);
   Mem x = dev.alloc(T * H * es), out = dev.alloc(T * H * es), d_out = dev.alloc(T * H * es),
@@ -188,7 +199,6 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
                                   down = dev.dense(dt, dt, rows, F, H);
   // The floor's rates (CPU): a read of a buffer far larger than the caches, and a dense matmul
   // large enough to be compute-bound.
-  constexpr int64_t kPeakRows = 4096;
   Mem probe, a_peak, c_peak;
   std::unique_ptr<DenseRef> peak;
   if (dev.has_read()) {
@@ -223,7 +233,8 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
       backward_with(cfg, &bwd_prof);
     }
   }
-  r.preset = p.name, r.tokens = T, r.rows = rows;
+  r.preset = p.name, r.tokens = T, r.rows = rows, r.experts = E;
+  if (r.stands_for == 0) r.stands_for = T;
   r.fwd = t[0], r.bwd = t[1], r.dense_up = t[2], r.dense_down = t[3];
   if (o.invariant) r.fwd_inv = t[4], r.bwd_inv = t[5];
   // Each step's median over the timed runs (the warm-up ones dropped).
@@ -251,13 +262,50 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   r.dense_tflops = r.gmm_flops_fwd / ((r.dense_up.median_ms + r.dense_down.median_ms) * 1e9);
   r.dense_ms_fwd = r.dense_up.median_ms + r.dense_down.median_ms;
   r.dense_impl = up->impl();
+}
+
+// Runs one preset at T tokens on dev; where its buffers would pass --mem-limit-gib, a stated
+// subset of its experts (a multiple of its expert groups, at least k) at the tokens that give each
+// expert the same routed rows, T E' / E (at least 1; every touched expert then has about as many
+// rows as in the whole preset, and as few experts' weights are read per token); returns false
+// (with the reason) when not even that fits.
+bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
+             std::string& skipped, std::string& note) {
+  const double limit = o.mem_limit_gib * kGiB;
+  const double bytes = run_bytes(dev, p, T, o, dt);
+  Preset q = p;
+  int64_t t = T;
+  if (bytes > limit) {
+    const int64_t step = std::max<int64_t>(p.num_groups, 1);
+    auto tokens_for = [&](int64_t e) { return std::max<int64_t>(1, T * e / p.E); };
+    for (q.E = p.E - step; q.E >= std::max(p.k, step); q.E -= step) {
+      if (run_bytes(dev, q, tokens_for(q.E), o, dt) <= limit) break;
+    }
+    if (q.E < std::max(p.k, step)) {
+      skipped = fmt::format(
+          "{}: needs {:.1f} GiB at {} tokens, over --mem-limit-gib {}, and so "
+          "does every subset of its experts",
+          p.name, bytes / kGiB, T, o.mem_limit_gib);
+      return false;
+    }
+    t = tokens_for(q.E);
+    note = fmt::format(
+        "note: {} at {} tokens needs {:.1f} GiB (> --mem-limit-gib {}); running {} of its {} "
+        "experts at {} tokens, the same routed rows per expert",
+        p.name, T, bytes / kGiB, o.mem_limit_gib, q.E, p.E, t);
+    r.stands_for = T;
+  }
+  run_fitted(dev, q, t, o, dt, r);
   return true;
 }
 
 void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool invariant) {
-  fmt::print(f, "\n{}  T={}  {}  routed rows N={}  H={} F={} E={} k={}{}\n", r.preset, r.tokens,
-             dtype_name(dt), r.rows, p.H, p.F, p.E, p.k,
-             p.shared_experts ? fmt::format(", {} shared", p.shared_experts) : "");
+  fmt::print(f, "\n{}  T={}  {}  routed rows N={}  H={} F={} E={} k={}{}{}\n", r.preset, r.tokens,
+             dtype_name(dt), r.rows, p.H, p.F, r.experts, p.k,
+             p.shared_experts ? fmt::format(", {} shared", p.shared_experts) : "",
+             r.experts != p.E
+                 ? fmt::format("  ({} of its {} experts, for T={})", r.experts, p.E, r.stands_for)
+                 : "");
   fmt::print(f, "{:<12} {:>9} {:>6} {:>12}   {:>9} {:>6} {:>12}{}\n", "step", "fwd ms", "share",
              "fwd rate", "bwd ms", "share", "bwd rate",
              invariant ? fmt::format("   {:>9} {:>9}", "inv fwd", "inv bwd") : "");
@@ -328,6 +376,8 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
                    {"pass", backward ? "bwd" : "fwd"},
                    {"preset", r.preset},
                    {"tokens", r.tokens},
+                   {"experts", r.experts},
+                   {"stands_for_tokens", r.stands_for},
                    {"device", o.device},
                    {"rows", r.rows},
                    {"dtype", std::string(dtype_name(dt))},
@@ -382,8 +432,9 @@ int run(const Options& o) {
     for (int64_t T : o.tokens) {
       progress.step(fmt::format("{} T={}: forward, backward, dense (interleaved)", p->name, T));
       Result r;
-      std::string why;
-      if (run_one(*dev, *p, T, o, dt, r, why)) {
+      std::string why, note;
+      if (run_one(*dev, *p, T, o, dt, r, why, note)) {
+        if (!note.empty()) fmt::print(text, "{}\n", note);
         results.push_back(r);
       } else {
         skipped.push_back(why);
@@ -399,7 +450,10 @@ int run(const Options& o) {
     std::vector<std::string> labels;
     std::vector<double> ratio;
     for (const Result& r : results) {
-      labels.push_back(fmt::format("{} T={}", r.preset, r.tokens));
+      labels.push_back(fmt::format("{} T={}{}", r.preset, r.tokens,
+                                   r.experts != find_preset(r.preset)->E
+                                       ? fmt::format(" (E={}, for T={})", r.experts, r.stands_for)
+                                       : ""));
       ratio.push_back(100 * r.ratio());
     }
     fmt::print(text, "\nforward+backward against the dense rate (higher is better)\n{}",
@@ -462,8 +516,9 @@ void register_bench_layer(CLI::App& bench) {
   opts->dtype = "bf16";
   opts->warmup = 1;
   opts->reps = 3;
-  add_bench_options(*cmd, *opts, "Activation and weight dtype: bf16 | f32",
-                    "Skip a preset whose buffers would exceed this");
+  add_bench_options(
+      *cmd, *opts, "Activation and weight dtype: bf16 | f32",
+      "Run a stated subset of a preset's experts where its buffers would exceed this");
   add_device_option(*cmd, opts->device);
   cmd->add_option("--capacity-factor", opts->capacity_factor,
                   "Drop tokens past this capacity factor (0: dropless)")
