@@ -96,17 +96,25 @@ struct RaggedDotProblem {
 using Options = RaggedDotBenchOptions;
 using Row = RaggedDotRow;
 
+// `floor_rates`: the buffers of the floor's rates are held beside the call's (CPU: a read probe
+// and a dense matmul of kPeakRows rows, measure_rates).
 RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, DType out,
-                                    const RaggedDotBenchOptions& o, std::FILE* text) {
+                                    const RaggedDotBenchOptions& o, bool floor_rates,
+                                    std::FILE* text) {
   // Fit the weights (and their gradient) in memory: otherwise a stated subset of experts, with
   // the same rows per expert.
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
   const int64_t K = p.H, n = p.F;
   int64_t E = p.E, m = tokens * p.k;
   const bool drhs = std::find(o.passes.begin(), o.passes.end(), "drhs") != o.passes.end();
+  const int64_t wide = std::max(K, n);
+  const double rates_bytes =
+      floor_rates ? static_cast<double>(read_probe_bytes() + in_es * kPeakRows * (wide + n) +
+                                        out_es * std::max(kPeakRows * wide, K * n))
+                  : 0.0;
   auto bytes = [&](int64_t e, int64_t mm) {
-    return static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
-                               out_es * (mm * n + mm * K + (drhs ? e * K * n : 0)));
+    return rates_bytes + static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
+                                             out_es * (mm * n + mm * K + (drhs ? e * K * n : 0)));
   };
   const double limit = o.mem_limit_gib * (1ull << 30);
   if (bytes(E, m) > limit) {
@@ -300,7 +308,7 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
   Mem probe;  // the read rate's buffer, allocated once the first problem is known to fit
 
   for (int64_t T : o.tokens) {
-    const RaggedDotProblem pr = ragged_dot_problem(p, T, in, out, o, text);
+    const RaggedDotProblem pr = ragged_dot_problem(p, T, in, out, o, dev.has_read(), text);
     if (dev.has_read() && probe.data() == nullptr) {
       probe = dev.alloc(read_probe_bytes());
       dev.fill(probe.data(), DType::kF32, static_cast<int64_t>(probe.bytes() / 4), o.seed + 6);
