@@ -276,12 +276,20 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   Preset q = p;
   int64_t t = T;
   if (bytes > limit) {
+    // Fewer experts, in whole groups, while the router can still choose k of them (with groups:
+    // each kept group's k / group_topk best, group_topk groups).
     const int64_t step = std::max<int64_t>(p.num_groups, 1);
+    auto routable = [&](int64_t e) {
+      if (e < p.k) return false;
+      if (p.num_groups == 0) return true;
+      const int64_t per_group = e / p.num_groups;
+      return per_group >= p.k / p.group_topk && per_group * p.group_topk >= p.k;
+    };
     auto tokens_for = [&](int64_t e) { return std::max<int64_t>(1, T * e / p.E); };
-    for (q.E = p.E - step; q.E >= std::max(p.k, step); q.E -= step) {
+    for (q.E = p.E - step; routable(q.E); q.E -= step) {
       if (run_bytes(dev, q, tokens_for(q.E), o, dt) <= limit) break;
     }
-    if (q.E < std::max(p.k, step)) {
+    if (!routable(q.E)) {
       skipped = fmt::format(
           "{}: needs {:.1f} GiB at {} tokens, over --mem-limit-gib {}, and so "
           "does every subset of its experts",
