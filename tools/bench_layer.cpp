@@ -265,9 +265,9 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
 }
 
 // Runs one preset at T tokens on dev; where its buffers would pass --mem-limit-gib, a stated
-// subset of its experts (a multiple of its expert groups, at least k) at the tokens that give each
-// expert the same routed rows, T E' / E (at least 1; every touched expert then has about as many
-// rows as in the whole preset, and as few experts' weights are read per token); returns false
+// subset of its experts (whole groups, as many as fit and the router can choose from) at the
+// tokens that give each expert about the same routed rows, T E' / E (at least 1, so that at a few
+// tokens each touched expert still has about as many rows as in the whole preset); returns false
 // (with the reason) when not even that fits.
 bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DType dt, Result& r,
              std::string& skipped, std::string& note) {
@@ -299,8 +299,9 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
     t = tokens_for(q.E);
     note = fmt::format(
         "note: {} at {} tokens needs {:.1f} GiB (> --mem-limit-gib {}); running {} of its {} "
-        "experts at {} tokens, the same routed rows per expert",
-        p.name, T, bytes / kGiB, o.mem_limit_gib, q.E, p.E, t);
+        "experts at {} tokens: {:.2f} routed rows per expert (the whole preset's: {:.2f})",
+        p.name, T, bytes / kGiB, o.mem_limit_gib, q.E, p.E, t, static_cast<double>(t * p.k) / q.E,
+        static_cast<double>(T * p.k) / p.E);
     r.stands_for = T;
   }
   run_fitted(dev, q, t, o, dt, r);
