@@ -552,30 +552,39 @@ TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
 // The dot-product kernels' shapes (the input gradient against [K, n] weights). bf16 pairs: up to 8
 // rows one chunk against 1 weight row, up to 16 two chunks against 2, more chunks of 6 against 4;
 // f32 on AVX-512: up to 4 rows against 1, up to 8 against 2, more chunks of 6 against 4. Groups at
-// each edge (4, 5, 8, 9, 16, 17 rows), one row, an empty group; 131 outputs (the last call of 2
-// and of 4 weight rows moves back over summed columns); a contraction of 700 (one span) and of
-// 2101 (two spans, their sums added, where a group has more than one chunk). Against the reference
-// within f32 accumulation error.
+// each edge (4, 5, 8, 9, 16, 17 rows), one row, an empty group; one group holding every row (13:
+// two chunks); a shard (group_offset 1, 2 local groups of 9 and 16 rows, rows outside them before
+// and after); 131 outputs (the last call of 2 and of 4 weight rows moves back over summed
+// columns); a contraction of 700 (one span) and of 2101 (two spans, their sums added, where a group
+// has more than one chunk). Against the reference within f32 accumulation error.
 TEST(RaggedDotStream, DotShapesAgainstTheReference) {
-  const int64_t K = 131, G = 8;
-  const std::vector<int32_t> sizes{8, 9, 0, 16, 17, 1, 4, 5};
-  const int64_t m = 60;
+  struct Problem {
+    std::vector<int32_t> sizes;
+    int32_t offset;
+    int64_t local, m;
+  };
+  const std::vector<Problem> problems{
+      {{8, 9, 0, 16, 17, 1, 4, 5}, 0, 8, 60}, {{13}, 0, 1, 13}, {{3, 9, 16, 0}, 1, 2, 30}};
+  const int64_t K = 131;
   std::mt19937 rng(12);
-  for (DType dtype : {DType::kBF16, DType::kF32}) {
-    for (const int64_t kc : {700, 2101}) {
-      SCOPED_TRACE(fmt::format("{}, contraction {}", dtype_name(dtype), kc));
-      HostTensor d_out(dtype, {m, kc}), w(dtype, {G, K, kc});
-      d_out.fill_random(rng);
-      w.fill_random(rng);
-      auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-        RaggedDotOptions o;
-        o.impl = impl;
-        HostTensor out(DType::kF32, {m, K});
-        const Status st = ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o);
-        EXPECT_TRUE(st.ok()) << st.message();
-        return out;
-      };
-      StreamChecker(run, d_out, w, kc)(run(d_out, w, RaggedDotImpl::kCpuStream));
+  for (const Problem& p : problems) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      for (const int64_t kc : {700, 2101}) {
+        SCOPED_TRACE(fmt::format("{} rows in groups of {}, offset {}; {}, contraction {}", p.m,
+                                 fmt::join(p.sizes, "/"), p.offset, dtype_name(dtype), kc));
+        HostTensor d_out(dtype, {p.m, kc}), w(dtype, {p.local, K, kc});
+        d_out.fill_random(rng);
+        w.fill_random(rng);
+        auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+          RaggedDotOptions o;
+          o.impl = impl;
+          HostTensor out(DType::kF32, {p.m, K});
+          const Status st = ragged_dot_dlhs(x.in(), y.in(), {p.sizes, p.offset}, out.mut(), o);
+          EXPECT_TRUE(st.ok()) << st.message();
+          return out;
+        };
+        StreamChecker(run, d_out, w, kc)(run(d_out, w, RaggedDotImpl::kCpuStream));
+      }
     }
   }
 }
