@@ -96,8 +96,19 @@ struct RaggedDotProblem {
 using Options = RaggedDotBenchOptions;
 using Row = RaggedDotRow;
 
+// The elements of measure_rates' three buffers (the dense matmuls' A, B and C, kPeakRows rows)
+// for contraction K and output width n: A [M, max(K, n)] and B [M, n] of the input dtype, C of
+// the output's, large enough for every pass's product.
+struct RatesBuffers {
+  int64_t a, b, c;
+};
+RatesBuffers rates_buffers(int64_t K, int64_t n) {
+  const int64_t M = kPeakRows, wide = std::max(K, n);
+  return {M * wide, M * n, std::max(M * wide, K * n)};
+}
+
 // `floor_rates`: the buffers of the floor's rates are held beside the call's (CPU: a read probe
-// and a dense matmul of kPeakRows rows, measure_rates).
+// and the dense matmuls of rates_buffers).
 RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, DType out,
                                     const RaggedDotBenchOptions& o, bool floor_rates,
                                     std::FILE* text) {
@@ -107,10 +118,9 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
   const int64_t K = p.H, n = p.F;
   int64_t E = p.E, m = tokens * p.k;
   const bool drhs = std::find(o.passes.begin(), o.passes.end(), "drhs") != o.passes.end();
-  const int64_t wide = std::max(K, n);
+  const RatesBuffers rb = rates_buffers(K, n);
   const double rates_bytes =
-      floor_rates ? static_cast<double>(read_probe_bytes() + in_es * kPeakRows * (wide + n) +
-                                        out_es * std::max(kPeakRows * wide, K * n))
+      floor_rates ? static_cast<double>(read_probe_bytes() + in_es * (rb.a + rb.b) + out_es * rb.c)
                   : 0.0;
   auto bytes = [&](int64_t e, int64_t mm) {
     return rates_bytes + static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
@@ -273,10 +283,10 @@ Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& 
   Rates r;
   const int64_t M = kPeakRows, K = pr.K, n = pr.n;
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
-  Mem a = dev.alloc(M * std::max(K, n) * in_es), b = dev.alloc(M * n * in_es),
-      c = dev.alloc(std::max(M * std::max(K, n), K * n) * out_es);
-  dev.fill(a.data(), in, M * std::max(K, n), o.seed + 4);
-  dev.fill(b.data(), in, M * n, o.seed + 5);
+  const RatesBuffers rb = rates_buffers(K, n);
+  Mem a = dev.alloc(rb.a * in_es), b = dev.alloc(rb.b * in_es), c = dev.alloc(rb.c * out_es);
+  dev.fill(a.data(), in, rb.a, o.seed + 4);
+  dev.fill(b.data(), in, rb.b, o.seed + 5);
   std::vector<std::unique_ptr<DenseRef>> dense;
   std::vector<std::function<void()>> fns{[&] { dev.read(probe.data(), probe.bytes()); }};
   for (const std::string& pass : o.passes) {
