@@ -81,15 +81,14 @@ double run_bytes(BenchDevice& dev, const Preset& p, int64_t T, const Options& o,
          ws.backward_bytes + static_cast<double>(N * (H + W + F + H) * es) + floor_bytes;
 }
 
-// Runs preset p at T tokens on dev (which its buffers fit).
+// Runs preset p at T tokens on dev, whose buffers (`bytes`, run_bytes) fit.
 void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DType dt,
-                Result& r) {
+                double bytes, Result& r) {
   std::vector<float> bias;
   MoeLayerConfig cfg = preset_config(p, o, bias);
   const size_t es = dtype_size(dt);
   const int64_t H = p.H, F = p.F, E = p.E, W = 2 * F, Fs = cfg.shared_ffn;
   const MoeLayerWorkspace ws = moe_layer_workspace(cfg, T, dt, dev.device());
-  const double bytes = run_bytes(dev, p, T, o, dt);
 
   const Mem bias_mem = place_expert_bias(dev, cfg.route);
   Mem x = dev.alloc(T * H * es), out = dev.alloc(T * H * es), d_out = dev.alloc(T * H * es),
@@ -275,6 +274,7 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
   const double bytes = run_bytes(dev, p, T, o, dt);
   Preset q = p;
   int64_t t = T;
+  double fitted = bytes;
   if (bytes > limit) {
     // Fewer experts, in whole groups, while the router can still choose k of them (with groups:
     // each kept group's k / group_topk best, group_topk groups).
@@ -287,7 +287,8 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
     };
     auto tokens_for = [&](int64_t e) { return std::max<int64_t>(1, T * e / p.E); };
     for (q.E = p.E - step; routable(q.E); q.E -= step) {
-      if (run_bytes(dev, q, tokens_for(q.E), o, dt) <= limit) break;
+      fitted = run_bytes(dev, q, tokens_for(q.E), o, dt);
+      if (fitted <= limit) break;
     }
     if (!routable(q.E)) {
       skipped = fmt::format(
@@ -304,7 +305,7 @@ bool run_one(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, DTy
         static_cast<double>(T * p.k) / p.E);
     r.stands_for = T;
   }
-  run_fitted(dev, q, t, o, dt, r);
+  run_fitted(dev, q, t, o, dt, fitted, r);
   return true;
 }
 
