@@ -81,6 +81,15 @@ TEST(CudaScheduleRules, RowsGoToCooperative256OnLongGroupsOrLongContractions) {
 // --- The calls as these tests make them -----------------------------------------------------
 
 // Groups whose sizes (and offset, where `device_offset` is set) live on the device.
+// The current device's compute capability, major * 10 + minor.
+int current_arch() {
+  int device = 0;
+  expect_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  expect_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  return prop.major * 10 + prop.minor;
+}
+
 RaggedDotGroups device_groups(const int32_t* sizes, int64_t count, const int32_t* device_offset,
                               int32_t host_offset = 0) {
   RaggedDotGroups g(std::span<const int32_t>(sizes, static_cast<size_t>(count)), host_offset);
@@ -577,11 +586,7 @@ TEST(RaggedDotCudaWorkspace, TooSmallOrMisalignedIsRefusedBeforeAnyLaunch) {
 // refused implementation, so this is where a wrongful refusal fails.
 TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
   MOEKIT_REQUIRE_GPU();
-  int device = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  const int arch = prop.major * 10 + prop.minor;
+  const int arch = current_arch();
   const int64_t m = 96, e_loc = 3;
   const std::vector<int32_t> host_sizes = {40, 0, 56};
   DeviceTensor sizes(host_sizes.size() * sizeof(int32_t));
@@ -648,11 +653,7 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
 // whatever takes the call, the same results.
 TEST(RaggedDotCudaDispatch, LongGroupsRunOnCooperative256) {
   MOEKIT_REQUIRE_GPU();
-  int device = 0;
-  CUDA_OK(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  CUDA_OK(cudaGetDeviceProperties(&prop, device));
-  const bool sm90 = MOEKIT_CUDA_SM90 && prop.major * 10 + prop.minor == 90;
+  const bool sm90 = MOEKIT_CUDA_SM90 && current_arch() == 90;
   const int64_t G = 16, m = 1024 * G, K = 64, n = 72;
   const std::vector<int32_t> host_sizes(G, 1024);
   DeviceTensor sizes(host_sizes.size() * sizeof(int32_t));
