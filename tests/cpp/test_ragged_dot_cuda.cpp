@@ -81,15 +81,6 @@ TEST(CudaScheduleRules, RowsGoToCooperative256OnLongGroupsOrLongContractions) {
 // --- The calls as these tests make them -----------------------------------------------------
 
 // Groups whose sizes (and offset, where `device_offset` is set) live on the device.
-// The current device's compute capability, major * 10 + minor.
-int current_arch() {
-  int device = 0;
-  expect_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  cudaDeviceProp prop{};
-  expect_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  return prop.major * 10 + prop.minor;
-}
-
 RaggedDotGroups device_groups(const int32_t* sizes, int64_t count, const int32_t* device_offset,
                               int32_t host_offset = 0) {
   RaggedDotGroups g(std::span<const int32_t>(sizes, static_cast<size_t>(count)), host_offset);
@@ -183,6 +174,15 @@ TEST(CudaBadInput, BuiltWithoutCudaSaysSo) {
 #if MOEKIT_HAS_CUDA
 
 // --- On the GPU ---------------------------------------------------------------------------------
+
+// The current device's compute capability, major * 10 + minor.
+int current_arch() {
+  int device = 0;
+  expect_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  expect_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  return prop.major * 10 + prop.minor;
+}
 
 struct GpuCase {
   int64_t m, K, n;
