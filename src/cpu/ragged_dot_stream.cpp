@@ -291,6 +291,15 @@ using stream::Item;
 
 // Rows per chunk of the f32 kernels: their sums fill at most 24 of the registers (16 on AVX2).
 constexpr int kF32Rows = HWY_TARGET <= HWY_AVX3 ? 6 : 3;
+// The f32 axpy kernel's rows per chunk, with several chunks (the output-contiguous form): kF32Rows
+// on panels of 4 vectors, or, on AVX2 with bf16 weights, 2 kF32Rows on two panels of 2 vectors side
+// by side. There bf16 weights take a register each for their widened vectors, so 3 rows' 12 sums
+// spilled one (its FMA then waited on a store and a load every step): in L1 (by hand, AMD EPYC
+// family 23 model 49, one core) 3 rows x 4 vectors ran at 46 GFLOP/s, 4-6 rows x 2 vectors at 104
+// (the peak ~107); f32 weights, read by the FMAs from memory, 3 x 4 at 107. (One chunk of 3 rows
+// stays on 4 vectors: on 2, qwen3-30b-a3b's forward at 32-48 tokens ran 1.15x slower.)
+template <typename TB>
+constexpr bool kF32NarrowChunks = HWY_TARGET > HWY_AVX3&& std::is_same_v<TB, uint16_t>;
 constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 6 : 2;
 // The f32 dot products' shape (stream::dot_shape says why the fewest chunks): on AVX-512, up to 4
 // rows one chunk against 1 weight row, up to 8 one against 2, more chunks of kF32DotRows against 4;
@@ -383,6 +392,42 @@ HWY_INLINE void StoreSums4(lanes::D d, const lanes::V (&v)[4], float* out) {
 #endif
 }
 
+// out[r][c] = the lane sum of s[r][c], rows ld_out apart: 4 at a time (in row-major order), the
+// last R C % 4 one by one.
+template <int R, int C>
+HWY_INLINE void StoreDotSums(lanes::D d, const lanes::V (&s)[R][C], float* out, int64_t ld_out) {
+  if constexpr (C == 4) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) StoreSums4(d, s[r], out + r * ld_out);
+  } else {
+    constexpr int kSums = R * C;
+    float four[4];
+#pragma GCC unroll 8
+    for (int i = 0; i + 4 <= kSums; i += 4) {
+      const lanes::V v[4] = {s[i / C][i % C], s[(i + 1) / C][(i + 1) % C],
+                             s[(i + 2) / C][(i + 2) % C], s[(i + 3) / C][(i + 3) % C]};
+      StoreSums4(d, v, four);
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) out[(i + q) / C * ld_out + (i + q) % C] = four[q];
+    }
+#pragma GCC unroll 4
+    for (int i = kSums / 4 * 4; i < kSums; ++i)
+      out[i / C * ld_out + i % C] = SumLanes(d, s[i / C][i % C]);
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// The 2N bf16 at p as f32: the even-indexed ones (each 32-bit lane's low half, shifted up) and
+// the odd-indexed ones (its high half, masked).
+HWY_INLINE void SplitBf16(const uint16_t* p, lanes::V& even, lanes::V& odd) {
+  const lanes::D d;
+  const lanes::DU du;
+  const auto x = hn::BitCast(du, hn::LoadU(hn::Repartition<uint16_t, lanes::D>(), p));
+  even = hn::BitCast(d, hn::ShiftLeft<16>(x));
+  odd = hn::BitCast(d, hn::And(x, hn::Set(du, 0xFFFF0000u)));
+}
+#endif
+
 // out[r][c] = sum_k A[r][k] * B[c][k] for c < C: whole vectors, then the tail through zero-padded
 // copies.
 template <int R, int C, typename T>
@@ -428,26 +473,57 @@ HWY_NOINLINE void DotF32(const T* a, int64_t lda, int64_t kc, const T* b, int64_
       std::memcpy(pad[R + c], bp[c] + i, tail * sizeof(T)), bp[c] = pad[R + c];
     step(ap, bp, 0);
   }
-  if constexpr (C == 4) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) StoreSums4(d, s[r], out + r * ld_out);
-  } else {
-    // The R x C sums in row-major order, 4 at a time, the last R C % 4 one by one.
-    constexpr int kSums = R * C;
-    float four[4];
-#pragma GCC unroll 8
-    for (int i = 0; i + 4 <= kSums; i += 4) {
-      const lanes::V v[4] = {s[i / C][i % C], s[(i + 1) / C][(i + 1) % C],
-                             s[(i + 2) / C][(i + 2) % C], s[(i + 3) / C][(i + 3) % C]};
-      StoreSums4(d, v, four);
-#pragma GCC unroll 4
-      for (int q = 0; q < 4; ++q) out[(i + q) / C * ld_out + (i + q) % C] = four[q];
-    }
-#pragma GCC unroll 4
-    for (int i = kSums / 4 * 4; i < kSums; ++i)
-      out[i / C * ld_out + i % C] = SumLanes(d, s[i / C][i % C]);
-  }
+  StoreDotSums<R, C>(d, s, out, ld_out);
 }
+
+#if HWY_TARGET != HWY_SCALAR
+// DotF32 on bf16 weights, 2N elements a step: out[r][c] = sum_k A[r][k] B[c][k] for c < C, A's
+// rows f32 in SplitRows' order (so the FMAs read them from memory), B's 2N elements split into
+// their even and odd ones by a shift and a mask. Widening B's N elements at a time took 2 shuffles
+// and 2 shifts per 2N; with A's rows widened the same way in the kernel, the FMAs ran at 47
+// GFLOP/s a core, at 87 so (by hand on AVX2, in L1, 5 rows x 2 weight rows; the peak ~107).
+template <int R, int C>
+HWY_NOINLINE void DotSplit(const float* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
+                           float* out, int64_t ld_out, const stream::Lines& ahead) {
+  const lanes::D d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  stream::Ahead pf(ahead, kc / (2 * N));
+  lanes::V s[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) s[r][c] = hn::Zero(d);
+  // A step at element i, B's rows at bp.
+  auto step = [&](const uint16_t* const* bp, int64_t i) {
+    lanes::V even[C], odd[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) SplitBf16(bp[c], even[c], odd[c]);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const lanes::V ae = hn::LoadU(d, a + r * lda + i), ao = hn::LoadU(d, a + r * lda + i + N);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) s[r][c] = hn::MulAdd(ae, even[c], s[r][c]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) s[r][c] = hn::MulAdd(ao, odd[c], s[r][c]);
+    }
+  };
+  const uint16_t* bp[C];
+  int64_t i = 0;
+  for (; i + 2 * N <= kc; i += 2 * N) {
+    pf.step();
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) bp[c] = b + c * ldb + i;
+    step(bp, i);
+  }
+  if (i < kc) {  // B's tails in zero-padded copies (A's are zero there)
+    HWY_ALIGN uint16_t pad[C][2 * HWY_MAX_BYTES / sizeof(float)] = {};
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) std::copy_n(b + c * ldb + i, kc - i, pad[c]), bp[c] = pad[c];
+    step(bp, i);
+  }
+  StoreDotSums<R, C>(d, s, out, ld_out);
+}
+#endif
 
 // Runs kernel<R>(rows, ...) for rows in [1, kMax] with R = rows.
 template <int kMax, template <int> class Kernel, typename... Args>
@@ -485,6 +561,37 @@ struct Dot {
     }
   };
 };
+#if HWY_TARGET != HWY_SCALAR
+template <int C>
+struct Split {
+  template <int R>
+  struct K {
+    template <typename... Args>
+    static void Run(Args&&... args) {
+      DotSplit<R, C>(std::forward<Args>(args)...);
+    }
+  };
+};
+#endif
+// Whether bf16 dot products run through DotSplit (on AVX2: AVX-512 CPUs with BF16 run the pair
+// kernels, and those without it were not measured), and its shape: up to 2 rows one chunk against
+// 4 weight rows, more in chunks of 5 against 2 (by hand in L1, 2 x 4 79 GFLOP/s a core, 5 x 2 87,
+// 4 x 3 82, 6 x 2 73: 16 registers).
+template <typename T>
+constexpr bool kSplitDot = HWY_TARGET == HWY_AVX2&& std::is_same_v<T, uint16_t>;
+constexpr stream::DotShape DotShapeSplit(int64_t rows) {
+  return rows <= 2 ? stream::DotShape{2, 4} : stream::DotShape{5, 2};
+}
+template <typename... Args>
+void DotSplitShaped(stream::DotShape shape, int rows, Args&&... args) {
+#if HWY_TARGET != HWY_SCALAR
+  if (shape.cols == 4) return WithRows<2, Split<4>::template K>(rows, args...);
+  WithRows<5, Split<2>::template K>(rows, args...);
+#else
+  (void)shape, (void)rows, ((void)args, ...);
+#endif
+}
+
 // DotF32 in a shape DotShapeF32 gives, for rows <= shape.rows.
 template <typename T, typename... Args>
 void DotF32Shaped(stream::DotShape shape, int rows, Args&&... args) {
@@ -540,6 +647,11 @@ float* PartsBuffer(size_t n) {
   thread_local Buffer b;
   return b.get(n);
 }
+// The f32 copy of an item's rows of A (F32Rows).
+float* ARowsBuffer(size_t n) {
+  thread_local Buffer b;
+  return b.get(n);
+}
 
 // B's first `cols` columns of kc rows (ldb apart) as an f32 panel of w columns, zero past `cols`,
 // in this thread's panel buffer.
@@ -556,7 +668,7 @@ const float* PaddedPanel(const T* b, int64_t ldb, int64_t kc, int64_t cols, int6
 // call: panels of 4N columns up to kF32Rows rows, of 2N past that (twice the rows' sums in as
 // many registers); a last partial panel through a zero-padded f32 copy. acc as in AxpyItem.
 template <typename T>
-void AxpyF32Block(int rows, const T* a, int64_t lda, int64_t kc, const T* b, int64_t ldb,
+void AxpyF32Block(int rows, const float* a, int64_t lda, int64_t kc, const T* b, int64_t ldb,
                   int64_t cols, float* acc, int64_t ld_acc, const stream::Lines& next) {
   const auto N = static_cast<int64_t>(hn::Lanes(lanes::D()));
   auto run = [&](auto kernel, auto padded_kernel, int64_t w) {
@@ -567,13 +679,64 @@ void AxpyF32Block(int rows, const T* a, int64_t lda, int64_t kc, const T* b, int
                   acc + full * w, ld_acc, stream::Lines{});
   };
   if (rows <= kF32Rows) {
-    return run([&](auto&&... x) { WithRows<kF32Rows, Axpy<T, T>::template K>(rows, x...); },
-               [&](auto&&... x) { WithRows<kF32Rows, Axpy<T, float>::template K>(rows, x...); },
+    return run([&](auto&&... x) { WithRows<kF32Rows, Axpy<float, T>::template K>(rows, x...); },
+               [&](auto&&... x) { WithRows<kF32Rows, Axpy<float, float>::template K>(rows, x...); },
                4 * N);
   }
-  run([&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<T, T>::template K2>(rows, x...); },
-      [&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<T, float>::template K2>(rows, x...); }, 2 * N);
+  run([&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<float, T>::template K2>(rows, x...); },
+      [&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<float, float>::template K2>(rows, x...); },
+      2 * N);
 }
+
+// A's rows [0, rows) over [0, kc), lda apart, as f32 rows kc apart in this thread's buffer (bf16
+// widened once, so that the f32 kernels broadcast each element straight from memory: widened in
+// the kernel, a bf16 element took 4 instructions a row and step, and the forward's kernels ran at
+// 41-48 GFLOP/s a core against 104 with f32, by hand on AVX2). f32 rows are used as they are.
+template <typename T>
+const float* F32Rows(const T* a, int64_t lda, int64_t rows, int64_t kc, int64_t& ld) {
+  if constexpr (std::is_same_v<T, float>) {
+    ld = lda;
+    return a;
+  } else {
+    ld = kc;
+    float* f = ARowsBuffer(static_cast<size_t>(rows * kc));
+    const lanes::D d;
+    const auto N = static_cast<int64_t>(hn::Lanes(d));
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t k = 0;
+      for (; k + N <= kc; k += N) hn::StoreU(LoadLanes<true>(d, a + r * lda, k), d, f + r * kc + k);
+      for (; k < kc; ++k) f[r * kc + k] = as_float(a[r * lda + k]);
+    }
+    return f;
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// An item's rows of A over [0, kc) as f32 in DotSplit's order: each run of 2N elements as its N
+// even elements, then its N odd ones; rows ld apart (kc rounded up to 2N, zeros past kc).
+const float* SplitRows(const uint16_t* a, int64_t lda, int64_t rows, int64_t kc, int64_t& ld) {
+  const lanes::D d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  ld = round_up(kc, 2 * N);
+  float* f = ARowsBuffer(static_cast<size_t>(rows * ld));
+  HWY_ALIGN uint16_t tail[2 * HWY_MAX_BYTES / sizeof(float)];
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < kc; i += 2 * N) {
+      const uint16_t* src = a + r * lda + i;
+      if (i + 2 * N > kc) {
+        std::fill_n(tail, 2 * N, uint16_t{0});
+        std::copy_n(src, kc - i, tail);
+        src = tail;
+      }
+      lanes::V even, odd;
+      SplitBf16(src, even, odd);
+      hn::StoreU(even, d, f + r * ld + i);
+      hn::StoreU(odd, d, f + r * ld + i + N);
+    }
+  }
+  return f;
+}
+#endif
 
 // The output-contiguous form (B's columns contiguous: b_s1 == 1), one item: blocks of
 // contraction rows, panel by panel, chunk by chunk, the next block (after the last, the next
@@ -586,8 +749,12 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   // Chunks of rows: up to kAxpyPanelsRows rows (2 kF32Rows for the f32 kernel) in one, through
   // panels of 2 vectors past kAxpyPanelsWideRows (kF32Rows); more, kAxpyRows (kF32Rows) at a
   // time.
+  constexpr bool kNarrow = !kPairs && kF32NarrowChunks<T>;
   const int64_t one = kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows;
-  const int64_t most = it.rows <= one ? one : kPairs ? stream::kAxpyRows : kF32Rows;
+  const int64_t most = it.rows <= one ? one
+                       : kPairs       ? stream::kAxpyRows
+                       : kNarrow      ? 2 * kF32Rows
+                                      : kF32Rows;
   const stream::Chunks chunks(it.rows, most);
   const int64_t width = round_up(it.cols, panel);
   float* acc =
@@ -627,6 +794,10 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
         : next_item  ? stream::lines_of(weights(*next_item), stride, next_item->cols * es,
                                         std::min(kb, next_item->k1 - next_item->k0))
                      : stream::Lines{};
+    // The f32 kernels' rows of A over the block, as f32.
+    int64_t ld_af = 0;
+    const float* af = nullptr;
+    if constexpr (!kPairs) af = F32Rows(a + k0, g.lda, it.rows, kc, ld_af);
     // One chunk of rows: every (full) panel of the block in one call, the kernels' fixed cost
     // (loading and storing the sums aside) paid once per block, not per panel: 1.2-2.1x on
     // qwen3-30b-a3b's and its layer's shapes at 1-6 rows per group.
@@ -635,7 +806,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
         stream::axpy_pairs_panels(it.rows, a + k0, g.lda, kc, b + k0 * g.b_s0, g.b_s0, it.cols, acc,
                                   width, next);
       } else {
-        AxpyF32Block(static_cast<int>(it.rows), a + k0, g.lda, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
+        AxpyF32Block(static_cast<int>(it.rows), af, ld_af, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
                      acc, width, next);
       }
       continue;
@@ -658,13 +829,23 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
           stream::axpy_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, b + k0 * g.b_s0 + c0, g.b_s0,
                              cols, sums, width, ahead, pairs,
                              r0 > 0 ? stream::PanelUse::kRead : stream::PanelUse::kWrite);
-        } else if (pp == nullptr) {
-          WithRows<kF32Rows, Axpy<T, T>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc,
-                                                     b + k0 * g.b_s0 + c0, g.b_s0, int64_t{1}, sums,
-                                                     width, ahead);
         } else {
-          WithRows<kF32Rows, Axpy<T, float>::template K>(rows, a + r0 * g.lda + k0, g.lda, kc, pp,
-                                                         panel, int64_t{1}, sums, width, ahead);
+          // The panel from B, or its zero-padded f32 copy; in one call (4 vectors) or two halves
+          // side by side (2 vectors, kNarrow).
+          const float* ar = af + r0 * ld_af;
+          if (pp == nullptr && kNarrow) {
+            WithRows<2 * kF32Rows, Axpy<float, T>::template K2>(
+                rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0, g.b_s0, int64_t{2}, sums, width, ahead);
+          } else if (pp == nullptr) {
+            WithRows<kF32Rows, Axpy<float, T>::template K>(
+                rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0, g.b_s0, int64_t{1}, sums, width, ahead);
+          } else if (kNarrow) {
+            WithRows<2 * kF32Rows, Axpy<float, float>::template K2>(rows, ar, ld_af, kc, pp, panel,
+                                                                    int64_t{2}, sums, width, ahead);
+          } else {
+            WithRows<kF32Rows, Axpy<float, float>::template K>(rows, ar, ld_af, kc, pp, panel,
+                                                               int64_t{1}, sums, width, ahead);
+          }
         }
       }
     }
@@ -740,7 +921,10 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
 // up to 4]).
 template <bool kPairs, typename T, bool kOutBf16>
 void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
-  const stream::DotShape shape = kPairs ? stream::dot_shape(it.rows) : DotShapeF32(it.rows);
+  constexpr bool kSplit = !kPairs && kSplitDot<T>;
+  const stream::DotShape shape = kPairs   ? stream::dot_shape(it.rows)
+                                 : kSplit ? DotShapeSplit(it.rows)
+                                          : DotShapeF32(it.rows);
   const stream::Chunks chunks(it.rows, shape.rows);
   const int64_t per_call = shape.cols;  // weight rows (output columns) per kernel call
   const int64_t width = (it.cols + 3) / 4 * 4;
@@ -768,8 +952,10 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     // Contraction spans of near-equal length, whole steps of the kernels (32 elements); within
     // a span, super-blocks of weight rows of about kBlockBytes.
     // (One chunk of rows reads whole weight rows: a streamed row is read front to back.)
+    // (kSplit: a chunk's rows are read as f32.)
+    const int64_t a_es = kSplit ? 4 : es;
     const int64_t spans =
-        chunks.count == 1 ? 1 : (g.kc * es + stream::kSpanBytes - 1) / stream::kSpanBytes;
+        chunks.count == 1 ? 1 : (g.kc * a_es + stream::kSpanBytes - 1) / stream::kSpanBytes;
     const int64_t span = ((g.kc + spans - 1) / spans + 31) / 32 * 32;
     if (spans > 1) std::fill(out, out + it.rows * width, 0.f);  // sums added span by span
     const int64_t sb = std::max<int64_t>(4, stream::kBlockBytes / (span * es) / 4 * 4);
@@ -781,6 +967,12 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     float sums[stream::kDotMostSums];
     for (int64_t k0 = 0; k0 < g.kc; k0 += span) {
       const int64_t kc = std::min(span, g.kc - k0);
+      // kSplit: the item's rows over the span, as f32 in DotSplit's order.
+      int64_t ld_af = 0;
+      const float* af = nullptr;
+#if HWY_TARGET != HWY_SCALAR
+      if constexpr (kSplit) af = SplitRows(a + k0, g.lda, it.rows, kc, ld_af);
+#endif
       for (int64_t s0 = 0; s0 < it.cols; s0 += sb) {
         const int64_t s1 = std::min(s0 + sb, it.cols);
         // The next super-block: of this span, of the next, or the next item's first.
@@ -806,6 +998,9 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
             if constexpr (kPairs) {
               stream::dot_pairs(shape, rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0,
                                 g.b_s1, to, ld_to, ahead);
+            } else if constexpr (kSplit) {
+              DotSplitShaped(shape, rows, af + r0 * ld_af, ld_af, kc, b + at * g.b_s1 + k0, g.b_s1,
+                             to, ld_to, ahead);
             } else {
               DotF32Shaped<T>(shape, rows, a + r0 * g.lda + k0, g.lda, kc, b + at * g.b_s1 + k0,
                               g.b_s1, to, ld_to, ahead);
