@@ -1558,7 +1558,12 @@ HWY_EXPORT(Run);
 // (The files named: bench/results/ragged_dot_small-cpu-2026-11-26-7/, and -6/ where it says so,
 // kCpuStream forced beside oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
-// well): the f32 bounds.
+// well): the f32 bounds, but on AVX2 (no AVX-512), where the bf16 kernels widen their operands
+// once (F32Rows, SplitRows): the input gradient 512 rows, the forward 128. Forced against oneDNN
+// in one loop (AMD EPYC family 23 model 49, qwen3-30b-a3b, ragged_dot_small-cpu-2026-11-26-11/):
+// the input gradient 8.7 / 5.4 / 3.0 / 2.1 / 1.31x at 8 / 16 / 32 / 64 / 256 rows per group on
+// average (oneDNN's transposed-weights bf16 matmul there is slow), the forward 1.82 / 1.54 / 1.29
+// / 1.17 / 0.96x.
 // The choice follows the sizes of the call's local groups, not how many of them have rows: an
 // expert-parallel rank (a few local groups) then chooses as the one-rank layer (every group) does
 // unless another rank's expert has more than `most` rows, and its experts' gradients keep the
@@ -1566,8 +1571,15 @@ HWY_EXPORT(Run);
 // that gap, and would let oneDNN take the calls of few groups of one chunk each, where threading
 // inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or gpt-oss-20b).
 namespace {
+// Whether the f32 kernels run on AVX2: the CPU has no AVX-512.
+bool runs_avx2() {
+  static const bool avx2 = (hwy::SupportedTargets() & HWY_AVX2) != 0 &&
+                           (hwy::SupportedTargets() & (HWY_AVX3 | HWY_AVX3_DL)) == 0;
+  return avx2;
+}
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
+  if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 512 : 128;
   return g.b_s1 != 1 ? 160 : 12;
 }
 }  // namespace

@@ -497,27 +497,33 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
   ExpectAutoPicksByTheLargestLocalGroup(1000, 72, 12, FwdPass{});
 }
 
+// The CPU runs the bf16-pair kernels; the CPU has AVX2 and no AVX-512 (bf16 runs the f32 kernels
+// with their operands widened once).
+bool has_bf16_pairs() {
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512f");
+}
+bool avx2_only() { return __builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f"); }
+
 // The bf16 forward against [K, n] weights: with AVX512-BF16 the pair kernel's 256 rows, whatever
 // the bytes of a weight row (narrow, 2 KiB and wide, past the items' 4 KiB spans and 64 KiB
-// sums); without, the f32 kernel's 12.
+// sums); on AVX2 128; otherwise the f32 kernel's 12.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
-  const bool pairs = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                     __builtin_cpu_supports("avx512f");
+  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 128 : 12;
   for (const int64_t n : {72, 1024, 4200}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
-    ExpectAutoPicksByTheLargestLocalGroup(1000, n, pairs ? 256 : 12, FwdPass{}, DType::kBF16);
+    ExpectAutoPicksByTheLargestLocalGroup(1000, n, most, FwdPass{}, DType::kBF16);
   }
 }
 
 // The bf16 input gradient against [K, n] weights: with AVX512-BF16 256 rows, through the dot
-// products (a contraction of up to 4 KiB) or past 32 rows the transposed pairs (longer); without,
-// the f32 dot products' 160.
+// products (a contraction of up to 4 KiB) or past 32 rows the transposed pairs (longer); on AVX2
+// 512; otherwise the f32 dot products' 160.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16InputGradient) {
-  const bool pairs = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                     __builtin_cpu_supports("avx512f");
+  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 512 : 160;
   for (const int64_t n : {1000, 2050}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
-    ExpectAutoPicksByTheLargestLocalGroup(72, n, pairs ? 256 : 160, DlhsPass{}, DType::kBF16);
+    ExpectAutoPicksByTheLargestLocalGroup(72, n, most, DlhsPass{}, DType::kBF16);
   }
 }
 
