@@ -481,7 +481,8 @@ HWY_NOINLINE void DotF32(const T* a, int64_t lda, int64_t kc, const T* b, int64_
 // rows f32 in SplitRows' order (so the FMAs read them from memory), B's 2N elements split into
 // their even and odd ones by shifts (SplitBf16). Widening B's N elements at a time took 2 shuffles
 // and 2 shifts per 2N; with A's rows widened the same way in the kernel, the FMAs ran at 47
-// GFLOP/s a core, at 87 so (by hand on AVX2, in L1, 5 rows x 2 weight rows; the peak ~107).
+// GFLOP/s a core, at 87 so (by hand on AVX2, in L1, 5 rows x 2 weight rows; the peak ~107; the
+// shape: DotShapeSplit).
 template <int R, int C>
 HWY_NOINLINE void DotSplit(const float* a, int64_t lda, int64_t kc, const uint16_t* b, int64_t ldb,
                            float* out, int64_t ld_out, const stream::Lines& ahead) {
@@ -575,18 +576,20 @@ struct Split {
 #endif
 // Whether bf16 dot products run through DotSplit (on AVX2: AVX-512 CPUs with BF16 run the pair
 // kernels, and those without it were not measured), and its shape: up to 2 rows one chunk against
-// 4 weight rows, more in chunks of 5 against 2 (by hand in L1, 2 x 4 79 GFLOP/s a core, 5 x 2 87,
-// 4 x 3 82, 6 x 2 73: 16 registers).
+// 4 weight rows, more in chunks of 6 against 2. Each sum takes two dependent FMAs a step (the even
+// and odd halves), so a step of S sums waits max(S / 2, 10) cycles (2 FMAs a cycle, 5 cycles'
+// latency): 12 sums keep the FMAs busy. By hand on AVX2 (one core, 768 contracted, sums reduced
+// per call, weights from L2): 6 x 2 75 GFLOP/s, 4 x 3 65, 5 x 2 55, 4 x 2 55, 2 x 4 45.
 template <typename T>
-constexpr bool kSplitDot = HWY_TARGET == HWY_AVX2&& std::is_same_v<T, uint16_t>;
+constexpr bool kSplitDot = (HWY_TARGET == HWY_AVX2) && std::is_same_v<T, uint16_t>;
 constexpr stream::DotShape DotShapeSplit(int64_t rows) {
-  return rows <= 2 ? stream::DotShape{2, 4} : stream::DotShape{5, 2};
+  return rows <= 2 ? stream::DotShape{2, 4} : stream::DotShape{6, 2};
 }
 template <typename... Args>
 void DotSplitShaped(stream::DotShape shape, int rows, Args&&... args) {
 #if HWY_TARGET != HWY_SCALAR
   if (shape.cols == 4) return WithRows<2, Split<4>::template K>(rows, args...);
-  WithRows<5, Split<2>::template K>(rows, args...);
+  WithRows<6, Split<2>::template K>(rows, args...);
 #else
   (void)shape, (void)rows, ((void)args, ...);
 #endif
