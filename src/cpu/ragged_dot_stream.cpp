@@ -299,16 +299,21 @@ constexpr int kF32Rows = HWY_TARGET <= HWY_AVX3 ? 6 : 3;
 // (the peak ~107); f32 weights, read by the FMAs from memory, 3 x 4 at 107. (One chunk of 3 rows
 // stays on 4 vectors: on 2, qwen3-30b-a3b's forward at 32-48 tokens ran 1.15x slower.)
 template <typename TB>
-constexpr bool kF32NarrowChunks = HWY_TARGET > HWY_AVX3&& std::is_same_v<TB, uint16_t>;
+constexpr bool kF32NarrowChunks = (HWY_TARGET > HWY_AVX3) && std::is_same_v<TB, uint16_t>;
 constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 6 : 2;
 // The f32 dot products' shape (stream::dot_shape says why the fewest chunks): on AVX-512, up to 4
 // rows one chunk against 1 weight row, up to 8 one against 2, more chunks of kF32DotRows against 4;
-// on AVX2 (16 registers) kF32DotRows against 4. A/B in one loop, qwen3-30b-a3b's input gradient in
-// f32, rows spread evenly / routed, share of the floor (ragged_dot_small-cpu-2026-11-26-10): 2 rows
-// a group 88 -> 108% / 85 -> 100%, 4 rows 89 -> 100% / 88 -> 97%, 8 rows 82 -> 85% / 88 -> 90%;
-// 8 x 2 past 8 rows level or slower.
+// A/B in one loop, qwen3-30b-a3b's input gradient in f32, rows spread evenly / routed, share of
+// the floor (ragged_dot_small-cpu-2026-11-26-10): 2 rows a group 88 -> 108% / 85 -> 100%, 4 rows
+// 89 -> 100% / 88 -> 97%, 8 rows 82 -> 85% / 88 -> 90%; 8 x 2 past 8 rows level or slower. On AVX2
+// (16 registers), up to 2 rows against 4 weight rows, more in chunks of 6 against 2: 2 x 4's 8
+// sums left the FMAs waiting on their latency (5 cycles, 2 a cycle: 10 sums at least). qwen3's f32
+// input gradient, old and new tool in turn, two rounds (AMD EPYC family 23 model 49,
+// ragged_dot_small-cpu-2026-11-26-11): 8 / 16 / 32 / 64 rows a group 50.4-52.1 / 80.7-82.2 /
+// 146.5-152.5 / 285.7-289.1 ms -> 44.7 / 66.6-69.7 / 119.2-122.3 / 224.9-228.5.
 constexpr stream::DotShape DotShapeF32(int64_t rows) {
-  if (HWY_TARGET > HWY_AVX3 || rows > 8) return {kF32DotRows, 4};
+  if (HWY_TARGET > HWY_AVX3) return rows <= 2 ? stream::DotShape{2, 4} : stream::DotShape{6, 2};
+  if (rows > 8) return {kF32DotRows, 4};
   return rows <= 4 ? stream::DotShape{8, 1} : stream::DotShape{8, 2};
 }
 
@@ -601,6 +606,8 @@ void DotF32Shaped(stream::DotShape shape, int rows, Args&&... args) {
   if constexpr (HWY_TARGET <= HWY_AVX3) {
     if (shape.cols == 1) return WithRows<8, Dot<T, 1>::template K>(rows, args...);
     if (shape.cols == 2) return WithRows<8, Dot<T, 2>::template K>(rows, args...);
+  } else {
+    if (shape.cols == 2) return WithRows<6, Dot<T, 2>::template K>(rows, args...);
   }
   WithRows<kF32DotRows, Dot<T>::template K>(rows, args...);
 }
