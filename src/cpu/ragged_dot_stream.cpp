@@ -1573,7 +1573,9 @@ HWY_EXPORT(Run);
 // in one loop (AMD EPYC family 23 model 49, qwen3-30b-a3b, ragged_dot_small-cpu-2026-11-26-11/):
 // the input gradient 8.7 / 5.4 / 3.0 / 2.1 / 1.31x at 8 / 16 / 32 / 64 / 256 rows per group on
 // average (oneDNN's transposed-weights bf16 matmul there is slow), the forward 1.82 / 1.54 / 1.29
-// / 1.17 / 0.96x.
+// / 1.17 / 0.96x. f32 on AVX2: the input gradient 48 rows, the forward 24 (the same, f32: input
+// gradient 1.59 / 1.38 / 1.05 / 0.82x at 8 / 16 / 32 / 64 rows on average, forward 1.26 / 1.11 /
+// 0.94 / 1.05x; f32-stream-vs-onednn-2.txt).
 // The choice follows the sizes of the call's local groups, not how many of them have rows: an
 // expert-parallel rank (a few local groups) then chooses as the one-rank layer (every group) does
 // unless another rank's expert has more than `most` rows, and its experts' gradients keep the
@@ -1590,6 +1592,7 @@ bool runs_avx2() {
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
   if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 512 : 128;
+  if (runs_avx2()) return g.b_s1 != 1 ? 48 : 24;
   return g.b_s1 != 1 ? 160 : 12;
 }
 }  // namespace
