@@ -1,16 +1,23 @@
 // AVX2 axpy kernels in L1: acc[R][V*8] += sum_k a[r][k] * w[k][0..8V), w bf16, a bf16 or f32.
 #include <immintrin.h>
+
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
-static inline float bf(uint16_t x) { uint32_t u = uint32_t(x) << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline float bf(uint16_t x) {
+  uint32_t u = uint32_t(x) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 // mode 0: a bf16 scalar converted each step (the library before); 1: a pre-converted f32, broadcast
 // from memory; 2: as 1 with weights as even/odd halves of 16 columns (shift / and), V counts
 // 16-column pairs; 3: weights constant in registers (the FMAs' peak); 4: f32 weights.
 template <int R, int V, int kMode>
-__attribute__((noinline)) void run(const uint16_t* a16, const float* a32, int64_t lda, const uint16_t* w, int64_t ldw,
-                                   int64_t kc, float* acc, int64_t reps) {
+__attribute__((noinline)) void run(const uint16_t* a16, const float* a32, int64_t lda,
+                                   const uint16_t* w, int64_t ldw, int64_t kc, float* acc,
+                                   int64_t reps) {
   constexpr int NV = kMode == 2 ? 2 * V : V;
   __m256 s[R][NV];
 #pragma GCC unroll 12
@@ -37,13 +44,16 @@ __attribute__((noinline)) void run(const uint16_t* a16, const float* a32, int64_
       } else {
 #pragma GCC unroll 4
         for (int i = 0; i < V; ++i)
-          bv[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128((const __m128i*)(row + 8 * i))), 16));
+          bv[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
+              _mm256_cvtepu16_epi32(_mm_load_si128((const __m128i*)(row + 8 * i))), 16));
       }
 #pragma GCC unroll 12
       for (int r = 0; r < R; ++r) {
         __m256 av;
-        if constexpr (kMode == 0) av = _mm256_set1_ps(bf(a16[r * lda + k]));
-        else av = _mm256_broadcast_ss(a32 + r * lda + k);
+        if constexpr (kMode == 0)
+          av = _mm256_set1_ps(bf(a16[r * lda + k]));
+        else
+          av = _mm256_broadcast_ss(a32 + r * lda + k);
 #pragma GCC unroll 8
         for (int i = 0; i < NV; ++i) s[r][i] = _mm256_fmadd_ps(av, bv[i], s[r][i]);
       }
@@ -73,12 +83,30 @@ double time_it() {
 int main() {
   for (int round = 0; round < 2; ++round) {
     // the peak: weights in registers (mode 3) or f32 weights read by the FMAs (mode 4)
-    time_it<4, 3, 3>(); time_it<6, 2, 3>(); time_it<3, 4, 4>(); time_it<6, 2, 4>();
+    time_it<4, 3, 3>();
+    time_it<6, 2, 3>();
+    time_it<3, 4, 4>();
+    time_it<6, 2, 4>();
     // the library's kernel before (mode 0), A in f32 (mode 1), weights split even/odd (mode 2)
-    time_it<1, 4, 0>(); time_it<2, 4, 0>(); time_it<3, 4, 0>(); time_it<6, 2, 0>(); time_it<4, 3, 0>();
-    time_it<1, 4, 1>(); time_it<2, 4, 1>(); time_it<3, 4, 1>(); time_it<3, 2, 1>(); time_it<4, 2, 1>();
-    time_it<5, 2, 1>(); time_it<6, 2, 1>(); time_it<4, 3, 1>(); time_it<7, 2, 1>();
-    time_it<3, 2, 2>(); time_it<6, 1, 2>(); time_it<2, 2, 2>(); time_it<5, 1, 2>(); time_it<7, 1, 2>();
+    time_it<1, 4, 0>();
+    time_it<2, 4, 0>();
+    time_it<3, 4, 0>();
+    time_it<6, 2, 0>();
+    time_it<4, 3, 0>();
+    time_it<1, 4, 1>();
+    time_it<2, 4, 1>();
+    time_it<3, 4, 1>();
+    time_it<3, 2, 1>();
+    time_it<4, 2, 1>();
+    time_it<5, 2, 1>();
+    time_it<6, 2, 1>();
+    time_it<4, 3, 1>();
+    time_it<7, 2, 1>();
+    time_it<3, 2, 2>();
+    time_it<6, 1, 2>();
+    time_it<2, 2, 2>();
+    time_it<5, 1, 2>();
+    time_it<7, 1, 2>();
     puts("");
   }
 }

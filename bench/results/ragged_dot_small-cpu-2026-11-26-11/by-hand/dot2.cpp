@@ -1,18 +1,23 @@
 // AVX2 dot kernels in L1: s[r][c] += sum_k a[r][k] b[c][k], b bf16.
 #include <immintrin.h>
+
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 static inline __m256 widen(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 static inline __m256 even(__m256i x) { return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)); }
-static inline __m256 odd(__m256i x) { return _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(0xffff0000))); }
+static inline __m256 odd(__m256i x) {
+  return _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(0xffff0000)));
+}
 // mode 0: a, b bf16 widened 8 at a time; 1: a, b bf16 as even/odd halves of 16; 2: a f32 (even/odd
 // order), b bf16 even/odd halves.
 template <int R, int C, int kMode>
-__attribute__((noinline)) void run(const uint16_t* a16, const float* a32, int64_t lda, const uint16_t* b, int64_t ldb,
-                                   int64_t kc, float* out, int64_t reps) {
+__attribute__((noinline)) void run(const uint16_t* a16, const float* a32, int64_t lda,
+                                   const uint16_t* b, int64_t ldb, int64_t kc, float* out,
+                                   int64_t reps) {
   __m256 s[R][C];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r)
@@ -81,13 +86,25 @@ void time_it() {
   auto t0 = std::chrono::steady_clock::now();
   run<R, C, kMode>(a16, a32, 512, b, 512, kc, out, reps);
   double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  printf("mode %d R %d x C %d: %6.1f GFLOP/s one core\n", kMode, R, C, 2.0 * kc * reps * R * C / sec / 1e9);
+  printf("mode %d R %d x C %d: %6.1f GFLOP/s one core\n", kMode, R, C,
+         2.0 * kc * reps * R * C / sec / 1e9);
 }
 int main() {
   for (int round = 0; round < 2; ++round) {
-    time_it<2, 4, 0>(); time_it<3, 4, 0>(); time_it<6, 2, 0>();
-    time_it<2, 4, 1>(); time_it<3, 4, 1>(); time_it<6, 2, 1>(); time_it<4, 3, 1>();
-    time_it<2, 4, 2>(); time_it<3, 4, 2>(); time_it<6, 2, 2>(); time_it<4, 3, 2>(); time_it<5, 2, 2>(); time_it<12, 1, 2>(); time_it<8, 1, 2>();
+    time_it<2, 4, 0>();
+    time_it<3, 4, 0>();
+    time_it<6, 2, 0>();
+    time_it<2, 4, 1>();
+    time_it<3, 4, 1>();
+    time_it<6, 2, 1>();
+    time_it<4, 3, 1>();
+    time_it<2, 4, 2>();
+    time_it<3, 4, 2>();
+    time_it<6, 2, 2>();
+    time_it<4, 3, 2>();
+    time_it<5, 2, 2>();
+    time_it<12, 1, 2>();
+    time_it<8, 1, 2>();
     puts("");
   }
 }
