@@ -759,7 +759,8 @@ TEST(RaggedDot, RanSaysWhichImplementationRan) {
   ASSERT_TRUE(ragged_dot(av, wv, many, yv, o).ok());
   EXPECT_STREQ(impl_name(ran), "onednn");
   ran = RaggedDotImpl::kAuto;
-  ASSERT_TRUE(ragged_dot_dlhs(dyv, wv, many, TensorView(a.data(), DType::kF32, {m, K}), o).ok());
+  // (Groups of 50 rows are past the f32 input gradient's bound on AVX2, 48: few, on every CPU.)
+  ASSERT_TRUE(ragged_dot_dlhs(dyv, wv, few, TensorView(a.data(), DType::kF32, {m, K}), o).ok());
   EXPECT_STREQ(impl_name(ran), "stream");
   ASSERT_TRUE(ragged_dot_drhs(av, dyv, few, TensorView(dw.data(), DType::kF32, {2, K, n}), o).ok());
   EXPECT_STREQ(impl_name(ran), "onednn");
