@@ -322,10 +322,10 @@ HWY_INLINE lanes::V Load(lanes::D d, const T* p, size_t i) {
   return LoadLanes<std::is_same_v<T, uint16_t>>(d, p, i);
 }
 
-// acc[r][0, VN) += sum_{k < kc} A[r][k] * B[k][0, VN), A's and B's elements of type TA and TB;
-// pf stepped once per k.
-template <int R, int V, typename TA, typename TB>
-HWY_INLINE void AxpyF32Panel(const TA* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
+// acc[r][0, VN) += sum_{k < kc} A[r][k] * B[k][0, VN), A's elements f32 (F32Rows), B's of type
+// TB; pf stepped once per k.
+template <int R, int V, typename TB>
+HWY_INLINE void AxpyF32Panel(const float* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
                              float* acc, int64_t ld_acc, stream::Ahead& pf) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
@@ -342,7 +342,7 @@ HWY_INLINE void AxpyF32Panel(const TA* a, int64_t lda, int64_t kc, const TB* b, 
     for (int i = 0; i < V; ++i) bv[i] = Load(d, row, i * N);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const lanes::V av = hn::Set(d, as_float(a[r * lda + k]));
+      const lanes::V av = hn::Set(d, a[r * lda + k]);
 #pragma GCC unroll 4
       for (int i = 0; i < V; ++i) s[r][i] = hn::MulAdd(av, bv[i], s[r][i]);
     }
@@ -354,8 +354,8 @@ HWY_INLINE void AxpyF32Panel(const TA* a, int64_t lda, int64_t kc, const TB* b, 
 }
 
 // AxpyF32Panel over `panels` panels of VN columns side by side (B's and acc's), in one call.
-template <int R, int V, typename TA, typename TB>
-HWY_NOINLINE void AxpyF32(const TA* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
+template <int R, int V, typename TB>
+HWY_NOINLINE void AxpyF32(const float* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
                           int64_t panels, float* acc, int64_t ld_acc, const stream::Lines& ahead) {
   const auto width = static_cast<int64_t>(V * hn::Lanes(lanes::D()));
   stream::Ahead pf(ahead, panels * kc);
@@ -538,13 +538,14 @@ HWY_INLINE void WithRows(int rows, Args&&... args) {
     return WithRows<kMax - 1, Kernel>(rows, std::forward<Args>(args)...);
   }
 }
-template <typename TA, typename TB>
+// The f32 axpy kernels on B's elements of type TB (A's f32).
+template <typename TB>
 struct Axpy {
   template <int R>
   struct K {
     template <typename... Args>
     static void Run(Args&&... args) {
-      AxpyF32<R, 4, TA, TB>(std::forward<Args>(args)...);
+      AxpyF32<R, 4, TB>(std::forward<Args>(args)...);
     }
   };
   // Panels of 2 vectors, for up to twice the rows.
@@ -552,7 +553,7 @@ struct Axpy {
   struct K2 {
     template <typename... Args>
     static void Run(Args&&... args) {
-      AxpyF32<R, 2, TA, TB>(std::forward<Args>(args)...);
+      AxpyF32<R, 2, TB>(std::forward<Args>(args)...);
     }
   };
 };
@@ -688,13 +689,12 @@ void AxpyF32Block(int rows, const float* a, int64_t lda, int64_t kc, const T* b,
                   acc + full * w, ld_acc, stream::Lines{});
   };
   if (rows <= kF32Rows) {
-    return run([&](auto&&... x) { WithRows<kF32Rows, Axpy<float, T>::template K>(rows, x...); },
-               [&](auto&&... x) { WithRows<kF32Rows, Axpy<float, float>::template K>(rows, x...); },
+    return run([&](auto&&... x) { WithRows<kF32Rows, Axpy<T>::template K>(rows, x...); },
+               [&](auto&&... x) { WithRows<kF32Rows, Axpy<float>::template K>(rows, x...); },
                4 * N);
   }
-  run([&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<float, T>::template K2>(rows, x...); },
-      [&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<float, float>::template K2>(rows, x...); },
-      2 * N);
+  run([&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<T>::template K2>(rows, x...); },
+      [&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<float>::template K2>(rows, x...); }, 2 * N);
 }
 
 // A's rows [0, rows) over [0, kc), lda apart, as f32 rows kc apart in this thread's buffer (bf16
@@ -756,8 +756,8 @@ template <bool kPairs, typename T, bool kOutBf16>
 void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, float* parts) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
   // Chunks of rows: up to kAxpyPanelsRows rows (2 kF32Rows for the f32 kernel) in one, through
-  // panels of 2 vectors past kAxpyPanelsWideRows (kF32Rows); more, kAxpyRows (kF32Rows) at a
-  // time.
+  // panels of 2 vectors past kAxpyPanelsWideRows (kF32Rows); more, kAxpyRows (kF32Rows, or
+  // 2 kF32Rows where kF32NarrowChunks) at a time.
   constexpr bool kNarrow = !kPairs && kF32NarrowChunks<T>;
   const int64_t one = kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows;
   const int64_t most = it.rows <= one ? one
@@ -843,17 +843,17 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
           // side by side (2 vectors, kNarrow).
           const float* ar = af + r0 * ld_af;
           if (pp == nullptr && kNarrow) {
-            WithRows<2 * kF32Rows, Axpy<float, T>::template K2>(
-                rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0, g.b_s0, int64_t{2}, sums, width, ahead);
+            WithRows<2 * kF32Rows, Axpy<T>::template K2>(rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0,
+                                                         g.b_s0, int64_t{2}, sums, width, ahead);
           } else if (pp == nullptr) {
-            WithRows<kF32Rows, Axpy<float, T>::template K>(
-                rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0, g.b_s0, int64_t{1}, sums, width, ahead);
+            WithRows<kF32Rows, Axpy<T>::template K>(rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0,
+                                                    g.b_s0, int64_t{1}, sums, width, ahead);
           } else if (kNarrow) {
-            WithRows<2 * kF32Rows, Axpy<float, float>::template K2>(rows, ar, ld_af, kc, pp, panel,
-                                                                    int64_t{2}, sums, width, ahead);
+            WithRows<2 * kF32Rows, Axpy<float>::template K2>(rows, ar, ld_af, kc, pp, panel,
+                                                             int64_t{2}, sums, width, ahead);
           } else {
-            WithRows<kF32Rows, Axpy<float, float>::template K>(rows, ar, ld_af, kc, pp, panel,
-                                                               int64_t{1}, sums, width, ahead);
+            WithRows<kF32Rows, Axpy<float>::template K>(rows, ar, ld_af, kc, pp, panel, int64_t{1},
+                                                        sums, width, ahead);
           }
         }
       }
