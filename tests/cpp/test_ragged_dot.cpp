@@ -557,20 +557,24 @@ TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
 
 // The dot-product kernels' shapes (the input gradient against [K, n] weights). bf16 pairs: up to 8
 // rows one chunk against 1 weight row, up to 16 two chunks against 2, more chunks of 6 against 4;
-// f32 on AVX-512: up to 4 rows against 1, up to 8 against 2, more chunks of 6 against 4. Groups at
-// each edge (4, 5, 8, 9, 16, 17 rows), one row, an empty group; one group holding every row (13:
-// two chunks); a shard (group_offset 1, 2 local groups of 9 and 16 rows, rows outside them before
-// and after); 131 outputs (the last call of 2 and of 4 weight rows moves back over summed
-// columns); a contraction of 700 (one span) and of 2101 (two spans, their sums added, where a group
-// has more than one chunk). Against the reference within f32 accumulation error.
+// f32 on AVX-512: up to 4 rows against 1, up to 8 against 2, more chunks of 6 against 4; on AVX2
+// (f32, and bf16 through DotSplit): up to 2 rows against 4, more chunks of 6 against 2. Groups at
+// each edge (2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17 rows), one row, empty groups; one group holding
+// every row (13: two chunks); a shard (group_offset 1, 2 local groups of 9 and 16 rows, rows
+// outside them before and after); 131 outputs (the last call of 2 and of 4 weight rows moves back
+// over summed columns); a contraction of 700 (one span; not a multiple of DotSplit's 16) and of
+// 2101 (two or three spans, their sums added, where a group has more than one chunk). Against the
+// reference within f32 accumulation error.
 TEST(RaggedDotStream, DotShapesAgainstTheReference) {
   struct Problem {
     std::vector<int32_t> sizes;
     int32_t offset;
     int64_t local, m;
   };
-  const std::vector<Problem> problems{
-      {{8, 9, 0, 16, 17, 1, 4, 5}, 0, 8, 60}, {{13}, 0, 1, 13}, {{3, 9, 16, 0}, 1, 2, 30}};
+  const std::vector<Problem> problems{{{8, 9, 0, 16, 17, 1, 4, 5}, 0, 8, 60},
+                                      {{2, 6, 0, 7, 12}, 0, 5, 27},
+                                      {{13}, 0, 1, 13},
+                                      {{3, 9, 16, 0}, 1, 2, 30}};
   const int64_t K = 131;
   std::mt19937 rng(12);
   for (const Problem& p : problems) {
