@@ -3,6 +3,8 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 VENV       ?= .venv
 JOBS       ?= $(shell nproc)
+# moekit_tests as this many ctest entries (CMakeLists.txt, MOEKIT_TEST_SHARDS); 0: one a test.
+TEST_SHARDS ?= 8
 # Ninja where it is (install-deps installs it). Chosen when a recipe runs, after deps, not when make
 # reads this file (on a fresh machine that was before ninja existed); a build directory configured
 # already keeps its generator, which CMake would refuse to change.
@@ -23,7 +25,8 @@ deps:
 	@scripts/install-deps
 
 build: deps
-	cmake -S . -B $(BUILD) $(call cmake_gen,$(BUILD)) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) $(call cmake_gen,$(BUILD)) -DCMAKE_BUILD_TYPE=Release \
+	  -DMOEKIT_TEST_SHARDS=$(TEST_SHARDS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 test-cpp:
@@ -47,7 +50,8 @@ pip-from-archive: deps
 
 # The C++ tests under AddressSanitizer and UndefinedBehaviorSanitizer (a build of its own).
 sanitize: deps
-	cmake -S . -B $(ASAN_BUILD) $(call cmake_gen,$(ASAN_BUILD)) -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF
+	cmake -S . -B $(ASAN_BUILD) $(call cmake_gen,$(ASAN_BUILD)) -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF \
+	  -DMOEKIT_TEST_SHARDS=$(TEST_SHARDS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
