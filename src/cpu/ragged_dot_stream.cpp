@@ -218,12 +218,17 @@ class Ahead {
 };
 
 // Rows [0, rows) in the fewest chunks of at most `most`, of near-equal sizes (a last chunk of
-// 1 or 2 rows would run a kernel at a fraction of its rate): chunk i is [begin(i), begin(i + 1)).
+// 1 or 2 rows would run a kernel at a fraction of its rate), or (full_first) chunks of `most` and a
+// last one of what is left: chunk i is [begin(i), begin(i + 1)).
 struct Chunks {
-  Chunks(int64_t rows, int64_t most) : rows(rows), count((rows + most - 1) / most) {}
-  int64_t begin(int64_t i) const { return rows * i / count; }
+  Chunks(int64_t rows, int64_t most, bool full_first = false)
+      : rows(rows), count((rows + most - 1) / most), most(most), full_first(full_first) {}
+  int64_t begin(int64_t i) const {
+    return full_first ? std::min(i * most, rows) : rows * i / count;
+  }
   int size(int64_t i) const { return static_cast<int>(begin(i + 1) - begin(i)); }
-  int64_t rows, count;
+  int64_t rows, count, most;
+  bool full_first;
 };
 
 // The contraction-contiguous form's dot-product kernel for an item of `rows` rows: rows per chunk
@@ -764,7 +769,14 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                        : kPairs       ? stream::kAxpyRows
                        : kNarrow      ? 2 * kF32Rows
                                       : kF32Rows;
-  const stream::Chunks chunks(it.rows, most);
+  // kNarrow: where whole chunks of `most` leave 1 or 2 rows, those chunks and a last one of the
+  // rows left, on 4 vectors: by hand in L1, 6 / 4 rows on 2 vectors ran at 105 / 78 GFLOP/s, 2 / 1
+  // rows on 4 vectors at 66 / 43, so 8 rows as 6 + 2 beat 4 + 4. A/B in one loop, qwen3-30b-a3b's
+  // forward, AMD EPYC family 23 model 49: 7 / 8 / 13 / 14 / 19 / 20 rows a group 1.06 / 1.04 / 1.08
+  // / 1.10 / 1.04 / 1.04x, routed 1.02-1.03x; 9 rows as 6 + 3 0.98x, so near-equal chunks elsewhere
+  // (bench/results/ragged_dot_small-cpu-2026-11-27/).
+  const int64_t left = it.rows % most;
+  const stream::Chunks chunks(it.rows, most, kNarrow && it.rows > most && left > 0 && left <= 2);
   const int64_t width = round_up(it.cols, panel);
   float* acc =
       it.partial >= 0 ? parts + it.partial : ThreadBuffer(static_cast<size_t>(it.rows * width));
@@ -840,15 +852,16 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                              r0 > 0 ? stream::PanelUse::kRead : stream::PanelUse::kWrite);
         } else {
           // The panel from B, or its zero-padded f32 copy; in one call (4 vectors) or two halves
-          // side by side (2 vectors, kNarrow).
+          // side by side (2 vectors, kNarrow past 2 rows).
           const float* ar = af + r0 * ld_af;
-          if (pp == nullptr && kNarrow) {
+          const bool narrow = kNarrow && rows > 2;
+          if (pp == nullptr && narrow) {
             WithRows<2 * kF32Rows, Axpy<T>::template K2>(rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0,
                                                          g.b_s0, int64_t{2}, sums, width, ahead);
           } else if (pp == nullptr) {
             WithRows<kF32Rows, Axpy<T>::template K>(rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0,
                                                     g.b_s0, int64_t{1}, sums, width, ahead);
-          } else if (kNarrow) {
+          } else if (narrow) {
             WithRows<2 * kF32Rows, Axpy<float>::template K2>(rows, ar, ld_af, kc, pp, panel,
                                                              int64_t{2}, sums, width, ahead);
           } else {
