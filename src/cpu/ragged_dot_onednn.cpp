@@ -214,13 +214,20 @@ Gemm f32_stand_in(const Gemm& g) {
   f.in_type = DType::kF32;
   f.out_type = DType::kF32;
   // A [M, Kc] packed along its fixed dimension: row-major for the row problem (M the runtime
-  // one), column-major for the contraction's X^T (Kc the runtime one). B [Kc, N] row-major.
+  // one), column-major for the contraction's X^T (Kc the runtime one).
   if (g.M == kRuntime) {
     f.sa0 = g.Kc, f.sa1 = 1;
   } else {
     f.sa0 = 1, f.sa1 = g.M;
   }
-  f.sb0 = g.N, f.sb1 = 1;
+  // B [Kc, N] in its source's orientation where Kc is fixed (the input gradient's transposed
+  // weights: column-major, so that widen reads and writes it along the same lines), else
+  // row-major (the contraction's B, Y, is row-major).
+  if (g.sb0 == 1 && g.sb1 != 1 && g.Kc != kRuntime) {
+    f.sb0 = 1, f.sb1 = g.Kc;
+  } else {
+    f.sb0 = g.N, f.sb1 = 1;
+  }
   if (g.out_type != DType::kF32) f.sc0 = g.N;
   return f;
 }
@@ -240,11 +247,23 @@ Run prepare(const char* op, const Gemm& shape, Status* status) {
   return r;
 }
 
-// dst [rows, cols] f32 (dst_s0, dst_s1) = src [rows, cols] bf16 (s0, s1); threaded when not
-// inside a parallel region already.
+// dst [rows, cols] f32 (d0, d1) = src [rows, cols] bf16 (s0, s1), along the lines of both: down
+// the columns where both are column-major (the weight gradient's X^T, the input gradient's
+// transposed weights: f32_stand_in keeps each operand's orientation), else along the rows. (Row by
+// row, each element of a column-major side was a cache line of its own: the input gradient ran
+// 2.3x slower, bench/results/ragged_dot_small-cpu-2026-11-27/onednn-stand-in.md.) Threaded when
+// not inside a parallel region already.
 void widen(const bf16_bits* src, int64_t s0, int64_t s1, int64_t rows, int64_t cols, float* dst,
            int64_t d0, int64_t d1) {
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && rows * cols >= (1 << 16))
+  const bool parallel = !omp_in_parallel() && rows * cols >= (1 << 16);
+  if (s0 == 1 && d0 == 1) {
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t r = 0; r < rows; ++r) dst[r + c * d1] = bf16_to_float(src[r + c * s1]);
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) dst[r * d0 + c * d1] = bf16_to_float(src[r * s0 + c * s1]);
   }
