@@ -1581,19 +1581,22 @@ HWY_EXPORT(Run);
 // kCpuStream forced beside oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
 // well): the f32 bounds, but on AVX2 (no AVX-512), where the bf16 kernels widen their operands
-// once (F32Rows, SplitRows): the input gradient 512 rows, the forward 128. Forced against oneDNN
+// once (F32Rows, SplitRows): the input gradient 128 rows, the forward 128. Forced against oneDNN
 // in one loop (AMD EPYC family 23 model 49, qwen3-30b-a3b, ragged_dot_small-cpu-2026-11-26-11/):
-// the input gradient 8.7 / 5.4 / 3.0 / 2.1 / 1.31x at 8 / 16 / 32 / 64 / 256 rows per group on
-// average (oneDNN's transposed-weights bf16 matmul there is slow), the forward 1.82 / 1.54 / 1.29
-// / 1.17 / 0.96x. f32 on AVX2: the input gradient 48 rows, the forward 24 (the same, f32: input
-// gradient 1.59 / 1.38 / 1.05 / 0.82x at 8 / 16 / 32 / 64 rows on average, forward 1.26 / 1.11 /
-// 0.94 / 1.05x; f32-stream-vs-onednn-2.txt).
-// The choice follows the sizes of the call's local groups, not how many of them have rows: an
-// expert-parallel rank (a few local groups) then chooses as the one-rank layer (every group) does
-// unless another rank's expert has more than `most` rows, and its experts' gradients keep the
-// one-rank layer's bits (LayerEp tests; a count rule broke them). A choice per group would close
-// that gap, and would let oneDNN take the calls of few groups of one chunk each, where threading
-// inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or gpt-oss-20b).
+// the forward 1.82 / 1.54 / 1.29 / 1.17 / 0.96x at 8 / 16 / 32 / 64 / 256 rows per group on
+// average; the input gradient, since oneDNN's f32 stand-in keeps the transposed weights' layout
+// (ragged_dot_onednn.cpp, f32_stand_in), 5.1 / 3.4 / 2.3 / 1.5 / 1.14 / 1.15 / 1.03 / 0.91 / 0.93
+// / 0.83x at 4 / 8 / 16 / 32 / 64 / 80 / 96 / 112 / 128 / 256 (the largest group 1.25x the
+// average; ragged_dot_small-cpu-2026-11-27/; before, 512 rows against the stand-in's row-major
+// copy of the weights, 2.3x slower). f32 on AVX2: the input gradient 48 rows, the forward 24 (the
+// same, f32: input gradient 1.59 / 1.38 / 1.05 / 0.82x at 8 / 16 / 32 / 64 rows on average,
+// forward 1.26 / 1.11 / 0.94 / 1.05x; f32-stream-vs-onednn-2.txt). The choice follows the sizes of
+// the call's local groups, not how many of them have rows: an expert-parallel rank (a few local
+// groups) then chooses as the one-rank layer (every group) does unless another rank's expert has
+// more than `most` rows, and its experts' gradients keep the one-rank layer's bits (LayerEp tests;
+// a count rule broke them). A choice per group would close that gap, and would let oneDNN take the
+// calls of few groups of one chunk each, where threading inside each matmul ran 3-26% faster (a
+// token or two on mixtral-8x7b or gpt-oss-20b).
 namespace {
 // Whether the f32 kernels run on AVX2: the CPU has no AVX-512.
 bool runs_avx2() {
@@ -1603,7 +1606,7 @@ bool runs_avx2() {
 }
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
-  if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 512 : 128;
+  if (g.in_type == DType::kBF16 && runs_avx2()) return 128;
   if (runs_avx2()) return g.b_s1 != 1 ? 48 : 24;
   return g.b_s1 != 1 ? 160 : 12;
 }
