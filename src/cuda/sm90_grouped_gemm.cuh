@@ -23,15 +23,6 @@
 #include "cuda/plan.cuh"
 #include "cuda/tc_grouped_gemm.cuh"
 
-// The tile scheduler's swizzle (CUTLASS's max_swizzle_size): CTAs take tiles in blocks this
-// many wide across the raster's minor direction, so that the tiles running at once share rows and
-// weights in L2. 1 in the library. A build for measurement only sets it otherwise:
-// scripts/device-bundle --swizzle builds moekit with 2, 4 and 8 beside the library's, for
-// scripts/device-check's `swizzle` step; the choice it leads to belongs in code, by shape.
-#ifndef MOEKIT_SM90_SWIZZLE
-#define MOEKIT_SM90_SWIZZLE 1
-#endif
-
 namespace moekit::detail::cuda::sm90 {
 
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;  // (M, N, K)
@@ -165,7 +156,10 @@ struct KernelWith {
         {w.a, w.stride_a, w.b, w.stride_b},
         {{}, w.c, w.stride_c, w.d, w.stride_d},
         hw};
-    args.scheduler.max_swizzle_size = MOEKIT_SM90_SWIZZLE;
+    // The tile scheduler's swizzle (CTAs take tiles in blocks this many wide) stays at 1: 2, 4
+    // and 8 ran within noise of it over every preset at 4096-65536 tokens on an H200, no setting
+    // ahead in all passes of any preset (bench/results/gpu-h200-2026-11-27/README.md).
+    args.scheduler.max_swizzle_size = 1;
     auto& fusion = args.epilogue.thread;
     fusion.alpha = 1.0f;
     fusion.beta = accumulate ? 1.0f : 0.0f;  // beta = 0: C is never read
