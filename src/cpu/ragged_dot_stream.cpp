@@ -196,7 +196,18 @@ inline Lines part(Lines all, int64_t call, int64_t calls) {
   return all;
 }
 
-// Prefetches a call's rows of lines over `steps` steps of its loop, in order.
+// Prefetches a call's rows of lines over `steps` steps of its loop, in order: per step, as many
+// as there are lines per step, rounded up, so that fewer lines than steps go one a step from the
+// first step; or (kSpread) fewer lines than steps one every steps / lines steps, at about the rate
+// the memory brings them. In bursts of one a step a core's misses in flight filled up and the
+// loads of the block at hand, from L2, waited behind them: the weights' read and the FMAs took
+// about the sum of their times, not the larger. By hand (AMD EPYC family 23 model 49, two cores,
+// the forward's 6 + 2 rows of sums on 16 columns a step): read alone ~17.5 ms, FMAs alone 21.8,
+// together 36.1 in bursts, 27.4 with one line every 4 steps (bench/results/
+// ragged_dot_small-cpu-2026-11-27-2/by-hand/). Spread: the dot products (DotF32, DotSplit) and
+// the axpy kernels on bf16 weights (kSpreadAhead); the pair kernels (AVX512-BF16, not measured
+// spread) keep the bursts.
+template <bool kSpread = false>
 class Ahead {
  public:
   Ahead(const Lines& l, int64_t steps)
@@ -204,8 +215,14 @@ class Ahead {
         row_lines_(l.row_lines),
         stride_(l.stride),
         left_(l.rows * l.row_lines),
-        per_(steps > 0 ? (left_ + steps - 1) / steps : left_) {}
+        per_(steps > 0 ? (left_ + steps - 1) / steps : left_),
+        every_(kSpread && left_ > 0 && steps > left_ ? steps / left_ : 1),
+        count_(every_) {}
   void step() {
+    if constexpr (kSpread) {
+      if (--count_ > 0) return;
+      count_ = every_;
+    }
     for (int64_t i = 0; i < per_ && left_ > 0; ++i, --left_) {
       __builtin_prefetch(row_ + line_ * 64);
       if (++line_ == row_lines_) line_ = 0, row_ += stride_;
@@ -214,7 +231,7 @@ class Ahead {
 
  private:
   const char* row_;
-  int64_t line_ = 0, row_lines_, stride_, left_, per_;
+  int64_t line_ = 0, row_lines_, stride_, left_, per_, every_, count_;
 };
 
 // Rows [0, rows) in the fewest chunks of at most `most`, of near-equal sizes (a last chunk of
@@ -327,11 +344,19 @@ HWY_INLINE lanes::V Load(lanes::D d, const T* p, size_t i) {
   return LoadLanes<std::is_same_v<T, uint16_t>>(d, p, i);
 }
 
+// Whether the f32 axpy kernels spread their prefetches (stream::Ahead) on weights of type TB. A/B
+// against the bursts, builds in turn, qwen3-30b-a3b's forward, weights cold (AMD EPYC family 23
+// model 49; ragged_dot_small-cpu-2026-11-27-2/): bf16 weights 1.25-1.35x at 4 rows a group,
+// 1.07-1.16x at 8, 1.03-1.08x at 32, 1.04-1.06x at 64; f32 weights 0.93-1.06x at 4-12 rows, so
+// not there.
+template <typename TB>
+constexpr bool kSpreadAhead = std::is_same_v<TB, uint16_t>;
+
 // acc[r][0, VN) += sum_{k < kc} A[r][k] * B[k][0, VN), A's elements f32 (F32Rows), B's of type
 // TB; pf stepped once per k.
 template <int R, int V, typename TB>
 HWY_INLINE void AxpyF32Panel(const float* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
-                             float* acc, int64_t ld_acc, stream::Ahead& pf) {
+                             float* acc, int64_t ld_acc, stream::Ahead<kSpreadAhead<TB>>& pf) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
   lanes::V s[R][V];
@@ -363,7 +388,7 @@ template <int R, int V, typename TB>
 HWY_NOINLINE void AxpyF32(const float* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
                           int64_t panels, float* acc, int64_t ld_acc, const stream::Lines& ahead) {
   const auto width = static_cast<int64_t>(V * hn::Lanes(lanes::D()));
-  stream::Ahead pf(ahead, panels * kc);
+  stream::Ahead<kSpreadAhead<TB>> pf(ahead, panels * kc);
   for (int64_t p = 0; p < panels; ++p)
     AxpyF32Panel<R, V>(a, lda, kc, b + p * width, ldb, acc + p * width, ld_acc, pf);
 }
@@ -445,7 +470,7 @@ HWY_NOINLINE void DotF32(const T* a, int64_t lda, int64_t kc, const T* b, int64_
                          int64_t ld_out, const stream::Lines& ahead) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
-  stream::Ahead pf(ahead, kc / static_cast<int64_t>(N));
+  stream::Ahead<true> pf(ahead, kc / static_cast<int64_t>(N));
   lanes::V s[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -497,7 +522,7 @@ HWY_NOINLINE void DotSplit(const float* a, int64_t lda, int64_t kc, const uint16
                            float* out, int64_t ld_out, const stream::Lines& ahead) {
   const lanes::D d;
   const auto N = static_cast<int64_t>(hn::Lanes(d));
-  stream::Ahead pf(ahead, kc / (2 * N));
+  stream::Ahead<true> pf(ahead, kc / (2 * N));
   lanes::V s[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -800,7 +825,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                               stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
   kb += kb % 2;                      // whole pairs
   const int64_t kn = it.k1 - it.k0;  // the item's contraction rows, from a's and b's
-  stream::Ahead(stream::lines_of(b, stride, it.cols * es, std::min(kb, kn)), 1).step();
+  stream::Ahead<>(stream::lines_of(b, stride, it.cols * es, std::min(kb, kn)), 1).step();
   const int64_t panels = width / panel;
   // The pair kernels' panel buffer, with several chunks (the first leaves the pairs for the rest).
   auto* pairs =
@@ -908,7 +933,7 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
   auto region = [&](const T* w, int64_t cols, int64_t k0) {
     return stream::lines_of(w + k0, stride, std::min(kb, g.kc - k0) * es, cols);
   };
-  stream::Ahead(region(b, it.cols, 0), 1).step();
+  stream::Ahead<>(region(b, it.cols, 0), 1).step();
   auto* pairs = reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)));
   const int64_t panels = width / panel, calls = panels * chunks.count;
   for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
@@ -1297,7 +1322,7 @@ enum class From { kSource, kSourceStore, kPanel };
 template <int R, int V, bool kFull, From kFrom>
 MOEKIT_AVX512_BF16 inline void axpy_panel(const uint16_t* a, int64_t lda, int64_t kc,
                                           const uint16_t* b, int64_t ldb, int64_t cols, float* acc,
-                                          int64_t ld_acc, Ahead& pf, uint32_t* panel) {
+                                          int64_t ld_acc, Ahead<>& pf, uint32_t* panel) {
   static_assert(V == 2 || V == 4);
   __mmask32 m[V / 2];
 #pragma GCC unroll 2
@@ -1352,7 +1377,7 @@ template <int R, bool kFull, From kFrom>
 MOEKIT_AVX512_BF16 void axpy(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                              int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
                              const Lines& ahead, uint32_t* panel) {
-  Ahead pf(ahead, kc / 2);
+  Ahead<> pf(ahead, kc / 2);
   axpy_panel<R, 4, kFull, kFrom>(a, lda, kc, b, ldb, cols, acc, ld_acc, pf, panel);
 }
 
@@ -1363,7 +1388,7 @@ MOEKIT_AVX512_BF16 void axpy_panels(const uint16_t* a, int64_t lda, int64_t kc, 
                                     const Lines& ahead) {
   constexpr int64_t kWidth = 16 * V;
   const int64_t full = cols / kWidth;
-  Ahead pf(ahead, (full + 1) * (kc / 2));
+  Ahead<> pf(ahead, (full + 1) * (kc / 2));
   for (int64_t p = 0; p < full; ++p) {
     axpy_panel<R, V, true, From::kSource>(a, lda, kc, b + p * kWidth, ldb, kWidth, acc + p * kWidth,
                                           ld_acc, pf, nullptr);
@@ -1406,7 +1431,7 @@ MOEKIT_AVX512_BF16 inline __m128 sum4(const __m512 (&v)[4]) {
 template <int R, int C>
 MOEKIT_AVX512_BF16 void dot(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                             int64_t ldb, float* out, int64_t ld_out, const Lines& ahead) {
-  Ahead pf(ahead, kc / 32);
+  Ahead<> pf(ahead, kc / 32);
   __m512 s[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
@@ -1581,16 +1606,15 @@ HWY_EXPORT(Run);
 // kCpuStream forced beside oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
 // well): the f32 bounds, but on AVX2 (no AVX-512), where the bf16 kernels widen their operands
-// once (F32Rows, SplitRows): the input gradient 128 rows, the forward 128. Forced against oneDNN
-// in one loop (AMD EPYC family 23 model 49, qwen3-30b-a3b, ragged_dot_small-cpu-2026-11-26-11/):
-// the forward 1.82 / 1.54 / 1.29 / 1.17 / 0.96x at 8 / 16 / 32 / 64 / 256 rows per group on
-// average; the input gradient, since oneDNN's f32 stand-in keeps the transposed weights' layout
-// (ragged_dot_onednn.cpp, f32_stand_in), 5.1 / 3.4 / 2.3 / 1.5 / 1.14 / 1.15 / 1.03 / 0.91 / 0.93
-// / 0.83x at 4 / 8 / 16 / 32 / 64 / 80 / 96 / 112 / 128 / 256 (the largest group 1.25x the
-// average; ragged_dot_small-cpu-2026-11-27/; before, 512 rows against the stand-in's row-major
-// copy of the weights, 2.3x slower). f32 on AVX2: the input gradient 48 rows, the forward 24 (the
-// same, f32: input gradient 1.59 / 1.38 / 1.05 / 0.82x at 8 / 16 / 32 / 64 rows on average,
-// forward 1.26 / 1.11 / 0.94 / 1.05x; f32-stream-vs-onednn-2.txt). The choice follows the sizes of
+// once (F32Rows, SplitRows): the input gradient 64 rows, the forward 128. On AVX2, with the
+// prefetches spread (stream::Ahead), `moekit bench ragged_dot --impl stream --baseline onednn`,
+// qwen3-30b-a3b (AMD EPYC family 23 model 49, ragged_dot_small-cpu-2026-11-27-2/; the largest
+// group about 1.25x the average): bf16 forward 1.10 / 1.06 / 0.99 / 0.93x at 64 / 96 / 128 / 192
+// rows per group on average, input gradient 1.25 / 1.05 / 0.96-0.98 / 0.90 / 0.87x at 32 / 48 / 64
+// / 80 / 96 (the bound was 128 rows from an A/B in ab.cpp's loop, -27/, that the tool does not
+// repeat: the old kernels ran 0.90x / 0.84x oneDNN at 64 / 96 there); f32 forward 1.01 / 0.87x at
+// 16 / 32 (the bound 24), input gradient 1.28 / 1.17 / 1.05 / 0.99 / 0.94x at 16 / 20 / 24 / 28 /
+// 32 (the bound 32, was 48). The choice follows the sizes of
 // the call's local groups, not how many of them have rows: an expert-parallel rank (a few local
 // groups) then chooses as the one-rank layer (every group) does unless another rank's expert has
 // more than `most` rows, and its experts' gradients keep the one-rank layer's bits (LayerEp tests;
@@ -1606,8 +1630,8 @@ bool runs_avx2() {
 }
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
-  if (g.in_type == DType::kBF16 && runs_avx2()) return 128;
-  if (runs_avx2()) return g.b_s1 != 1 ? 48 : 24;
+  if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 64 : 128;
+  if (runs_avx2()) return g.b_s1 != 1 ? 32 : 24;
   return g.b_s1 != 1 ? 160 : 12;
 }
 }  // namespace

@@ -493,9 +493,9 @@ bool has_bf16_pairs() {
 }
 bool avx2_only() { return __builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f"); }
 
-// The f32 input gradient (dot products): the bound is 160 rows, 48 on AVX2.
+// The f32 input gradient (dot products): the bound is 160 rows, 32 on AVX2.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroup) {
-  ExpectAutoPicksByTheLargestLocalGroup(40, 72, avx2_only() ? 48 : 160, DlhsPass{});
+  ExpectAutoPicksByTheLargestLocalGroup(40, 72, avx2_only() ? 32 : 160, DlhsPass{});
 }
 
 // The f32 forward against [K, n] weights (the output-contiguous f32 kernel): 12 rows, 24 on AVX2.
@@ -518,9 +518,9 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
 
 // The bf16 input gradient against [K, n] weights: with AVX512-BF16 256 rows, through the dot
 // products (a contraction of up to 4 KiB) or past 32 rows the transposed pairs (longer); on AVX2
-// 128; otherwise the f32 dot products' 160.
+// 64; otherwise the f32 dot products' 160.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16InputGradient) {
-  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 128 : 160;
+  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 64 : 160;
   for (const int64_t n : {1000, 2050}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
     ExpectAutoPicksByTheLargestLocalGroup(72, n, most, DlhsPass{}, DType::kBF16);
