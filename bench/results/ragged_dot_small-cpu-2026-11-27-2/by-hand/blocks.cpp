@@ -7,7 +7,7 @@
 // EVERY steps (a step: one weight row of a panel) from the block's first step until all are out.
 // "mem": each block once (weights from memory); "l1-ish": the first block over and over (from L2,
 // no prefetch: the FMAs' time). Two OpenMP threads, each its half of the weights.
-//   blocks MODE [KB [SECOND [EVERY]]]
+//   [AHEAD=n] blocks MODE [KB [SECOND [EVERY]]]   (AHEAD: prefetch the block n ahead, default 1)
 #include <immintrin.h>
 #include <omp.h>
 
@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   const int kb = argc > 2 ? atoi(argv[2]) : 85;
   const int second = argc > 3 ? atoi(argv[3]) : 2;  // rows of the second chunk (0: none)
   const int every = argc > 4 ? atoi(argv[4]) : 1;
+  const size_t ahead = getenv("AHEAD") ? atoi(getenv("AHEAD")) : 1;  // blocks ahead
   const size_t rows_total = (size_t(384) << 20) / kRowBytes;
   std::vector<uint16_t> w(rows_total * kCols, 0x3f80);
   const int threads = omp_get_max_threads();
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
         const size_t blocks = per / kb;
         for (size_t b = 0; b < blocks; ++b) {
           const uint16_t* blk = w.data() + (first + (l1 ? 0 : b * kb)) * kCols;
-          const char* pf = reinterpret_cast<const char*>(blk + (size_t)kb * kCols);
+          const char* pf = reinterpret_cast<const char*>(blk + (size_t)kb * kCols * ahead);
           int pf_left = (l1 || mode == 0) ? 0 : kb * kRowBytes / 64;
           int tick = 0;
           if (mode == 4) {
