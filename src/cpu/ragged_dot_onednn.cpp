@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "check.h"
+#include "cpu/convert.h"
 #include "cpu/grouped_gemm.h"
 
 namespace moekit::detail {
@@ -256,11 +257,13 @@ Run prepare(const char* op, const Gemm& shape, Status* status) {
 void widen(const bf16_bits* src, int64_t s0, int64_t s1, int64_t rows, int64_t cols, float* dst,
            int64_t d0, int64_t d1) {
   const bool parallel = !omp_in_parallel() && rows * cols >= (1 << 16);
-  if (s0 == 1 && d0 == 1) {
+  const bool by_columns = s0 == 1 && d0 == 1;
+  if (by_columns || (s1 == 1 && d1 == 1)) {  // contiguous lines on both sides
+    const int64_t lines = by_columns ? cols : rows, length = by_columns ? rows : cols;
+    const int64_t src_step = by_columns ? s1 : s0, dst_step = by_columns ? d1 : d0;
 #pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t c = 0; c < cols; ++c) {
-      for (int64_t r = 0; r < rows; ++r) dst[r + c * d1] = bf16_to_float(src[r + c * s1]);
-    }
+    for (int64_t i = 0; i < lines; ++i)
+      load_row_as_float(src + i * src_step, DType::kBF16, length, dst + i * dst_step);
     return;
   }
 #pragma omp parallel for schedule(static) if (parallel)
