@@ -360,10 +360,12 @@ template <typename TB>
 constexpr bool kSpreadAhead = std::is_same_v<TB, uint16_t>;
 
 // acc[r][0, VN) += sum_{k < kc} A[r][k] * B[k][0, VN), A's elements f32 (F32Rows), B's of type
-// TB; pf stepped once per k.
-template <int R, int V, typename TB>
+// TB; pf stepped once per k. kWiden: B's rows also stored as f32 in wide[k][0, VN), rows ld_wide
+// apart.
+template <int R, int V, typename TB, bool kSpread, bool kWiden>
 HWY_INLINE void AxpyF32Panel(const float* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
-                             float* acc, int64_t ld_acc, stream::Ahead<kSpreadAhead<TB>>& pf) {
+                             float* acc, int64_t ld_acc, stream::Ahead<kSpread>& pf, float* wide,
+                             int64_t ld_wide) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
   lanes::V s[R][V];
@@ -377,6 +379,10 @@ HWY_INLINE void AxpyF32Panel(const float* a, int64_t lda, int64_t kc, const TB* 
     lanes::V bv[V];
 #pragma GCC unroll 4
     for (int i = 0; i < V; ++i) bv[i] = Load(d, row, i * N);
+    if constexpr (kWiden) {
+#pragma GCC unroll 4
+      for (int i = 0; i < V; ++i) hn::StoreU(bv[i], d, wide + k * ld_wide + i * N);
+    }
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const lanes::V av = hn::Set(d, a[r * lda + k]);
@@ -390,14 +396,18 @@ HWY_INLINE void AxpyF32Panel(const float* a, int64_t lda, int64_t kc, const TB* 
     for (int i = 0; i < V; ++i) hn::StoreU(s[r][i], d, acc + r * ld_acc + i * N);
 }
 
-// AxpyF32Panel over `panels` panels of VN columns side by side (B's and acc's), in one call.
-template <int R, int V, typename TB>
+// AxpyF32Panel over `panels` panels of VN columns side by side (B's and acc's), in one call;
+// kWiden: B's rows also stored as f32 in wide ([kc][panels VN]).
+template <int R, int V, typename TB, bool kSpread = kSpreadAhead<TB>, bool kWiden = false>
 HWY_NOINLINE void AxpyF32(const float* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
-                          int64_t panels, float* acc, int64_t ld_acc, const stream::Lines& ahead) {
+                          int64_t panels, float* acc, int64_t ld_acc, const stream::Lines& ahead,
+                          float* wide = nullptr) {
   const auto width = static_cast<int64_t>(V * hn::Lanes(lanes::D()));
-  stream::Ahead<kSpreadAhead<TB>> pf(ahead, panels * kc);
-  for (int64_t p = 0; p < panels; ++p)
-    AxpyF32Panel<R, V>(a, lda, kc, b + p * width, ldb, acc + p * width, ld_acc, pf);
+  stream::Ahead<kSpread> pf(ahead, panels * kc);
+  for (int64_t p = 0; p < panels; ++p) {
+    AxpyF32Panel<R, V, TB, kSpread, kWiden>(a, lda, kc, b + p * width, ldb, acc + p * width, ld_acc,
+                                            pf, wide + p * width, panels * width);
+  }
 }
 
 // The sum of the lanes of v.
@@ -578,14 +588,14 @@ HWY_INLINE void WithRows(int rows, Args&&... args) {
     return WithRows<kMax - 1, Kernel>(rows, std::forward<Args>(args)...);
   }
 }
-// The f32 axpy kernels on B's elements of type TB (A's f32).
-template <typename TB>
+// The f32 axpy kernels on B's elements of type TB (A's f32); kSpread, kWiden as AxpyF32's.
+template <typename TB, bool kSpread = kSpreadAhead<TB>, bool kWiden = false>
 struct Axpy {
   template <int R>
   struct K {
     template <typename... Args>
     static void Run(Args&&... args) {
-      AxpyF32<R, 4, TB>(std::forward<Args>(args)...);
+      AxpyF32<R, 4, TB, kSpread, kWiden>(std::forward<Args>(args)...);
     }
   };
   // Panels of 2 vectors, for up to twice the rows.
@@ -593,7 +603,7 @@ struct Axpy {
   struct K2 {
     template <typename... Args>
     static void Run(Args&&... args) {
-      AxpyF32<R, 2, TB>(std::forward<Args>(args)...);
+      AxpyF32<R, 2, TB, kSpread, kWiden>(std::forward<Args>(args)...);
     }
   };
 };
@@ -689,6 +699,12 @@ float* ThreadBuffer(size_t n) {
   return b.get(n);
 }
 float* ThreadPanel(size_t n) {
+  thread_local Buffer b;
+  return b.get(n);
+}
+// The f32 copy of a block's panel of bf16 weights that the first chunk of rows leaves for the
+// others (AxpyItem).
+float* WidePanel(size_t n) {
   thread_local Buffer b;
   return b.get(n);
 }
@@ -842,6 +858,16 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
       kPairs && chunks.count > 1
           ? reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)))
           : nullptr;
+  // The f32 kernels on bf16 weights (AVX2), 3 chunks or more: the first chunk widens each panel
+  // of the block into `wide` as it reads it, and the others multiply that f32 copy (from L1) rather
+  // than widen it again. A/B in one loop, qwen3-30b-a3b's forward, weights cold (AMD EPYC family 23
+  // model 49; bench/results/ragged_dot_small-cpu-2026-11-27-3/): 14 / 16 / 20 / 32 / 64 rows a
+  // group 1.02 / 1.04-1.08 / 1.04 / 1.05-1.07 / 1.07x, olmoe-1b-7b's gate|up (4 KiB rows) at 32
+  // rows 1.12x; with 2 chunks (6 + 2 rows, 6 + 6) 0.95-0.97x: the first chunk's stores cost more
+  // than the second one saves.
+  constexpr bool kWidenOnce = !kPairs && HWY_TARGET == HWY_AVX2 && std::is_same_v<T, uint16_t>;
+  float* wide =
+      kWidenOnce && chunks.count > 2 ? WidePanel(static_cast<size_t>(kb * panel)) : nullptr;
   for (int64_t k0 = 0; k0 < kn; k0 += kb) {
     const int64_t kc = std::min(kb, kn - k0);
     const stream::Lines next =
@@ -886,22 +912,29 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                              cols, sums, width, ahead, pairs,
                              r0 > 0 ? stream::PanelUse::kRead : stream::PanelUse::kWrite);
         } else {
-          // The panel from B, or its zero-padded f32 copy; in one call (4 vectors) or two halves
-          // side by side (2 vectors, kNarrow past 2 rows).
+          // The panel from B, its zero-padded f32 copy or its f32 copy in `wide`; in one call (4
+          // vectors) or two halves side by side (2 vectors, kNarrow past 2 rows).
           const float* ar = af + r0 * ld_af;
           const bool narrow = kNarrow && rows > 2;
-          if (pp == nullptr && narrow) {
-            WithRows<2 * kF32Rows, Axpy<T>::template K2>(rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0,
-                                                         g.b_s0, int64_t{2}, sums, width, ahead);
-          } else if (pp == nullptr) {
-            WithRows<kF32Rows, Axpy<T>::template K>(rows, ar, ld_af, kc, b + k0 * g.b_s0 + c0,
-                                                    g.b_s0, int64_t{1}, sums, width, ahead);
-          } else if (narrow) {
-            WithRows<2 * kF32Rows, Axpy<float>::template K2>(rows, ar, ld_af, kc, pp, panel,
-                                                             int64_t{2}, sums, width, ahead);
-          } else {
-            WithRows<kF32Rows, Axpy<float>::template K>(rows, ar, ld_af, kc, pp, panel, int64_t{1},
-                                                        sums, width, ahead);
+          auto chunk = [&](auto kernels, const auto* from, int64_t ld, auto... widen_to) {
+            using Kernels = decltype(kernels);
+            if (narrow) {
+              WithRows<2 * kF32Rows, Kernels::template K2>(
+                  rows, ar, ld_af, kc, from, ld, int64_t{2}, sums, width, ahead, widen_to...);
+            } else {
+              WithRows<kF32Rows, Kernels::template K>(rows, ar, ld_af, kc, from, ld, int64_t{1},
+                                                      sums, width, ahead, widen_to...);
+            }
+          };
+          const T* from_b = b + k0 * g.b_s0 + c0;
+          if (pp != nullptr) {
+            chunk(Axpy<float>{}, pp, panel);
+          } else if (wide == nullptr) {
+            chunk(Axpy<T>{}, from_b, g.b_s0);
+          } else if (r0 == 0) {  // the first chunk widens the panel into `wide`
+            chunk(Axpy<T, true, true>{}, from_b, g.b_s0, wide);
+          } else {  // the others multiply that
+            chunk(Axpy<float, true>{}, static_cast<const float*>(wide), panel);
           }
         }
       }
