@@ -1649,15 +1649,17 @@ HWY_EXPORT(Run);
 // kCpuStream forced beside oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
 // well): the f32 bounds, but on AVX2 (no AVX-512), where the bf16 kernels widen their operands
-// once (F32Rows, SplitRows): the input gradient 64 rows, the forward 128. On AVX2, with the
-// prefetches spread (stream::Ahead), `moekit bench ragged_dot --impl stream --baseline onednn`,
-// qwen3-30b-a3b (AMD EPYC family 23 model 49, ragged_dot_small-cpu-2026-11-27-2/; the largest
-// group about 1.25x the average): bf16 forward 1.10 / 1.06 / 0.99 / 0.93x at 64 / 96 / 128 / 192
-// rows per group on average, input gradient 1.25 / 1.05 / 0.96-0.98 / 0.90 / 0.87x at 32 / 48 / 64
-// / 80 / 96 (the bound was 128 rows from an A/B in ab.cpp's loop, -27/, that the tool does not
-// repeat: the old kernels ran 0.90x / 0.84x oneDNN at 64 / 96 there); f32 forward 1.01 / 0.87x at
-// 16 / 32 (the bound 24), input gradient 1.28 / 1.17 / 1.05 / 0.99 / 0.94x at 16 / 20 / 24 / 28 /
-// 32 (the bound 32, was 48). The choice follows the sizes of
+// once (F32Rows, SplitRows): the input gradient 128 rows, the forward 256. On AVX2, with the
+// prefetches spread by lines (stream::part) and 3 chunks or more multiplying one widened copy of
+// a panel, `moekit bench ragged_dot --impl stream --baseline onednn` (AMD EPYC family 23 model 49,
+// ragged_dot_small-cpu-2026-11-27-3/stream-vs-onednn-bf16.txt; the largest group about 1.25x the
+// average): bf16 forward, qwen3-30b-a3b 1.20 / 1.15 / 1.08 / 1.03 / 1.05 / 0.98 / 0.92x at 64 / 96
+// / 128 / 192 / 256 / 384 / 512 rows per group on average, olmoe-1b-7b 1.62 / 1.59 / 1.13x at 128
+// / 256 / 384, gpt-oss-20b 1.08 / 0.95x at 128 / 256, mixtral-8x7b 1.01 / 0.85x at 256 / 512;
+// input gradient (qwen3) 1.32 / 1.16 / 1.04 / 0.99x at 48 / 64 / 96 / 128 (before those two
+// changes, -27-2/: forward 0.99x at 128, input gradient 0.96-0.98x at 64, the bounds 128 and 64).
+// f32 forward 1.01 / 0.87x at 16 / 32 (the bound 24), input gradient 1.28 / 1.17 / 1.05 / 0.99 /
+// 0.94x at 16 / 20 / 24 / 28 / 32 (the bound 32; -27-2/). The choice follows the sizes of
 // the call's local groups, not how many of them have rows: an expert-parallel rank (a few local
 // groups) then chooses as the one-rank layer (every group) does unless another rank's expert has
 // more than `most` rows, and its experts' gradients keep the one-rank layer's bits (LayerEp tests;
@@ -1673,7 +1675,7 @@ bool runs_avx2() {
 }
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
-  if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 64 : 128;
+  if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 128 : 256;
   if (runs_avx2()) return g.b_s1 != 1 ? 32 : 24;
   return g.b_s1 != 1 ? 160 : 12;
 }

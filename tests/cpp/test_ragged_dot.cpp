@@ -507,9 +507,9 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
 
 // The bf16 forward against [K, n] weights: with AVX512-BF16 the pair kernel's 256 rows, whatever
 // the bytes of a weight row (narrow, 2 KiB and wide, past the items' 4 KiB spans and 64 KiB
-// sums); on AVX2 128; otherwise the f32 kernel's 12.
+// sums); on AVX2 256 too; otherwise the f32 kernel's 12.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
-  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 128 : 12;
+  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 256 : 12;
   for (const int64_t n : {72, 1024, 4200}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
     ExpectAutoPicksByTheLargestLocalGroup(1000, n, most, FwdPass{}, DType::kBF16);
@@ -518,9 +518,9 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
 
 // The bf16 input gradient against [K, n] weights: with AVX512-BF16 256 rows, through the dot
 // products (a contraction of up to 4 KiB) or past 32 rows the transposed pairs (longer); on AVX2
-// 64; otherwise the f32 dot products' 160.
+// 128; otherwise the f32 dot products' 160.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16InputGradient) {
-  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 64 : 160;
+  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 128 : 160;
   for (const int64_t n : {1000, 2050}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
     ExpectAutoPicksByTheLargestLocalGroup(72, n, most, DlhsPass{}, DType::kBF16);
