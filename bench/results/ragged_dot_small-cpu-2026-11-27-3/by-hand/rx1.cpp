@@ -1,10 +1,12 @@
 // R rows x V vectors of f32 sums over bf16 weights in L1: GFLOP/s of one core.
 #include <immintrin.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 static inline __m256 widen(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 constexpr int KB = 64, COLS = 64;
 alignas(64) uint16_t W[KB * COLS];
@@ -48,7 +50,16 @@ void time_it() {
 int main() {
   for (auto& w : W) w = 0x3f80;
   for (auto& a : A) a = 1e-3f;
-  time_it<6, 2>(); time_it<2, 4>(); time_it<4, 2>(); time_it<4, 3>();
-  time_it<8, 1>(); time_it<10, 1>(); time_it<12, 1>(); time_it<13, 1>(); time_it<14, 1>();
-  time_it<7, 1>(); time_it<5, 2>(); time_it<6, 2>();
+  time_it<6, 2>();
+  time_it<2, 4>();
+  time_it<4, 2>();
+  time_it<4, 3>();
+  time_it<8, 1>();
+  time_it<10, 1>();
+  time_it<12, 1>();
+  time_it<13, 1>();
+  time_it<14, 1>();
+  time_it<7, 1>();
+  time_it<5, 2>();
+  time_it<6, 2>();
 }

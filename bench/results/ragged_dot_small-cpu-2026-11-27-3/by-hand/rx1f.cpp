@@ -1,10 +1,12 @@
 // R rows x V vectors of f32 sums over bf16 weights in L1: GFLOP/s of one core.
 #include <immintrin.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 static inline __m256 widen(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
 }
 constexpr int KB = 64, COLS = 64;
 alignas(64) uint16_t W[KB * COLS];
@@ -24,7 +26,9 @@ __attribute__((noinline)) void run(int reps) {
       for (int k = 0; k < KB; ++k) {
         __m256 b[V];
 #pragma GCC unroll 4
-        for (int i = 0; i < V; ++i) b[i] = F ? _mm256_loadu_ps(WF + k * COLS + p * 8 * V + i * 8) : widen(W + k * COLS + p * 8 * V + i * 8);
+        for (int i = 0; i < V; ++i)
+          b[i] = F ? _mm256_loadu_ps(WF + k * COLS + p * 8 * V + i * 8)
+                   : widen(W + k * COLS + p * 8 * V + i * 8);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           const __m256 av = _mm256_broadcast_ss(A + r * KB + k);
@@ -50,6 +54,13 @@ void time_it() {
 int main() {
   for (auto& w : W) w = 0x3f80;
   for (auto& a : A) a = 1e-3f;
-  for (int f = 0; f < 2; ++f) { F = f; std::printf(f ? "f32 weights\n" : "bf16 weights\n");
-  time_it<6, 2>(); time_it<2, 4>(); time_it<3, 4>(); time_it<4, 2>(); time_it<5, 2>(); }
+  for (int f = 0; f < 2; ++f) {
+    F = f;
+    std::printf(f ? "f32 weights\n" : "bf16 weights\n");
+    time_it<6, 2>();
+    time_it<2, 4>();
+    time_it<3, 4>();
+    time_it<4, 2>();
+    time_it<5, 2>();
+  }
 }
