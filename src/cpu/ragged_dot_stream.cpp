@@ -1001,6 +1001,118 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
                       g.ldc);
 }
 
+// pan[k][c] = w[c][k] as f32 for k < kc, c < panel (the weight rows past `cols` give 0): `panel`
+// weight rows, ldw apart, contiguous along k. On AVX2, 8 x 8 at a time in registers.
+template <typename T>
+void TransposePanel(const T* w, int64_t ldw, int64_t kc, int64_t cols, float* pan, int64_t panel) {
+  int64_t k8 = 0;
+#if HWY_TARGET == HWY_AVX2
+  k8 = kc / 8 * 8;
+  for (int64_t c = 0; c < panel; c += 8) {
+    for (int64_t k = 0; k < k8; k += 8) {
+      __m256 r[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const T* p = w + (c + i) * ldw + k;
+        if (c + i >= cols) {
+          r[i] = _mm256_setzero_ps();
+        } else if constexpr (std::is_same_v<T, uint16_t>) {
+          r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
+              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+        } else {
+          r[i] = _mm256_loadu_ps(p);
+        }
+      }
+      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]),
+                   t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]),
+                   t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]),
+                   t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+      const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee),
+                   s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee),
+                   s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee),
+                   s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+      float* o = pan + k * panel + c;
+      _mm256_storeu_ps(o, _mm256_permute2f128_ps(s0, s4, 0x20));
+      _mm256_storeu_ps(o + panel, _mm256_permute2f128_ps(s1, s5, 0x20));
+      _mm256_storeu_ps(o + 2 * panel, _mm256_permute2f128_ps(s2, s6, 0x20));
+      _mm256_storeu_ps(o + 3 * panel, _mm256_permute2f128_ps(s3, s7, 0x20));
+      _mm256_storeu_ps(o + 4 * panel, _mm256_permute2f128_ps(s0, s4, 0x31));
+      _mm256_storeu_ps(o + 5 * panel, _mm256_permute2f128_ps(s1, s5, 0x31));
+      _mm256_storeu_ps(o + 6 * panel, _mm256_permute2f128_ps(s2, s6, 0x31));
+      _mm256_storeu_ps(o + 7 * panel, _mm256_permute2f128_ps(s3, s7, 0x31));
+    }
+  }
+#endif
+  for (int64_t c = 0; c < panel; ++c) {
+    for (int64_t k = k8; k < kc; ++k)
+      pan[k * panel + c] = c < cols ? as_float(w[c * ldw + k]) : 0.f;
+  }
+}
+
+// The contraction-contiguous form (b_s0 == 1) through the f32 axpy kernels of the output-contiguous
+// one, for items of more than kSumsRows rows (AVX2): blocks of contraction rows, panel by panel (4N
+// weight rows), each panel's weights transposed as f32 into the panel buffer (TransposePanel) and
+// every chunk of rows run on it; the next block prefetched over the calls. The sums are in `acc`
+// ([rows][cols rounded up to panels]). Against the dot products (DotItem), A/B in one loop,
+// qwen3-30b-a3b's input gradient, weights cold (AMD EPYC family 23 model 49,
+// bench/results/ragged_dot_small-cpu-2026-11-27-3/ab-transposed.txt): bf16 at 48 / 64 / 128 rows a
+// group 1.0 / 1.08-1.09 / 1.15-1.17x, f32 at 64 rows 1.07x, at 32 level (most items 32 rows or
+// fewer). With the transposition in scalar code it took a fifth of the time and the path ran
+// 0.92-0.97x.
+template <typename T, bool kOutBf16>
+void TransposedF32Item(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
+  const auto panel = static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+  constexpr bool kNarrow = kF32NarrowChunks<T>;
+  const stream::Chunks chunks(it.rows, kNarrow ? 2 * kF32Rows : kF32Rows);
+  const int64_t width = round_up(it.cols, panel);
+  float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
+  std::fill(acc, acc + it.rows * width, 0.f);
+  const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
+  auto weights = [&](const Item& i) {
+    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.col * g.b_s1;
+  };
+  const T* b = weights(it);
+  const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s1 * es;
+  const int64_t kb = std::max(stream::kMinBlockRows, stream::kBlockBytes / (width * es));
+  auto region = [&](const T* w, int64_t cols, int64_t k0) {
+    return stream::lines_of(w + k0, stride, std::min(kb, g.kc - k0) * es, cols);
+  };
+  stream::Ahead<>(region(b, it.cols, 0), 1).step();
+  float* pan = WidePanel(static_cast<size_t>(kb * panel));
+  const int64_t calls = width / panel * chunks.count;
+  for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
+    const int64_t kc = std::min(kb, g.kc - k0);
+    const stream::Lines next = k0 + kc < g.kc ? region(b, it.cols, k0 + kc)
+                               : next_item    ? region(weights(*next_item), next_item->cols, 0)
+                                              : stream::Lines{};
+    int64_t ld_af = 0;
+    const float* af = F32Rows(a + k0, g.lda, it.rows, kc, ld_af);
+    int64_t call = 0;
+    for (int64_t c0 = 0; c0 < width; c0 += panel) {
+      const int64_t cols = std::min(panel, it.cols - c0);
+      TransposePanel(b + c0 * g.b_s1 + k0, g.b_s1, kc, cols, pan, panel);
+      for (int64_t ci = 0; ci < chunks.count; ++ci, ++call) {
+        const int64_t r0 = chunks.begin(ci);
+        const int rows = chunks.size(ci);
+        const stream::Lines ahead = stream::part(next, call, calls);
+        float* sums = acc + r0 * width + c0;
+        if (kNarrow && rows > 2) {
+          WithRows<2 * kF32Rows, Axpy<float, true>::template K2>(
+              rows, af + r0 * ld_af, ld_af, kc, static_cast<const float*>(pan), panel, int64_t{2},
+              sums, width, ahead);
+        } else {
+          WithRows<kF32Rows, Axpy<float, true>::template K>(
+              rows, af + r0 * ld_af, ld_af, kc, static_cast<const float*>(pan), panel, int64_t{1},
+              sums, width, ahead);
+        }
+      }
+    }
+  }
+  StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
+                      static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
+                      g.ldc);
+}
+
 // The contraction-contiguous form (b_s0 == 1), one item: its output columns are weight rows.
 // The contraction goes in spans of about kSpanBytes per row (so that a chunk's span of rows stays
 // in L1, and the item's in L2, however long the rows); within a span, the weight rows go by
@@ -1151,7 +1263,10 @@ void AddParts(const RowGroupedGemm& g, const std::vector<Item>& items, float* pa
 template <bool kPairs, typename T, bool kOutBf16>
 void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  const bool transposed = kPairs && stream::long_dot(g);
+  // The contraction-contiguous form's items of more than kSumsRows rows on transposed panels: the
+  // pair kernels' where the contraction is long (stream::long_dot), the f32 kernels' on AVX2
+  // (TransposedF32Item says why).
+  const bool transposed = kPairs ? stream::long_dot(g) : HWY_TARGET == HWY_AVX2;
   const std::vector<Item> items =
       stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows, transposed);
   int64_t part_floats = 0;  // the parts of the contraction's sums
@@ -1170,7 +1285,11 @@ void RunItems(const RowGroupedGemm& g) {
       if (g.b_s1 == 1) {
         AxpyItem<kPairs, T, kOutBf16>(g, items[i], next, parts);
       } else if (transposed && items[i].rows > stream::kSumsRows) {
-        if constexpr (kPairs) TransposedItem<kOutBf16>(g, items[i], next);
+        if constexpr (kPairs) {
+          TransposedItem<kOutBf16>(g, items[i], next);
+        } else {
+          TransposedF32Item<T, kOutBf16>(g, items[i], next);
+        }
       } else {
         DotItem<kPairs, T, kOutBf16>(g, items[i], next);
       }
