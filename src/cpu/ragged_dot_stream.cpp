@@ -1768,7 +1768,7 @@ HWY_EXPORT(Run);
 // kCpuStream forced beside oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
 // well): the f32 bounds, but on AVX2 (no AVX-512), where the bf16 kernels widen their operands
-// once (F32Rows, SplitRows): the input gradient 128 rows, the forward 256. On AVX2, with the
+// once (F32Rows, SplitRows): the input gradient 384 rows, the forward 256. On AVX2, with the
 // prefetches spread by lines (stream::part) and 3 chunks or more multiplying one widened copy of
 // a panel, `moekit bench ragged_dot --impl stream --baseline onednn` (AMD EPYC family 23 model 49,
 // ragged_dot_small-cpu-2026-11-27-3/stream-vs-onednn-bf16.txt; the largest group about 1.25x the
@@ -1776,7 +1776,11 @@ HWY_EXPORT(Run);
 // / 128 / 192 / 256 / 384 / 512 rows per group on average, olmoe-1b-7b 1.62 / 1.59 / 1.13x at 128
 // / 256 / 384, gpt-oss-20b 1.08 / 0.95x at 128 / 256, mixtral-8x7b 1.01 / 0.85x at 256 / 512;
 // input gradient (qwen3) 1.32 / 1.16 / 1.04 / 0.99x at 48 / 64 / 96 / 128 (before those two
-// changes, -27-2/: forward 0.99x at 128, input gradient 0.96-0.98x at 64, the bounds 128 and 64).
+// changes, -27-2/: forward 0.99x at 128, input gradient 0.96-0.98x at 64, the bounds 128 and 64);
+// then with its items of more than 32 rows on transposed panels (TransposedF32Item;
+// -27-3/stream-vs-onednn-dlhs.txt) 1.11 / 1.14 / 1.08 / 0.99 / 0.95x at 128 / 192 / 256 / 384 /
+// 512 rows on average, so 384 in the largest group (about 307 on average); f32 1.00 / 0.94 / 1.01
+// / 1.00 / 0.99x at 32 / 48 / 64 / 96 / 128 (level: the bound stays).
 // f32 forward 1.01 / 0.87x at 16 / 32 (the bound 24), input gradient 1.28 / 1.17 / 1.05 / 0.99 /
 // 0.94x at 16 / 20 / 24 / 28 / 32 (the bound 32; -27-2/). The choice follows the sizes of
 // the call's local groups, not how many of them have rows: an expert-parallel rank (a few local
@@ -1794,7 +1798,7 @@ bool runs_avx2() {
 }
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
-  if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 128 : 256;
+  if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 384 : 256;
   if (runs_avx2()) return g.b_s1 != 1 ? 32 : 24;
   return g.b_s1 != 1 ? 160 : 12;
 }
