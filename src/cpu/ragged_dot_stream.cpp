@@ -950,57 +950,6 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                       g.ldc);
 }
 
-// The contraction-contiguous form (b_s0 == 1) through the pair kernels of the output-contiguous
-// one, for items of more than kSumsRows rows (bf16 pairs only): blocks of contraction rows, panel
-// by panel (64 weight rows), each panel's pairs transposed into the panel buffer
-// (stream::transpose_pairs) and every chunk of rows run on it; the next block prefetched over
-// the calls. The sums, in column order, are in `acc` ([rows][cols rounded up to panels]).
-template <bool kOutBf16>
-void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
-  using T = uint16_t;
-  constexpr int64_t panel = stream::kPanel;
-  const stream::Chunks chunks(it.rows, stream::kAxpyRows);
-  const int64_t width = round_up(it.cols, panel);
-  float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
-  std::fill(acc, acc + it.rows * width, 0.f);
-  const T* a = static_cast<const T*>(g.a) + it.row * g.lda;
-  auto weights = [&](const Item& i) {
-    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.col * g.b_s1;
-  };
-  const T* b = weights(it);
-  const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s1 * es;
-  // Contraction rows per block: about kBlockBytes of the item's weight rows (counted in whole
-  // panels, as the panel buffer holds them), whole pairs.
-  int64_t kb = std::max(stream::kMinBlockRows, stream::kBlockBytes / (width * es));
-  kb += kb % 2;
-  auto region = [&](const T* w, int64_t cols, int64_t k0) {
-    return stream::lines_of(w + k0, stride, std::min(kb, g.kc - k0) * es, cols);
-  };
-  stream::Ahead<>(region(b, it.cols, 0), 1).step();
-  auto* pairs = reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)));
-  const int64_t panels = width / panel, calls = panels * chunks.count;
-  for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
-    const int64_t kc = std::min(kb, g.kc - k0);
-    const stream::Lines next = k0 + kc < g.kc ? region(b, it.cols, k0 + kc)
-                               : next_item    ? region(weights(*next_item), next_item->cols, 0)
-                                              : stream::Lines{};
-    int64_t call = 0;
-    for (int64_t c0 = 0; c0 < width; c0 += panel) {
-      stream::transpose_pairs(b + c0 * g.b_s1 + k0, g.b_s1, kc, std::min(panel, it.cols - c0),
-                              pairs);
-      for (int64_t ci = 0; ci < chunks.count; ++ci, ++call) {
-        const int64_t r0 = chunks.begin(ci);
-        stream::axpy_pairs(chunks.size(ci), a + r0 * g.lda + k0, g.lda, kc, nullptr, 0, panel,
-                           acc + r0 * width + c0, width, stream::part(next, call, calls), pairs,
-                           stream::PanelUse::kRead);
-      }
-    }
-  }
-  StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
-                      static_cast<char*>(g.c) + (it.row * g.ldc + it.col) * dtype_size(g.out_type),
-                      g.ldc);
-}
-
 // pan[k][c] = w[c][k] as f32 for k < kc, c < panel (the weight rows past `cols` give 0): `panel`
 // weight rows, ldw apart, contiguous along k. On AVX2, 8 x 8 at a time in registers.
 template <typename T>
@@ -1049,21 +998,27 @@ void TransposePanel(const T* w, int64_t ldw, int64_t kc, int64_t cols, float* pa
   }
 }
 
-// The contraction-contiguous form (b_s0 == 1) through the f32 axpy kernels of the output-contiguous
-// one, for items of more than kSumsRows rows (AVX2): blocks of contraction rows, panel by panel (4N
-// weight rows), each panel's weights transposed as f32 into the panel buffer (TransposePanel) and
-// every chunk of rows run on it; the next block prefetched over the calls. The sums are in `acc`
-// ([rows][cols rounded up to panels]). Against the dot products (DotItem), A/B in one loop,
-// qwen3-30b-a3b's input gradient, weights cold (AMD EPYC family 23 model 49,
-// bench/results/ragged_dot_small-cpu-2026-11-27-3/ab-transposed.txt): bf16 at 48 / 64 / 128 rows a
-// group 1.0 / 1.08-1.09 / 1.15-1.17x, f32 at 64 rows 1.07x, at 32 level (most items 32 rows or
-// fewer). With the transposition in scalar code it took a fifth of the time and the path ran
-// 0.92-0.97x.
-template <typename T, bool kOutBf16>
-void TransposedF32Item(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
-  const auto panel = static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  constexpr bool kNarrow = kF32NarrowChunks<T>;
-  const stream::Chunks chunks(it.rows, kNarrow ? 2 * kF32Rows : kF32Rows);
+// The contraction-contiguous form (b_s0 == 1) through the axpy kernels of the output-contiguous
+// one, for items of more than kSumsRows rows: blocks of contraction rows, panel by panel, each
+// panel's weights transposed into the panel buffer and every chunk of rows run on it; the next
+// block prefetched over the calls. kPairs: the pair kernels (bf16; panels of 64 weight rows as
+// pairs, stream::transpose_pairs), where the contraction is long (stream::long_dot); else the f32
+// kernels (AVX2; panels of 4N weight rows as f32, TransposePanel). The sums, in column order, are
+// in `acc` ([rows][cols rounded up to panels]). The f32 kernels against the dot products (DotItem),
+// A/B in one loop, weights cold (AMD EPYC family 23 model 49,
+// bench/results/ragged_dot_small-cpu-2026-11-27-3/ab-transposed.txt): qwen3-30b-a3b's input
+// gradient in bf16 at 48 / 64 / 128 / 256 rows a group 1.0 / 1.08-1.09 / 1.15-1.17 / 1.16x, in f32
+// at 64 rows 1.07x, at 32 level (most items 32 rows or fewer); its forward against [E, n, K]
+// weights 1.19-1.24x at 64-128 rows; mixtral-8x7b's input gradient (a 14336-long contraction) at
+// 64 rows 1.19-1.32x. With the transposition in scalar code it took a fifth of the time and the
+// path ran 0.92-0.97x; from 13 or 21 rows (the items' sums bounded as here) 0.70-0.95x.
+template <bool kPairs, typename T, bool kOutBf16>
+void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
+  const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+  constexpr bool kNarrow = !kPairs && kF32NarrowChunks<T>;
+  const stream::Chunks chunks(it.rows, kPairs    ? stream::kAxpyRows
+                                       : kNarrow ? 2 * kF32Rows
+                                                 : kF32Rows);
   const int64_t width = round_up(it.cols, panel);
   float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
   std::fill(acc, acc + it.rows * width, 0.f);
@@ -1073,37 +1028,53 @@ void TransposedF32Item(const RowGroupedGemm& g, const Item& it, const Item* next
   };
   const T* b = weights(it);
   const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s1 * es;
-  const int64_t kb = std::max(stream::kMinBlockRows, stream::kBlockBytes / (width * es));
+  // Contraction rows per block: about kBlockBytes of the item's weight rows (counted in whole
+  // panels, as the panel buffer holds them), whole pairs.
+  int64_t kb = std::max(stream::kMinBlockRows, stream::kBlockBytes / (width * es));
+  kb += kb % 2;
   auto region = [&](const T* w, int64_t cols, int64_t k0) {
     return stream::lines_of(w + k0, stride, std::min(kb, g.kc - k0) * es, cols);
   };
   stream::Ahead<>(region(b, it.cols, 0), 1).step();
-  float* pan = WidePanel(static_cast<size_t>(kb * panel));
+  // The panel buffer: [kb / 2][panel] pairs, or [kb][panel] f32.
+  float* pan = kPairs ? ThreadPanel(static_cast<size_t>((kb / 2) * panel))
+                      : WidePanel(static_cast<size_t>(kb * panel));
+  auto* pairs = reinterpret_cast<uint32_t*>(pan);
   const int64_t calls = width / panel * chunks.count;
   for (int64_t k0 = 0; k0 < g.kc; k0 += kb) {
     const int64_t kc = std::min(kb, g.kc - k0);
     const stream::Lines next = k0 + kc < g.kc ? region(b, it.cols, k0 + kc)
                                : next_item    ? region(weights(*next_item), next_item->cols, 0)
                                               : stream::Lines{};
+    // The f32 kernels' rows of A over the block, as f32.
     int64_t ld_af = 0;
-    const float* af = F32Rows(a + k0, g.lda, it.rows, kc, ld_af);
+    const float* af = nullptr;
+    if constexpr (!kPairs) af = F32Rows(a + k0, g.lda, it.rows, kc, ld_af);
     int64_t call = 0;
     for (int64_t c0 = 0; c0 < width; c0 += panel) {
+      const T* w = b + c0 * g.b_s1 + k0;
       const int64_t cols = std::min(panel, it.cols - c0);
-      TransposePanel(b + c0 * g.b_s1 + k0, g.b_s1, kc, cols, pan, panel);
+      if constexpr (kPairs) {
+        stream::transpose_pairs(w, g.b_s1, kc, cols, pairs);
+      } else {
+        TransposePanel(w, g.b_s1, kc, cols, pan, panel);
+      }
       for (int64_t ci = 0; ci < chunks.count; ++ci, ++call) {
         const int64_t r0 = chunks.begin(ci);
         const int rows = chunks.size(ci);
         const stream::Lines ahead = stream::part(next, call, calls);
         float* sums = acc + r0 * width + c0;
-        if (kNarrow && rows > 2) {
+        if constexpr (kPairs) {
+          stream::axpy_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, nullptr, 0, panel, sums, width,
+                             ahead, pairs, stream::PanelUse::kRead);
+        } else if (kNarrow && rows > 2) {
           WithRows<2 * kF32Rows, Axpy<float, true>::template K2>(
               rows, af + r0 * ld_af, ld_af, kc, static_cast<const float*>(pan), panel, int64_t{2},
               sums, width, ahead);
         } else {
-          WithRows<kF32Rows, Axpy<float, true>::template K>(
-              rows, af + r0 * ld_af, ld_af, kc, static_cast<const float*>(pan), panel, int64_t{1},
-              sums, width, ahead);
+          WithRows<kF32Rows, Axpy<float, true>::template K>(rows, af + r0 * ld_af, ld_af, kc,
+                                                            static_cast<const float*>(pan), panel,
+                                                            int64_t{1}, sums, width, ahead);
         }
       }
     }
@@ -1265,7 +1236,7 @@ void RunItems(const RowGroupedGemm& g) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
   // The contraction-contiguous form's items of more than kSumsRows rows on transposed panels: the
   // pair kernels' where the contraction is long (stream::long_dot), the f32 kernels' on AVX2
-  // (TransposedF32Item says why).
+  // (TransposedItem says why).
   const bool transposed = kPairs ? stream::long_dot(g) : HWY_TARGET == HWY_AVX2;
   const std::vector<Item> items =
       stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows, transposed);
@@ -1285,11 +1256,7 @@ void RunItems(const RowGroupedGemm& g) {
       if (g.b_s1 == 1) {
         AxpyItem<kPairs, T, kOutBf16>(g, items[i], next, parts);
       } else if (transposed && items[i].rows > stream::kSumsRows) {
-        if constexpr (kPairs) {
-          TransposedItem<kOutBf16>(g, items[i], next);
-        } else {
-          TransposedF32Item<T, kOutBf16>(g, items[i], next);
-        }
+        TransposedItem<kPairs, T, kOutBf16>(g, items[i], next);
       } else {
         DotItem<kPairs, T, kOutBf16>(g, items[i], next);
       }
@@ -1777,7 +1744,7 @@ HWY_EXPORT(Run);
 // / 256 / 384, gpt-oss-20b 1.08 / 0.95x at 128 / 256, mixtral-8x7b 1.01 / 0.85x at 256 / 512;
 // input gradient (qwen3) 1.32 / 1.16 / 1.04 / 0.99x at 48 / 64 / 96 / 128 (before those two
 // changes, -27-2/: forward 0.99x at 128, input gradient 0.96-0.98x at 64, the bounds 128 and 64);
-// then with its items of more than 32 rows on transposed panels (TransposedF32Item;
+// then with its items of more than 32 rows on transposed panels (TransposedItem;
 // -27-3/stream-vs-onednn-dlhs.txt) 1.11 / 1.14 / 1.08 / 0.99 / 0.95x at 128 / 192 / 256 / 384 /
 // 512 rows on average, so 384 in the largest group (about 307 on average); f32 1.00 / 0.94 / 1.01
 // / 1.00 / 0.99x at 32 / 48 / 64 / 96 / 128 (level: the bound stays).
