@@ -329,6 +329,9 @@ constexpr int kF32Rows = HWY_TARGET <= HWY_AVX3 ? 6 : 3;
 // stays on 4 vectors: on 2, qwen3-30b-a3b's forward at 32-48 tokens ran 1.15x slower.)
 template <typename TB>
 constexpr bool kF32NarrowChunks = (HWY_TARGET > HWY_AVX3) && std::is_same_v<TB, uint16_t>;
+// kF32NarrowChunks' items of at most this many chunks go chunk by chunk over each block
+// (AxpyItem says why).
+constexpr int64_t kChunkMajorMost = 6;
 constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 6 : 2;
 // The f32 dot products' shape (stream::dot_shape says why the fewest chunks): on AVX-512, up to 4
 // rows one chunk against 1 weight row, up to 8 one against 2, more chunks of kF32DotRows against 4;
@@ -849,6 +852,19 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                          (it.rows > (kPairs ? stream::kAxpyPanelsWideRows : kF32Rows) ? 2 : 1)
                    : std::max(stream::kMinBlockRows,
                               stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
+  // The f32 kernels on bf16 weights (AVX2), 2 to kChunkMajorMost chunks: chunk by chunk over every
+  // panel of a block in one call (AxpyF32Block), the later chunks reading the block from L2, in
+  // blocks of 32-48 rows; rather than panel by panel through the chunks (the later ones from L1)
+  // in blocks of 64 rows or more. A/B in one loop, weights cold (AMD EPYC family 23 model 49;
+  // bench/results/ragged_dot_small-cpu-2026-11-27-3/ab-chunk-major.txt): qwen3-30b-a3b's forward
+  // at 6.5 / 8 / 12 / 14 / 16 / 32 rows a group 1.02 / 1.06-1.08 / 1.10-1.11 / 1.08 / 1.05 / 1.05x,
+  // 4 KiB weight rows (olmoe-1b-7b's gate|up, deepseek-v3's) at 8 rows 1.14-1.18x, mixtral-8x7b's
+  // 28 KiB rows at 8 rows 1.17x; at 64 rows (11 chunks) 0.83-0.94x. Blocks of 48 rows were best on
+  // 1.5 KiB rows (32: 1.02-1.05x, 64: 1.05x the old way), of 32 on 4 KiB (48: 1.07-1.09x).
+  const bool chunk_major = kNarrow && chunks.count > 1 && chunks.count <= kChunkMajorMost;
+  if (chunk_major) {
+    kb = std::clamp<int64_t>(stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1), 32, 48);
+  }
   kb += kb % 2;                      // whole pairs
   const int64_t kn = it.k1 - it.k0;  // the item's contraction rows, from a's and b's
   stream::Ahead<>(stream::lines_of(b, stride, it.cols * es, std::min(kb, kn)), 1).step();
@@ -858,16 +874,19 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
       kPairs && chunks.count > 1
           ? reinterpret_cast<uint32_t*>(ThreadPanel(static_cast<size_t>((kb / 2) * panel)))
           : nullptr;
-  // The f32 kernels on bf16 weights (AVX2), 3 chunks or more: the first chunk widens each panel
-  // of the block into `wide` as it reads it, and the others multiply that f32 copy (from L1) rather
-  // than widen it again. A/B in one loop, qwen3-30b-a3b's forward, weights cold (AMD EPYC family 23
-  // model 49; bench/results/ragged_dot_small-cpu-2026-11-27-3/): 14 / 16 / 20 / 32 / 64 rows a
-  // group 1.02 / 1.04-1.08 / 1.04 / 1.05-1.07 / 1.07x, olmoe-1b-7b's gate|up (4 KiB rows) at 32
-  // rows 1.12x; with 2 chunks (6 + 2 rows, 6 + 6) 0.95-0.97x: the first chunk's stores cost more
-  // than the second one saves.
+  // The f32 kernels on bf16 weights (AVX2), panel by panel with 3 chunks or more (past
+  // kChunkMajorMost): the first chunk widens each panel of the block into `wide` as it reads it,
+  // and the others multiply that f32 copy (from L1) rather than widen it again. A/B in one loop,
+  // qwen3-30b-a3b's forward, weights cold (AMD EPYC family 23 model 49;
+  // bench/results/ragged_dot_small-cpu-2026-11-27-3/): 14 / 16 / 20 / 32 / 64 rows a group 1.02
+  // / 1.04-1.08 / 1.04 / 1.05-1.07 / 1.07x, olmoe-1b-7b's gate|up (4 KiB rows) at 32 rows 1.12x;
+  // with 2 chunks (6 + 2 rows, 6 + 6) 0.95-0.97x: the first chunk's stores cost more than the
+  // second one saves. (Measured against panel-major without the copy, before chunk_major took
+  // items of up to kChunkMajorMost chunks: it now serves more than 36 rows.)
   constexpr bool kWidenOnce = !kPairs && HWY_TARGET == HWY_AVX2 && std::is_same_v<T, uint16_t>;
-  float* wide =
-      kWidenOnce && chunks.count > 2 ? WidePanel(static_cast<size_t>(kb * panel)) : nullptr;
+  float* wide = kWidenOnce && !chunk_major && chunks.count > 2
+                    ? WidePanel(static_cast<size_t>(kb * panel))
+                    : nullptr;
   for (int64_t k0 = 0; k0 < kn; k0 += kb) {
     const int64_t kc = std::min(kb, kn - k0);
     const stream::Lines next =
@@ -892,6 +911,16 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                      acc, width, next);
       }
       continue;
+    }
+    if constexpr (!kPairs) {
+      if (chunk_major) {
+        for (int64_t ci = 0; ci < chunks.count; ++ci) {
+          const int64_t r0 = chunks.begin(ci);
+          AxpyF32Block(chunks.size(ci), af + r0 * ld_af, ld_af, kc, b + k0 * g.b_s0, g.b_s0,
+                       it.cols, acc + r0 * width, width, stream::part(next, ci, chunks.count));
+        }
+        continue;
+      }
     }
     const int64_t calls = panels * chunks.count;
     int64_t call = 0;
