@@ -12,17 +12,19 @@
 //     their rows staying in L1), the sums reduced across lanes at the end; the next super-block
 //     is prefetched in order as they go. With several chunks and rows past kSpanBytes, the
 //     contraction goes in spans, outermost, so that a span of the group's rows stays in L2.
-//     With the bf16-pair kernels, more than kSumsRows rows and a contraction longer than
-//     kSpanBytes, the output-contiguous form's kernels instead: a block of 64 weight rows' pairs
-//     transposed into their panel (a pair is one 32-bit element), every chunk run on it
-//     (TransposedItem).
+//     With more than kSumsRows rows, the output-contiguous form's kernels instead, on panels of
+//     transposed weights (TransposedItem): with the bf16-pair kernels, where the contraction is
+//     longer than kSpanBytes, a block of 64 weight rows' pairs (a pair is one 32-bit element); on
+//     AVX2 (the f32 kernels), 32 weight rows as f32.
 //   - the output's (the forward against [K, n], the input gradient against transposed weights):
 //     a row's output is a sum of weight rows scaled by its elements. The weights go by blocks of
 //     contraction rows. With one chunk of rows (up to 11, or 12 for the f32 kernel), blocks of 8
-//     or 16 rows, one kernel call walking all their panels; with more, blocks of about
-//     kBlockBytes and at least kMinBlockRows rows, a panel of output columns at a time, each chunk
-//     of rows adding the block's products to its f32 sums (kept in a per-thread buffer between
-//     blocks); either way the next block is prefetched in order as the panels run. With several
+//     or 16 rows, one kernel call walking all their panels; with 2 to kChunkMajorMost chunks (the
+//     f32 kernels on bf16 weights, AVX2), blocks of 32-48 rows, each chunk in turn walking all
+//     their panels in one call; with more, blocks of about kBlockBytes and at least kMinBlockRows
+//     rows, a panel of output columns at a time, each chunk of rows adding the block's products
+//     to its f32 sums (kept in a per-thread buffer between blocks); either way the next block is
+//     prefetched in order as the panels run. With several
 //     chunks and rows past kSpanBytes, or many rows and sums past kSumsBytes, an item takes a
 //     slab of the columns. (A panel's 128 bytes of every row read straight from memory, a
 //     strided walk, ran at ~70% of a sequential read's rate on an AMD EPYC:
