@@ -707,8 +707,8 @@ float* ThreadPanel(size_t n) {
   thread_local Buffer b;
   return b.get(n);
 }
-// The f32 copy of a block's panel of bf16 weights that the first chunk of rows leaves for the
-// others (AxpyItem).
+// An f32 panel of weights: the copy of a block's panel of bf16 weights that the first chunk of
+// rows leaves for the others (AxpyItem), or a panel of weight rows transposed (TransposedItem).
 float* WidePanel(size_t n) {
   thread_local Buffer b;
   return b.get(n);
@@ -993,15 +993,7 @@ void TransposePanel(const T* w, int64_t ldw, int64_t kc, int64_t cols, float* pa
       __m256 r[8];
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
-        const T* p = w + (c + i) * ldw + k;
-        if (c + i >= cols) {
-          r[i] = _mm256_setzero_ps();
-        } else if constexpr (std::is_same_v<T, uint16_t>) {
-          r[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
-              _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-        } else {
-          r[i] = _mm256_loadu_ps(p);
-        }
+        r[i] = c + i < cols ? Load(lanes::D(), w + (c + i) * ldw + k, 0).raw : _mm256_setzero_ps();
       }
       const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]),
                    t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]),
