@@ -10,8 +10,9 @@
 //     weight rows go by super-blocks of about kBlockBytes; each chunk of rows runs over a whole
 //     super-block, 4 weight rows at a time (the first chunk from memory, the others from L2,
 //     their rows staying in L1), the sums reduced across lanes at the end; the next super-block
-//     is prefetched in order as they go. With several chunks and rows past kSpanBytes, the
-//     contraction goes in spans, outermost, so that a span of the group's rows stays in L2.
+//     is prefetched in order as they go. With several chunks and rows past kSpanBytes, on
+//     AVX-512, the contraction goes in spans, outermost, so that a span of the group's rows stays
+//     in L2 (on AVX2 whole rows ran faster: DotItem says why).
 //     With more than kSumsRows rows, the output-contiguous form's kernels instead, on panels of
 //     transposed weights (TransposedItem): with the bf16-pair kernels, where the contraction is
 //     longer than kSpanBytes, a block of 64 weight rows' pairs (a pair is one 32-bit element); on
@@ -87,11 +88,12 @@ constexpr int kAxpyPanelsWideRows = 5, kAxpyPanelsRows = 11;
 // contraction-contiguous one (AxpyItem, DotItem say why).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
 // The most bytes of a weight row that one item (output-contiguous form) or one kernel call
-// (contraction-contiguous form) takes: wider rows go in slabs or spans, so that a block's rows
-// stay in L2 and a chunk's rows in L1 (6 rows of the chunk and 4 weight rows of 4 KiB fill 40 of
-// L1's 48 KiB). 8 KiB let gpt-oss-20b's 5.6 KiB and mixtral-8x7b's 7 KiB spans push a chunk's
+// (contraction-contiguous form, AVX-512) takes: wider rows go in slabs or spans, so that a block's
+// rows stay in L2 and a chunk's rows in L1 (6 rows of the chunk and 4 weight rows of 4 KiB fill 40
+// of L1's 48 KiB). 8 KiB let gpt-oss-20b's 5.6 KiB and mixtral-8x7b's 7 KiB spans push a chunk's
 // rows out of L1: their input gradient at 64-512 tokens ran 1.2-1.3x slower than with 4 KiB;
-// 3 KiB split deepseek-v3's 4 KiB rows, to its loss.
+// 3 KiB split deepseek-v3's 4 KiB rows, to its loss (an AMD EPYC with AVX-512 BF16; on AVX2 the
+// dot products take whole rows: DotItem says why).
 constexpr int64_t kSpanBytes = 4096;
 // The most output columns of an item of the contraction-contiguous form (its buffer of sums).
 constexpr int64_t kDotItemCols = 2048;
@@ -1108,8 +1110,16 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
 }
 
 // The contraction-contiguous form (b_s0 == 1), one item: its output columns are weight rows.
-// The contraction goes in spans of about kSpanBytes per row (so that a chunk's span of rows stays
-// in L1, and the item's in L2, however long the rows); within a span, the weight rows go by
+// With several chunks on AVX-512, the contraction goes in spans of about kSpanBytes per row (so
+// that a chunk's span of rows stays in L1, and the item's in L2, however long the rows); on AVX2
+// in one span: there a chunk's rows are f32 (DotSplit's, or f32 inputs) and read by the FMAs from
+// L2 at no cost, while spans cut each weight row into pieces read a super-block apart and add
+// their sums span by span. A/B in one loop, weights cold (AMD EPYC family 23 model 49,
+// bench/results/ragged_dot_small-cpu-2026-11-27-4/ab-spans*.txt), one span against spans of 4
+// KiB of f32 rows, input gradient at 8 / 16-17 / 32 rows a group: bf16 deepseek-v2-lite (1408
+// contracted) 1.32 / 1.22 / 1.18x, gpt-oss-20b (2880) 1.21 at 8, 1.15 at 32, mixtral-8x7b
+// (14336) 1.39 at 8, 1.12 at 32, deepseek-v3 (2048, 2 spans before) 1.25 / 1.15 / 1.14x; in f32
+// 1.10-1.35x (deepseek-v3's at 8 rows 1.23x). Within a span, the weight rows go by
 // super-blocks of about kBlockBytes, each prefetched over the calls of the one before, each chunk
 // of rows over a super-block's weight rows `per_call` at a time (the first chunk from memory, the
 // others from L2; stream::dot_shape and DotShapeF32 say how many rows and weight rows, by the
@@ -1148,10 +1158,10 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
     // Contraction spans of near-equal length, whole steps of the kernels (32 elements); within
     // a span, super-blocks of weight rows of about kBlockBytes.
     // (One chunk of rows reads whole weight rows: a streamed row is read front to back.)
-    // (kSplit: a chunk's rows are read as f32.)
-    const int64_t a_es = kSplit ? 4 : es;
-    const int64_t spans =
-        chunks.count == 1 ? 1 : (g.kc * a_es + stream::kSpanBytes - 1) / stream::kSpanBytes;
+    constexpr bool kSpans = HWY_TARGET <= HWY_AVX3;
+    const int64_t spans = !kSpans || chunks.count == 1
+                              ? 1
+                              : (g.kc * es + stream::kSpanBytes - 1) / stream::kSpanBytes;
     const int64_t span = ((g.kc + spans - 1) / spans + 31) / 32 * 32;
     if (spans > 1) std::fill(out, out + it.rows * width, 0.f);  // sums added span by span
     const int64_t sb = std::max<int64_t>(4, stream::kBlockBytes / (span * es) / 4 * 4);

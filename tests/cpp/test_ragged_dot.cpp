@@ -563,8 +563,9 @@ TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
 // every row (13: two chunks); a shard (group_offset 1, 2 local groups of 9 and 16 rows, rows
 // outside them before and after); 131 outputs (the last call of 2 and of 4 weight rows moves back
 // over summed columns); a contraction of 700 (one span; not a multiple of DotSplit's 16) and of
-// 2101 (two or three spans, their sums added, where a group has more than one chunk). Against the
-// reference within f32 accumulation error.
+// 2101 (on AVX-512 two or three spans, their sums added, where a group has more than one chunk; on
+// AVX2 whole rows: a wrong step there fails this test). Against the reference within f32
+// accumulation error.
 TEST(RaggedDotStream, DotShapesAgainstTheReference) {
   struct Problem {
     std::vector<int32_t> sizes;
