@@ -25,10 +25,10 @@
 //     their panels in one call; with more, blocks of about kBlockBytes and at least kMinBlockRows
 //     rows, a panel of output columns at a time, each chunk of rows adding the block's products
 //     to its f32 sums (kept in a per-thread buffer between blocks); either way the next block is
-//     prefetched in order as the panels run. With several
-//     chunks and rows past kSpanBytes, or many rows and sums past kSumsBytes, an item takes a
-//     slab of the columns. (A panel's 128 bytes of every row read straight from memory, a
-//     strided walk, ran at ~70% of a sequential read's rate on an AMD EPYC:
+//     prefetched in order as the panels run. With several chunks and rows past kSpanBytes
+//     (kWholeRowBytes on AVX2), or many rows and sums past kSumsBytes, an item takes a slab of
+//     the columns. (A panel's 128 bytes of every row read straight from memory, a strided walk,
+//     ran at ~70% of a sequential read's rate on an AMD EPYC:
 //     bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
 // A work item is a group (up to kItemRows of its rows), a slab of its output columns, or (the
 // output's form, one chunk of rows, fewer groups than threads) a part of its contraction, whose
@@ -153,14 +153,25 @@ struct Item {
 // -8/ab-slabs.txt.) A lone group in two parts: -8/by-hand/parts.txt.
 constexpr int64_t kLongRunBytes = 8192, kMinPartRows = 64;
 
+// The output-contiguous form, groups of several chunks of rows on the f32 kernels (AVX2): weight
+// rows of up to kWholeRowBytes go whole, longer ones in slabs of at most kSpanBytes (on AVX-512,
+// slabs past kSpanBytes). A/B in one loop, weights cold (AMD EPYC family 23 model 49,
+// bench/results/ragged_dot_small-cpu-2026-11-27-4/ab-slabs*.txt), whole against slabs at 8 / 16 /
+// 32 rows a group: gpt-oss-20b's forward (5.6 KiB rows) 1.31 / 1.13 / 1.04x, deepseek-v2-lite's
+// gate|up (5.5 KiB) 1.25 / 1.09 / 1.02x, its f32 down (5.5 KiB) 1.22 / 1.09 / 1.04x; mixtral-8x7b's
+// down (8 KiB) 1.08 / 0.97 / 0.93x, its gate|up (28 KiB) in slabs of 8 KiB 1.02 / 0.98 / 0.94x.
+constexpr int64_t kWholeRowBytes = 6 << 10;
+
 // The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
 // of whole panels: in the output-contiguous form, groups of one chunk of `chunk` rows as
 // one_chunk_split says (in slabs, or in parts of the contraction); other groups where they are
-// too few for 4 items per thread, or (the output-contiguous form) rows of more than kSpanBytes or
-// (more than kSumsRows rows) sums of more than kSumsBytes; `transposed`: the
-// contraction-contiguous form's items of more than kSumsRows rows run TransposedItem, and are
-// bounded by their sums too. A group's parts are consecutive items.
-std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed);
+// too few for 4 items per thread, or (the output-contiguous form) rows of more than
+// `whole_row_bytes` (in slabs of at most kSpanBytes) or (more than kSumsRows rows) sums of more
+// than kSumsBytes; `transposed`: the contraction-contiguous form's items of more than kSumsRows
+// rows run TransposedItem, and are bounded by their sums too. A group's parts are consecutive
+// items.
+std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed,
+                        int64_t whole_row_bytes);
 
 // Whether a call is of the contraction-contiguous form with bf16 rows longer than kSpanBytes
 // (where the dot products go in spans, their sums added span by span): with the pair kernels, its
@@ -1272,7 +1283,8 @@ void RunItems(const RowGroupedGemm& g) {
   // (TransposedItem says why).
   const bool transposed = kPairs ? stream::long_dot(g) : HWY_TARGET == HWY_AVX2;
   const std::vector<Item> items =
-      stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows, transposed);
+      stream::items(g, panel, kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows, transposed,
+                    HWY_TARGET > HWY_AVX3 ? stream::kWholeRowBytes : stream::kSpanBytes);
   int64_t part_floats = 0;  // the parts of the contraction's sums
   for (const Item& it : items) {
     if (it.partial >= 0)
@@ -1338,23 +1350,25 @@ OneChunkSplit one_chunk_split(int64_t busy, int64_t threads, int64_t row_bytes, 
 
 namespace stream {
 
-std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed) {
+std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed,
+                        int64_t whole_row_bytes) {
   int64_t busy = 0;  // groups with rows
   for (int64_t j = 0; j < g.groups.num_local; ++j) busy += g.groups.sizes[g.groups.offset + j] > 0;
   // Slabs per group, in whole panels: enough items for 4 per thread where the groups alone are
   // fewer; in the output-contiguous form, with more than one chunk of rows, rows of at most
-  // kSpanBytes (a block of them and the chunks' sums stay in L2); in the other, at most
-  // kDotItemCols columns. The output-contiguous form's groups of one chunk: one_chunk_split.
+  // kSpanBytes past whole_row_bytes (a block of them and the chunks' sums stay in L2); in the
+  // other, at most kDotItemCols columns. The output-contiguous form's groups of one chunk:
+  // one_chunk_split.
   const int64_t threads = omp_get_max_threads();
   const int64_t want = 4 * threads, panels = (g.n + panel - 1) / panel;
   const OneChunkSplit one_chunk =
       one_chunk_split(busy, threads, g.n * static_cast<int64_t>(dtype_size(g.in_type)), g.kc);
   int64_t partial = 0;  // the floats of the parts' sums so far
   const int64_t balance = busy >= want ? 1 : (want + busy - 1) / std::max<int64_t>(busy, 1);
-  const int64_t wide =
-      g.b_s1 == 1
-          ? (g.n * static_cast<int64_t>(dtype_size(g.in_type)) + kSpanBytes - 1) / kSpanBytes
-          : (g.n + kDotItemCols - 1) / kDotItemCols;
+  const int64_t row_bytes = g.n * static_cast<int64_t>(dtype_size(g.in_type));
+  const int64_t wide = g.b_s1 != 1                    ? (g.n + kDotItemCols - 1) / kDotItemCols
+                       : row_bytes <= whole_row_bytes ? 1
+                                                      : (row_bytes + kSpanBytes - 1) / kSpanBytes;
   std::vector<Item> out;
   int64_t row = local_rows(g.groups).begin;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {

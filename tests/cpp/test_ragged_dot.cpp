@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <span>
 #include <vector>
@@ -596,6 +597,39 @@ TEST(RaggedDotStream, DotShapesAgainstTheReference) {
         };
         StreamChecker(run, d_out, w, kc)(run(d_out, w, RaggedDotImpl::kCpuStream));
       }
+    }
+  }
+}
+
+// kCpuStream's forward, groups of several chunks of rows on weight rows past 4 KiB: on AVX2
+// (stream::kWholeRowBytes) rows of up to 6 KiB whole, longer ones in slabs of at most 4 KiB; on
+// AVX-512 slabs past 4 KiB. bf16 rows of 2880 columns (5.6 KiB: whole on AVX2) and 3300 (6.4 KiB:
+// 2 slabs, the last panel partial), f32 rows of 1408 (5.5 KiB) and 2880 (11.3 KiB: 3 slabs);
+// groups of 7-12 rows (two chunks), 20 and 40 (past kSumsRows: slabs for the sums as well), 1-3
+// rows, none; 15 with rows, so that up to 3 threads have 4 items each without slabs to balance
+// them. Against the reference within f32 accumulation error.
+TEST(RaggedDotStream, WholeRowsAndSlabsAgainstTheReference) {
+  const int64_t K = 70;
+  const std::vector<int32_t> sizes{8, 0, 20, 1, 40, 7, 9, 8, 3, 8, 12, 8, 2, 8, 10, 8};
+  const auto G = static_cast<int64_t>(sizes.size());
+  const int64_t m = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  std::mt19937 rng(21);
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (const int64_t n : dtype == DType::kBF16 ? std::vector<int64_t>{2880, 3300}
+                                                 : std::vector<int64_t>{1408, 2880}) {
+      SCOPED_TRACE(fmt::format("{}, {} columns", dtype_name(dtype), n));
+      HostTensor a(dtype, {m, K}), w(dtype, {G, K, n});
+      a.fill_random(rng);
+      w.fill_random(rng);
+      auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+        RaggedDotOptions o;
+        o.impl = impl;
+        HostTensor out(DType::kF32, {m, n});
+        const Status st = ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
+        EXPECT_TRUE(st.ok()) << st.message();
+        return out;
+      };
+      StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
     }
   }
 }
