@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -29,6 +30,13 @@ std::atomic<double> g_limit{16.0 * (1ull << 30)};  // bytes they may hold
 void set_memory_limit_gib(double gib) { g_limit = gib * (1ull << 30); }
 
 namespace {
+std::atomic<bool> g_huge_pages{false};
+constexpr size_t kHugePage = size_t{2} << 20;
+}  // namespace
+void set_huge_pages(bool on) { g_huge_pages = on; }
+bool huge_pages() { return g_huge_pages; }
+
+namespace {
 std::string in_units(double bytes) {
   return bytes < (1ull << 30) ? fmt::format("{:.1f} MiB", bytes / (1ull << 20))
                               : fmt::format("{:.2f} GiB", bytes / (1ull << 30));
@@ -48,14 +56,17 @@ void hold_bytes(size_t bytes) {
 void release_bytes(size_t bytes) { g_held -= bytes; }
 
 Buffer::Buffer(size_t bytes) : bytes_(bytes) {
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  const size_t align = g_huge_pages && bytes >= kHugePage ? kHugePage : 64;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
   if (rounded < bytes) hold_bytes(SIZE_MAX);  // refused, with the message
   hold_bytes(rounded);
-  p_ = std::unique_ptr<void, Free>(std::aligned_alloc(64, rounded), Free(rounded));
+  p_ = std::unique_ptr<void, Free>(std::aligned_alloc(align, rounded), Free(rounded));
   if (!p_) {
     release_bytes(rounded);
     throw std::bad_alloc();
   }
+  // Advice only: where the kernel gives no huge pages, the buffer keeps small ones.
+  if (align == kHugePage) madvise(p_.get(), rounded, MADV_HUGEPAGE);
 }
 
 void Buffer::Free::operator()(void* p) const {
@@ -223,8 +234,9 @@ std::string machine_description() {
       break;
     }
   }
-  return fmt::format("{} ({} cores, {} OpenMP threads)", model, std::thread::hardware_concurrency(),
-                     omp_get_max_threads());
+  return fmt::format("{} ({} cores, {} OpenMP threads{})", model,
+                     std::thread::hardware_concurrency(), omp_get_max_threads(),
+                     huge_pages() ? ", buffers advised to take huge pages" : "");
 }
 
 std::string today_iso() {
@@ -278,7 +290,14 @@ void add_bench_options(CLI::App& cmd, BenchOptions& o, const std::string& dtype_
   cmd.add_option("--mem-limit-gib", o.mem_limit_gib, mem_help)
       ->check(positive_number("a positive number of GiB"))
       ->capture_default_str();
-  cmd.parse_complete_callback([&o] { set_memory_limit_gib(o.mem_limit_gib); });
+  cmd.add_flag("--huge-pages", o.huge_pages,
+               "Advise the host buffers of 2 MiB or more (weights, activations, the read rate's "
+               "probe) to take 2 MiB transparent huge pages (madvise; the kernel's "
+               "transparent_hugepage setting must be always or madvise)");
+  cmd.parse_complete_callback([&o] {
+    set_memory_limit_gib(o.mem_limit_gib);
+    set_huge_pages(o.huge_pages);
+  });
 }
 
 }  // namespace moekit::tools

@@ -28,10 +28,12 @@ struct BenchOptions {
   int warmup = 3, reps = 15;
   uint64_t seed = 42;
   double mem_limit_gib = 16;   // the most the bench's Buffers may hold at once
+  bool huge_pages = false;     // Buffers advised to take transparent huge pages
   std::string device = "cpu";  // where the bench runs, for those with --device (bench_device.h)
 };
 
-// Adds --preset, --tokens, --dtype, --json, --warmup, --reps, --seed and --mem-limit-gib to cmd,
+// Adds --preset, --tokens, --dtype, --json, --warmup, --reps, --seed, --mem-limit-gib and
+// --huge-pages to cmd,
 // bound to o, whose values on entry are the defaults shown, each validated with a message that
 // names it. dtype_help says what --dtype applies to; mem_help what the bench does with a case
 // over the memory limit (any Buffer past it is refused in any case, see Buffer).
@@ -44,7 +46,10 @@ CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& what);
 CLI::Validator positive_number(const std::string& what);
 
 // A 64-byte aligned heap buffer. Buffers together hold at most --mem-limit-gib: one that would
-// take them past it is refused before it allocates (a std::runtime_error naming the limit).
+// take them past it is refused before it allocates (a std::runtime_error naming the limit). With
+// --huge-pages (set_huge_pages), buffers of 2 MiB or more are 2 MiB aligned and advised to take
+// transparent huge pages (madvise MADV_HUGEPAGE; the kernel's
+// /sys/kernel/mm/transparent_hugepage/enabled must say always or madvise).
 class Buffer {
  public:
   Buffer() = default;
@@ -66,6 +71,10 @@ class Buffer {
 
 // The limit Buffers share, in GiB (set from --mem-limit-gib when a bench's options are parsed).
 void set_memory_limit_gib(double gib);
+// Whether Buffers from now on are advised to take huge pages (set from --huge-pages), and whether
+// they are.
+void set_huge_pages(bool on);
+bool huge_pages();
 // Counts `bytes` of other memory (a device's) against that limit: a std::runtime_error naming it
 // when they would pass it; release_bytes gives them back.
 void hold_bytes(size_t bytes);
