@@ -9,6 +9,7 @@
 //   ab fwd|dlhs K n T k E dense_tflops variant...
 #include <moekit/ragged_dot.h>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -78,8 +79,13 @@ int main(int argc, char** argv) {
   const DType dt = f32 ? DType::kF32 : DType::kBF16;
   const size_t es = f32 ? 4 : 2;
   const size_t offset = getenv("OFFSET") ? atoi(getenv("OFFSET")) : 0;
+  // THP=1: the buffers 2 MiB aligned and advised to take transparent huge pages.
+  const bool thp = getenv("THP") != nullptr && atoi(getenv("THP")) == 1;
   auto buffer = [&](size_t elems) {
-    auto* p = static_cast<char*>(std::aligned_alloc(64, (elems * es + 127) / 64 * 64));
+    const size_t align = thp ? size_t{2} << 20 : 64;
+    const size_t bytes = (elems * es + 127 + align - 1) / align * align;
+    auto* p = static_cast<char*>(std::aligned_alloc(align, bytes));
+    if (thp) madvise(p, bytes, MADV_HUGEPAGE);
     for (size_t i = 0; i < elems + 32 / es; ++i) {
       if (f32) {
         reinterpret_cast<float*>(p)[i] = 1.0f;
