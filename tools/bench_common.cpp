@@ -25,14 +25,12 @@ namespace moekit::tools {
 namespace {
 std::atomic<size_t> g_held{0};                     // bytes the live Buffers hold
 std::atomic<double> g_limit{16.0 * (1ull << 30)};  // bytes they may hold
+std::atomic<bool> g_huge_pages{false};             // --huge-pages
+constexpr size_t kHugePage = size_t{2} << 20;
 }  // namespace
 
 void set_memory_limit_gib(double gib) { g_limit = gib * (1ull << 30); }
 
-namespace {
-std::atomic<bool> g_huge_pages{false};
-constexpr size_t kHugePage = size_t{2} << 20;
-}  // namespace
 void set_huge_pages(bool on) { g_huge_pages = on; }
 bool huge_pages() { return g_huge_pages; }
 

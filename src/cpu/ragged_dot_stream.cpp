@@ -153,14 +153,14 @@ struct Item {
 // -8/ab-slabs.txt.) A lone group in two parts: -8/by-hand/parts.txt.
 constexpr int64_t kLongRunBytes = 8192, kMinPartRows = 64;
 
-// The output-contiguous form, groups of several chunks of rows on the f32 kernels (AVX2): weight
-// rows of up to kWholeRowBytes go whole, longer ones in slabs of at most kSpanBytes (on AVX-512,
-// slabs past kSpanBytes). A/B in one loop, weights cold (AMD EPYC family 23 model 49,
-// bench/results/ragged_dot_small-cpu-2026-11-27-4/ab-slabs*.txt), whole against slabs at 8 / 16 /
-// 32 rows a group: gpt-oss-20b's forward (5.6 KiB rows) 1.31 / 1.13 / 1.04x, deepseek-v2-lite's
-// gate|up (5.5 KiB) 1.25 / 1.09 / 1.02x, its forward of F columns in f32 (5.5 KiB) 1.22 / 1.09 /
-// 1.04x; mixtral-8x7b's down (8 KiB) 1.08 / 0.97 / 0.93x, its forward of F columns (28 KiB) in
-// slabs of 8 KiB 1.02 / 0.98 / 0.94x.
+// The output-contiguous form, groups of several chunks of rows, below AVX-512 (the f32 kernels;
+// measured on AVX2): weight rows of up to kWholeRowBytes go whole, longer ones in slabs of at most
+// kSpanBytes (on AVX-512, slabs past kSpanBytes). A/B in one loop, weights cold (AMD EPYC family 23
+// model 49, bench/results/ragged_dot_small-cpu-2026-11-27-4/ab-slabs*.txt), whole against slabs at
+// 8 / 16 / 32 rows a group: gpt-oss-20b's forward (5.6 KiB rows) 1.31 / 1.13 / 1.04x,
+// deepseek-v2-lite's gate|up (5.5 KiB) 1.25 / 1.09 / 1.02x, its forward of F columns in f32 (5.5
+// KiB) 1.22 / 1.09 / 1.04x; mixtral-8x7b's down (8 KiB) 1.08 / 0.97 / 0.93x, its forward of F
+// columns (28 KiB) in slabs of 8 KiB 1.02 / 0.98 / 0.94x.
 constexpr int64_t kWholeRowBytes = 6 << 10;
 
 // The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
