@@ -34,8 +34,8 @@ struct BenchOptions {
 
 // Adds --preset, --tokens, --dtype, --json, --warmup, --reps, --seed, --mem-limit-gib and
 // --huge-pages to cmd, bound to o, whose values on entry are the defaults shown, each validated
-// with a message that names it. dtype_help says what --dtype applies to; mem_help what the bench does with a case
-// over the memory limit (any Buffer past it is refused in any case, see Buffer).
+// with a message that names it. dtype_help says what --dtype applies to; mem_help what the bench
+// does with a case over the memory limit (any Buffer past it is refused in any case, see Buffer).
 void add_bench_options(CLI::App& cmd, BenchOptions& o, const std::string& dtype_help,
                        const std::string& mem_help = "Refuse a case whose buffers exceed this");
 
