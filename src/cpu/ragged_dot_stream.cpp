@@ -160,7 +160,7 @@ constexpr int64_t kLongRunBytes = 8192, kMinPartRows = 64;
 // 8 / 16 / 32 rows a group: gpt-oss-20b's forward (5.6 KiB rows) 1.31 / 1.13 / 1.04x,
 // deepseek-v2-lite's gate|up (5.5 KiB) 1.25 / 1.09 / 1.02x, its forward of F columns in f32 (5.5
 // KiB) 1.22 / 1.09 / 1.04x; mixtral-8x7b's down (8 KiB) 1.08 / 0.97 / 0.93x, its forward of F
-// columns (28 KiB) in slabs of 8 KiB 1.02 / 0.98 / 0.94x.
+// columns (28 KiB) in slabs of 8 KiB 1.01 / 0.98 / 0.94x.
 constexpr int64_t kWholeRowBytes = 6 << 10;
 
 // The items of a call: each group with rows, in runs of at most kItemRows rows, whole or in slabs
