@@ -175,8 +175,8 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
                         int64_t whole_row_bytes);
 
 // Whether a call is of the contraction-contiguous form with bf16 rows longer than kSpanBytes
-// (where the dot products go in spans, their sums added span by span): with the pair kernels, its
-// items of more than kSumsRows rows run on transposed pairs.
+// (where the pair kernels' dot products go in spans, their sums added span by span): with the pair
+// kernels, its items of more than kSumsRows rows run on transposed pairs.
 inline bool long_dot(const RowGroupedGemm& g) {
   return g.b_s1 != 1 && g.in_type == DType::kBF16 && g.kc * 2 > kSpanBytes;
 }
@@ -857,17 +857,6 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   };
   const T* b = weights(it);
   const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
-  // Rows of B per block: with one chunk of rows, kOneChunkBlockRows (the panels then read each
-  // block, a few rows long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens
-  // where blocks of 64+ rows ran at 62-68%), twice that with panels of 2 vectors (they
-  // load and store twice the sums per weight: 12 rows ran 25% faster with 16-row blocks than with
-  // 8, 4 and 8 rows the same); with more, about kBlockBytes and at least kMinBlockRows (each
-  // chunk's sums are loaded and stored once per block and panel).
-  int64_t kb = chunks.count == 1
-                   ? stream::kOneChunkBlockRows *
-                         (it.rows > (kPairs ? stream::kAxpyPanelsWideRows : kF32Rows) ? 2 : 1)
-                   : std::max(stream::kMinBlockRows,
-                              stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1));
   // The f32 kernels on bf16 weights (AVX2), 2 to kChunkMajorMost chunks: chunk by chunk over every
   // panel of a block in one call (AxpyF32Block), the later chunks reading the block from L2, in
   // blocks of 32-48 rows; rather than panel by panel through the chunks (the later ones from L1)
@@ -876,11 +865,21 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   // at 6.5 / 8 / 12 / 14 / 16 / 32 rows a group 1.02 / 1.06-1.08 / 1.10-1.11 / 1.08 / 1.05 / 1.05x,
   // 4 KiB weight rows (olmoe-1b-7b's gate|up, deepseek-v3's) at 8 rows 1.14-1.18x, mixtral-8x7b's
   // 28 KiB rows at 8 rows 1.17x; at 64 rows (11 chunks) 0.83-0.94x. Blocks of 48 rows were best on
-  // 1.5 KiB rows (32: 1.02-1.05x, 64: 1.05x the old way), of 32 on 4 KiB (48: 1.07-1.09x).
+  // 1.5 KiB rows (32: 1.02-1.05x, 64: 1.05x the old way), of 32 on 4 KiB (48: 1.07-1.09x; 16-24 or
+  // 64 rows 0.90-0.99x: bench/results/ragged_dot_small-cpu-2026-11-27-4/ab-chunk-major-blocks-*).
   const bool chunk_major = kNarrow && chunks.count > 1 && chunks.count <= kChunkMajorMost;
-  if (chunk_major) {
-    kb = std::clamp<int64_t>(stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1), 32, 48);
-  }
+  // Rows of B per block: with one chunk of rows, kOneChunkBlockRows (the panels then read each
+  // block, a few rows long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens
+  // where blocks of 64+ rows ran at 62-68%), twice that with panels of 2 vectors (they
+  // load and store twice the sums per weight: 12 rows ran 25% faster with 16-row blocks than with
+  // 8, 4 and 8 rows the same); chunk-major, 32-48 rows (above); else about kBlockBytes and at
+  // least kMinBlockRows (each chunk's sums are loaded and stored once per block and panel).
+  const int64_t block_rows = stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1);
+  int64_t kb = chunks.count == 1
+                   ? stream::kOneChunkBlockRows *
+                         (it.rows > (kPairs ? stream::kAxpyPanelsWideRows : kF32Rows) ? 2 : 1)
+               : chunk_major ? std::clamp<int64_t>(block_rows, 32, 48)
+                             : std::max(stream::kMinBlockRows, block_rows);
   kb += kb % 2;                      // whole pairs
   const int64_t kn = it.k1 - it.k0;  // the item's contraction rows, from a's and b's
   stream::Ahead<>(stream::lines_of(b, stride, it.cols * es, std::min(kb, kn)), 1).step();

@@ -601,7 +601,9 @@ TEST(RaggedDotStream, DotShapesAgainstTheReference) {
   }
 }
 
-// kCpuStream's forward, groups of several chunks of rows on weight rows past 4 KiB: on AVX2
+// kCpuStream's output-contiguous form (the forward against [K, n] weights, and the input gradient
+// against transposed ones: the same tensor read as [n, K]), groups of several chunks of rows on
+// weight rows past 4 KiB: on AVX2
 // (stream::kWholeRowBytes) rows of up to 6 KiB whole, longer ones in slabs of at most 4 KiB; on
 // AVX-512 slabs past 4 KiB. bf16 rows of 2880 columns (5.6 KiB: whole on AVX2) and 3300 (6.4 KiB:
 // 2 slabs, the last panel partial), f32 rows of 1408 (5.5 KiB) and 2880 (11.3 KiB: 3 slabs);
@@ -617,19 +619,23 @@ TEST(RaggedDotStream, WholeRowsAndSlabsAgainstTheReference) {
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     for (const int64_t n : dtype == DType::kBF16 ? std::vector<int64_t>{2880, 3300}
                                                  : std::vector<int64_t>{1408, 2880}) {
-      SCOPED_TRACE(fmt::format("{}, {} columns", dtype_name(dtype), n));
-      HostTensor a(dtype, {m, K}), w(dtype, {G, K, n});
-      a.fill_random(rng);
-      w.fill_random(rng);
-      auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-        RaggedDotOptions o;
-        o.impl = impl;
-        HostTensor out(DType::kF32, {m, n});
-        const Status st = ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
-        EXPECT_TRUE(st.ok()) << st.message();
-        return out;
-      };
-      StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
+      for (bool dlhs : {false, true}) {
+        SCOPED_TRACE(fmt::format("{}, {} columns, {}", dtype_name(dtype), n,
+                                 dlhs ? "input gradient" : "forward"));
+        HostTensor a(dtype, {m, K}), w(dtype, {G, K, n});
+        a.fill_random(rng);
+        w.fill_random(rng);
+        auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+          RaggedDotOptions o;
+          o.impl = impl, o.rhs_transposed = dlhs;
+          HostTensor out(DType::kF32, {m, n});
+          const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
+                                 : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
+          EXPECT_TRUE(st.ok()) << st.message();
+          return out;
+        };
+        StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
+      }
     }
   }
 }
