@@ -348,6 +348,18 @@ constexpr bool kF32NarrowChunks = (HWY_TARGET > HWY_AVX3) && std::is_same_v<TB, 
 // kF32NarrowChunks' items of at most this many chunks go chunk by chunk over each block
 // (AxpyItem says why).
 constexpr int64_t kChunkMajorMost = 6;
+// kF32NarrowChunks' items of 2 kF32Rows + 1 to 2 kF32QuadRows rows (7 or 8) go in two
+// chunks of at most kF32QuadRows on panels of 3 vectors (12 sums, 3 widened weight vectors and a
+// broadcast row value: the 16 registers) rather than as 2 kF32Rows and the 1 or 2 rows left on 4
+// vectors, whose chunk multiplies 4 widened vectors by 2 rows (by hand, AMD EPYC family 23 model
+// 49, a block of 48 weight rows from L2: 8 rows as 4 + 4 at 160 GFLOP/s on two cores, as 6 + 2 at
+// 144; weights from memory 1.04x). A/B in one loop, weights cold, the forward with rows spread
+// evenly (bench/results/ragged_dot_small-cpu-2026-11-27-5/ab-fours.txt): qwen3-30b-a3b at 7 / 8
+// rows a group 1.05-1.11 / 1.01-1.04x (routed, 8 on average, 1.01-1.03x), deepseek-v3's shape at 8
+// 1.03x (routed 1.00-1.02x), mixtral-8x7b's at 8 1.01-1.04x (gate|up) and 1.06x (down). Further
+// it does not pay: 9-12 rows in chunks of 4 ran 0.93x on deepseek-v3's shape at 12, 13-16 rows
+// 0.91-0.93x on qwen3's; blocks of 48-64 weight rows 0.95-1.01x.
+constexpr int kF32QuadRows = 4;
 constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 6 : 2;
 // The f32 dot products' shape (stream::dot_shape says why the fewest chunks): on AVX-512, up to 4
 // rows one chunk against 1 weight row, up to 8 one against 2, more chunks of kF32DotRows against 4;
@@ -625,6 +637,21 @@ struct Axpy {
       AxpyF32<R, 2, TB, kSpread, kWiden>(std::forward<Args>(args)...);
     }
   };
+  // Panels of 3 vectors (up to kF32QuadRows rows) and of 1 (their last columns).
+  template <int R>
+  struct K3 {
+    template <typename... Args>
+    static void Run(Args&&... args) {
+      AxpyF32<R, 3, TB, kSpread, kWiden>(std::forward<Args>(args)...);
+    }
+  };
+  template <int R>
+  struct K1 {
+    template <typename... Args>
+    static void Run(Args&&... args) {
+      AxpyF32<R, 1, TB, kSpread, kWiden>(std::forward<Args>(args)...);
+    }
+  };
 };
 template <typename T, int C = 4>
 struct Dot {
@@ -772,6 +799,26 @@ void AxpyF32Block(int rows, const float* a, int64_t lda, int64_t kc, const T* b,
       [&](auto&&... x) { WithRows<2 * kF32Rows, Axpy<float>::template K2>(rows, x...); }, 2 * N);
 }
 
+// As AxpyF32Block, for up to kF32QuadRows rows on panels of 3N columns: the full ones in one call,
+// then those of N, then the last columns through a zero-padded f32 copy of N (acc's rows have room
+// for it: they are rounded up to panels of 4N).
+template <typename T>
+void AxpyF32Block3(int rows, const float* a, int64_t lda, int64_t kc, const T* b, int64_t ldb,
+                   int64_t cols, float* acc, int64_t ld_acc, const stream::Lines& next) {
+  const auto N = static_cast<int64_t>(hn::Lanes(lanes::D()));
+  const int64_t wide = cols / (3 * N), c = wide * 3 * N, narrow = (cols - c) / N,
+                c1 = c + narrow * N;
+  WithRows<kF32QuadRows, Axpy<T>::template K3>(rows, a, lda, kc, b, ldb, wide, acc, ld_acc, next);
+  if (narrow > 0) {
+    WithRows<kF32QuadRows, Axpy<T>::template K1>(rows, a, lda, kc, b + c, ldb, narrow, acc + c,
+                                                 ld_acc, stream::Lines{});
+  }
+  if (c1 == cols) return;
+  WithRows<kF32QuadRows, Axpy<float>::template K1>(rows, a, lda, kc,
+                                                   PaddedPanel(b + c1, ldb, kc, cols - c1, N), N,
+                                                   int64_t{1}, acc + c1, ld_acc, stream::Lines{});
+}
+
 // A's rows [0, rows) over [0, kc), lda apart, as f32 rows kc apart in this thread's buffer (bf16
 // widened once, so that the f32 kernels broadcast each element straight from memory: widened in
 // the kernel, a bf16 element took 4 instructions a row and step, and the forward's kernels ran at
@@ -841,12 +888,16 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                                       : kF32Rows;
   // kNarrow: where whole chunks of `most` leave 1 or 2 rows, those chunks and a last one of the
   // rows left, on 4 vectors: by hand in L1, 6 / 4 rows on 2 vectors ran at 105 / 78 GFLOP/s, 2 / 1
-  // rows on 4 vectors at 66 / 43, so 8 rows as 6 + 2 beat 4 + 4. A/B in one loop, qwen3-30b-a3b's
+  // rows on 4 vectors at 66 / 43, so 8 rows as 6 + 2 beat 4 + 4 on 2 vectors (7 and 8 rows now go
+  // as two chunks on 3 vectors, `quads`: kF32QuadRows says why). A/B in one loop, qwen3-30b-a3b's
   // forward, AMD EPYC family 23 model 49: 7 / 8 / 13 / 14 / 19 / 20 rows a group 1.06 / 1.04 / 1.08
   // / 1.10 / 1.04 / 1.04x, routed 1.02-1.03x; 9 rows as 6 + 3 0.98x, so near-equal chunks elsewhere
   // (bench/results/ragged_dot_small-cpu-2026-11-27/).
   const int64_t left = it.rows % most;
-  const stream::Chunks chunks(it.rows, most, kNarrow && it.rows > most && left > 0 && left <= 2);
+  const bool quads = kNarrow && it.rows > 2 * kF32Rows && it.rows <= 2 * kF32QuadRows;
+  const stream::Chunks chunks =
+      quads ? stream::Chunks(it.rows, kF32QuadRows)
+            : stream::Chunks(it.rows, most, kNarrow && it.rows > most && left > 0 && left <= 2);
   const int64_t width = round_up(it.cols, panel);
   float* acc =
       it.partial >= 0 ? parts + it.partial : ThreadBuffer(static_cast<size_t>(it.rows * width));
@@ -931,8 +982,10 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
       if (chunk_major) {
         for (int64_t ci = 0; ci < chunks.count; ++ci) {
           const int64_t r0 = chunks.begin(ci);
-          AxpyF32Block(chunks.size(ci), af + r0 * ld_af, ld_af, kc, b + k0 * g.b_s0, g.b_s0,
-                       it.cols, acc + r0 * width, width, stream::part(next, ci, chunks.count));
+          (quads ? AxpyF32Block3<T> : AxpyF32Block<T>)(chunks.size(ci), af + r0 * ld_af, ld_af, kc,
+                                                       b + k0 * g.b_s0, g.b_s0, it.cols,
+                                                       acc + r0 * width, width,
+                                                       stream::part(next, ci, chunks.count));
         }
         continue;
       }
