@@ -1,5 +1,5 @@
 #!/bin/bash
-# The session's recorded sweeps, one after another after quiet.sh (the build at HEAD: f079090).
+# The session's recorded sweeps, one after another after quiet.sh (the build at HEAD: 50239cf).
 set -x
 M=/work/main/build/moekit
 bash ../ragged_dot_small-cpu-2026-11-27-3/quiet.sh
