@@ -348,17 +348,22 @@ constexpr bool kF32NarrowChunks = (HWY_TARGET > HWY_AVX3) && std::is_same_v<TB, 
 // kF32NarrowChunks' items of at most this many chunks go chunk by chunk over each block
 // (AxpyItem says why).
 constexpr int64_t kChunkMajorMost = 6;
-// kF32NarrowChunks' items of 2 kF32Rows + 1 to 2 kF32QuadRows rows (7 or 8) go in two
-// chunks of at most kF32QuadRows on panels of 3 vectors (12 sums, 3 widened weight vectors and a
-// broadcast row value: the 16 registers) rather than as 2 kF32Rows and the 1 or 2 rows left on 4
-// vectors, whose chunk multiplies 4 widened vectors by 2 rows (by hand, AMD EPYC family 23 model
-// 49, a block of 48 weight rows from L2: 8 rows as 4 + 4 at 160 GFLOP/s on two cores, as 6 + 2 at
-// 144; weights from memory 1.04x). A/B in one loop, weights cold, the forward with rows spread
-// evenly (bench/results/ragged_dot_small-cpu-2026-11-27-5/ab-fours.txt): qwen3-30b-a3b at 7 / 8
-// rows a group 1.05-1.11 / 1.01-1.04x (routed, 8 on average, 1.01-1.03x), deepseek-v3's shape at 8
-// 1.03x (routed 1.00-1.02x), mixtral-8x7b's at 8 1.01-1.04x (gate|up) and 1.06x (down). Further
-// it does not pay: 9-12 rows in chunks of 4 ran 0.93x on deepseek-v3's shape at 12, 13-16 rows
-// 0.91-0.93x on qwen3's; blocks of 48-64 weight rows 0.95-1.01x.
+// kF32NarrowChunks' chunks of 3 to kF32QuadRows rows (chunk-major) run on panels of 3 vectors (12
+// sums, 3 widened weight vectors and a broadcast row value: the 16 registers), not 2 (6-8 sums,
+// fewer than the 10 that the FMA units' latency asks for). Items of 2 kF32Rows + 1 to 2
+// kF32QuadRows rows (7 or 8) go so in two chunks, rather than as 2 kF32Rows and the 1 or 2 rows
+// left on 4 vectors, whose chunk multiplies 4 widened vectors by 2 rows (by hand, AMD EPYC family
+// 23 model 49, a block of 48 weight rows from L2: 8 rows as 4 + 4 at 160 GFLOP/s on two cores, as 6
+// + 2 at 144; weights from memory 1.04x); items of 2 kF32Rows j + kF32Rows rows (9, 15, ..., 33) as
+// j chunks of 2 kF32Rows and one of kF32Rows, rather than near-equal chunks (9 as 4 + 5, 15 as 5 +
+// 5 + 5). A/B in one loop, weights cold, the forward with rows spread evenly
+// (bench/results/ragged_dot_small-cpu-2026-11-27-5/ab-fours.txt, ab-threes.txt): qwen3-30b-a3b at
+// 7 / 8 / 9 / 15 / 21 / 27 / 33 rows a group 1.05-1.11 / 1.01-1.04 / 1.04-1.06 / 1.07-1.08 /
+// 1.03-1.04 / 1.02 / 1.00-1.01x (routed, 8 and 16 on average, 1.01-1.03x), deepseek-v3's shape at
+// 8 / 9 / 15 / 21 1.03 / 1.03-1.06 / 1.07-1.08 / 1.04x (routed, 8 on average, 1.00-1.02x),
+// mixtral-8x7b's at 8 1.01-1.04x (gate|up) and 1.06x (down). Not taken: every chunk of 4 rows at
+// 9-16 rows (0.91-0.93x at 12-16), the 4 rows left of 10, 16, 22, 28 on 3 vectors (0.97-1.03x),
+// blocks of 48-64 weight rows for 7-8 (0.95-1.01x).
 constexpr int kF32QuadRows = 4;
 constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 6 : 2;
 // The f32 dot products' shape (stream::dot_shape says why the fewest chunks): on AVX-512, up to 4
@@ -889,15 +894,20 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   // kNarrow: where whole chunks of `most` leave 1 or 2 rows, those chunks and a last one of the
   // rows left, on 4 vectors: by hand in L1, 6 / 4 rows on 2 vectors ran at 105 / 78 GFLOP/s, 2 / 1
   // rows on 4 vectors at 66 / 43, so 8 rows as 6 + 2 beat 4 + 4 on 2 vectors (7 and 8 rows now go
-  // as two chunks on 3 vectors, `quads`: kF32QuadRows says why). A/B in one loop, qwen3-30b-a3b's
+  // as two chunks on 3 vectors: kF32QuadRows says why). A/B in one loop, qwen3-30b-a3b's
   // forward, AMD EPYC family 23 model 49: 7 / 8 / 13 / 14 / 19 / 20 rows a group 1.06 / 1.04 / 1.08
-  // / 1.10 / 1.04 / 1.04x, routed 1.02-1.03x; 9 rows as 6 + 3 0.98x, so near-equal chunks elsewhere
-  // (bench/results/ragged_dot_small-cpu-2026-11-27/).
+  // / 1.10 / 1.04 / 1.04x, routed 1.02-1.03x; 9 rows as 6 + 3 (3 on 4 vectors) 0.98x, so
+  // near-equal chunks elsewhere (bench/results/ragged_dot_small-cpu-2026-11-27/). Now 7-8 rows, and
+  // kF32Rows left over whole chunks (chunk-major), go in chunks of 3 to kF32QuadRows on 3 vectors
+  // (kF32QuadRows says why).
   const int64_t left = it.rows % most;
   const bool quads = kNarrow && it.rows > 2 * kF32Rows && it.rows <= 2 * kF32QuadRows;
+  const bool three_left =
+      kNarrow && it.rows > most && it.rows <= kChunkMajorMost * most && left == kF32Rows;
   const stream::Chunks chunks =
       quads ? stream::Chunks(it.rows, kF32QuadRows)
-            : stream::Chunks(it.rows, most, kNarrow && it.rows > most && left > 0 && left <= 2);
+            : stream::Chunks(it.rows, most,
+                             three_left || (kNarrow && it.rows > most && left > 0 && left <= 2));
   const int64_t width = round_up(it.cols, panel);
   float* acc =
       it.partial >= 0 ? parts + it.partial : ThreadBuffer(static_cast<size_t>(it.rows * width));
@@ -982,10 +992,12 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
       if (chunk_major) {
         for (int64_t ci = 0; ci < chunks.count; ++ci) {
           const int64_t r0 = chunks.begin(ci);
-          (quads ? AxpyF32Block3<T> : AxpyF32Block<T>)(chunks.size(ci), af + r0 * ld_af, ld_af, kc,
-                                                       b + k0 * g.b_s0, g.b_s0, it.cols,
-                                                       acc + r0 * width, width,
-                                                       stream::part(next, ci, chunks.count));
+          const int rows = chunks.size(ci);
+          (rows >= kF32Rows && rows <= kF32QuadRows
+               ? AxpyF32Block3<T>
+               : AxpyF32Block<T>)(rows, af + r0 * ld_af, ld_af, kc, b + k0 * g.b_s0, g.b_s0,
+                                  it.cols, acc + r0 * width, width,
+                                  stream::part(next, ci, chunks.count));
         }
         continue;
       }

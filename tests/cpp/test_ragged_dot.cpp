@@ -640,13 +640,15 @@ TEST(RaggedDotStream, WholeRowsAndSlabsAgainstTheReference) {
   }
 }
 
-// kCpuStream's output-contiguous form, groups of 7 and 8 rows (below AVX-512, on bf16: two chunks
-// on panels of 3 vectors, then of 1, then a zero-padded one): column counts that leave every kind
-// of tail (none, 1 or 2 vectors, and 1-7 columns past them), the forward and the input gradient
-// against transposed weights, bf16 and f32. Against the reference within f32 accumulation error.
-TEST(RaggedDotStream, SevenAndEightRowsEveryColumnTailAgainstTheReference) {
+// kCpuStream's output-contiguous form, groups whose chunks of 3-4 rows run on panels of 3 vectors,
+// then of 1, then a zero-padded one (below AVX-512, on bf16): 7 and 8 rows (two such chunks), 9,
+// 15 and 33 (chunks of 6 and one of 3), beside 2 and 10 rows (other chunks) and an empty group;
+// column counts that leave every kind of tail (none, 1 or 2 vectors, and 1-7 columns past them);
+// the forward and the input gradient against transposed weights, bf16 and f32. Against the
+// reference within f32 accumulation error.
+TEST(RaggedDotStream, ThreeVectorChunksEveryColumnTailAgainstTheReference) {
   const int64_t K = 37;
-  const std::vector<int32_t> sizes{7, 8, 0, 8, 7, 2};
+  const std::vector<int32_t> sizes{7, 8, 0, 9, 15, 2, 33, 10};
   const auto G = static_cast<int64_t>(sizes.size());
   const int64_t m = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   std::mt19937 rng(23);
