@@ -792,8 +792,9 @@ void AxpyF32Block(int rows, const float* a, int64_t lda, int64_t kc, const T* b,
     const int64_t full = cols / w;
     kernel(a, lda, kc, b, ldb, full, acc, ld_acc, next);
     if (full * w == cols) return;
+    // (With no full panel, the padded one prefetches the next block.)
     padded_kernel(a, lda, kc, PaddedPanel(b + full * w, ldb, kc, cols - full * w, w), w, int64_t{1},
-                  acc + full * w, ld_acc, stream::Lines{});
+                  acc + full * w, ld_acc, full > 0 ? stream::Lines{} : next);
   };
   if (rows <= kF32Rows) {
     return run([&](auto&&... x) { WithRows<kF32Rows, Axpy<T>::template K>(rows, x...); },
@@ -814,14 +815,15 @@ void AxpyF32Block3(int rows, const float* a, int64_t lda, int64_t kc, const T* b
   const int64_t wide = cols / (3 * N), c = wide * 3 * N, narrow = (cols - c) / N,
                 c1 = c + narrow * N;
   WithRows<kF32QuadRows, Axpy<T>::template K3>(rows, a, lda, kc, b, ldb, wide, acc, ld_acc, next);
+  // The next block's lines go out over the first call that has steps.
   if (narrow > 0) {
     WithRows<kF32QuadRows, Axpy<T>::template K1>(rows, a, lda, kc, b + c, ldb, narrow, acc + c,
-                                                 ld_acc, stream::Lines{});
+                                                 ld_acc, wide > 0 ? stream::Lines{} : next);
   }
   if (c1 == cols) return;
-  WithRows<kF32QuadRows, Axpy<float>::template K1>(rows, a, lda, kc,
-                                                   PaddedPanel(b + c1, ldb, kc, cols - c1, N), N,
-                                                   int64_t{1}, acc + c1, ld_acc, stream::Lines{});
+  WithRows<kF32QuadRows, Axpy<float>::template K1>(
+      rows, a, lda, kc, PaddedPanel(b + c1, ldb, kc, cols - c1, N), N, int64_t{1}, acc + c1, ld_acc,
+      c1 > 0 ? stream::Lines{} : next);
 }
 
 // A's rows [0, rows) over [0, kc), lda apart, as f32 rows kc apart in this thread's buffer (bf16
