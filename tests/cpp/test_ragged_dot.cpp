@@ -601,6 +601,33 @@ TEST(RaggedDotStream, DotShapesAgainstTheReference) {
   }
 }
 
+// kCpuStream's output-contiguous form on random operands of `dtype`, groups of `sizes` rows against
+// [K, n] weights: the forward, and the input gradient against the same tensor read as transposed
+// weights ([n, K]), each against the reference within f32 accumulation error (StreamChecker).
+void CheckOutputContiguous(const std::vector<int32_t>& sizes, int64_t K, int64_t n, DType dtype,
+                           std::mt19937& rng) {
+  const auto G = static_cast<int64_t>(sizes.size());
+  const int64_t m = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  for (bool dlhs : {false, true}) {
+    SCOPED_TRACE(fmt::format("{} rows in groups of {}; {}, {} columns, {}", m,
+                             fmt::join(sizes, "/"), dtype_name(dtype), n,
+                             dlhs ? "input gradient" : "forward"));
+    HostTensor a(dtype, {m, K}), w(dtype, {G, K, n});
+    a.fill_random(rng);
+    w.fill_random(rng);
+    auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+      RaggedDotOptions o;
+      o.impl = impl, o.rhs_transposed = dlhs;
+      HostTensor out(DType::kF32, {m, n});
+      const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
+                             : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
+      EXPECT_TRUE(st.ok()) << st.message();
+      return out;
+    };
+    StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
+  }
+}
+
 // kCpuStream's output-contiguous form (the forward against [K, n] weights, and the input gradient
 // against transposed ones: the same tensor read as [n, K]), groups of several chunks of rows on
 // weight rows past 4 KiB: on AVX2
@@ -611,31 +638,12 @@ TEST(RaggedDotStream, DotShapesAgainstTheReference) {
 // rows, none; 15 with rows, so that up to 3 threads have 4 items each without slabs to balance
 // them. Against the reference within f32 accumulation error.
 TEST(RaggedDotStream, WholeRowsAndSlabsAgainstTheReference) {
-  const int64_t K = 70;
-  const std::vector<int32_t> sizes{8, 0, 20, 1, 40, 7, 9, 8, 3, 8, 12, 8, 2, 8, 10, 8};
-  const auto G = static_cast<int64_t>(sizes.size());
-  const int64_t m = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   std::mt19937 rng(21);
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     for (const int64_t n : dtype == DType::kBF16 ? std::vector<int64_t>{2880, 3300}
                                                  : std::vector<int64_t>{1408, 2880}) {
-      for (bool dlhs : {false, true}) {
-        SCOPED_TRACE(fmt::format("{}, {} columns, {}", dtype_name(dtype), n,
-                                 dlhs ? "input gradient" : "forward"));
-        HostTensor a(dtype, {m, K}), w(dtype, {G, K, n});
-        a.fill_random(rng);
-        w.fill_random(rng);
-        auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-          RaggedDotOptions o;
-          o.impl = impl, o.rhs_transposed = dlhs;
-          HostTensor out(DType::kF32, {m, n});
-          const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
-                                 : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
-          EXPECT_TRUE(st.ok()) << st.message();
-          return out;
-        };
-        StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
-      }
+      CheckOutputContiguous({8, 0, 20, 1, 40, 7, 9, 8, 3, 8, 12, 8, 2, 8, 10, 8}, 70, n, dtype,
+                            rng);
     }
   }
 }
@@ -647,31 +655,10 @@ TEST(RaggedDotStream, WholeRowsAndSlabsAgainstTheReference) {
 // the forward and the input gradient against transposed weights, bf16 and f32. Against the
 // reference within f32 accumulation error.
 TEST(RaggedDotStream, ThreeVectorChunksEveryColumnTailAgainstTheReference) {
-  const int64_t K = 37;
-  const std::vector<int32_t> sizes{7, 8, 0, 9, 15, 2, 33, 10};
-  const auto G = static_cast<int64_t>(sizes.size());
-  const int64_t m = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   std::mt19937 rng(23);
   for (DType dtype : {DType::kBF16, DType::kF32}) {
-    for (const int64_t n : {1, 5, 8, 13, 24, 31, 47, 53, 72}) {
-      for (bool dlhs : {false, true}) {
-        SCOPED_TRACE(fmt::format("{}, {} columns, {}", dtype_name(dtype), n,
-                                 dlhs ? "input gradient" : "forward"));
-        HostTensor a(dtype, {m, K}), w(dtype, {G, K, n});
-        a.fill_random(rng);
-        w.fill_random(rng);
-        auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-          RaggedDotOptions o;
-          o.impl = impl, o.rhs_transposed = dlhs;
-          HostTensor out(DType::kF32, {m, n});
-          const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
-                                 : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
-          EXPECT_TRUE(st.ok()) << st.message();
-          return out;
-        };
-        StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
-      }
-    }
+    for (const int64_t n : {1, 5, 8, 13, 24, 31, 47, 53, 72})
+      CheckOutputContiguous({7, 8, 0, 9, 15, 2, 33, 10}, 37, n, dtype, rng);
   }
 }
 
