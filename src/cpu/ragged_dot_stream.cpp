@@ -627,36 +627,27 @@ HWY_INLINE void WithRows(int rows, Args&&... args) {
 // The f32 axpy kernels on B's elements of type TB (A's f32); kSpread, kWiden as AxpyF32's.
 template <typename TB, bool kSpread = kSpreadAhead<TB>, bool kWiden = false>
 struct Axpy {
-  template <int R>
-  struct K {
-    template <typename... Args>
-    static void Run(Args&&... args) {
-      AxpyF32<R, 4, TB, kSpread, kWiden>(std::forward<Args>(args)...);
-    }
+  // Panels of V vectors.
+  template <int V>
+  struct Panels {
+    template <int R>
+    struct K {
+      template <typename... Args>
+      static void Run(Args&&... args) {
+        AxpyF32<R, V, TB, kSpread, kWiden>(std::forward<Args>(args)...);
+      }
+    };
   };
-  // Panels of 2 vectors, for up to twice the rows.
+  // Panels of 4 vectors; of 2, for up to twice the rows; of 3 (up to kF32QuadRows rows) and of
+  // 1 (their last columns).
   template <int R>
-  struct K2 {
-    template <typename... Args>
-    static void Run(Args&&... args) {
-      AxpyF32<R, 2, TB, kSpread, kWiden>(std::forward<Args>(args)...);
-    }
-  };
-  // Panels of 3 vectors (up to kF32QuadRows rows) and of 1 (their last columns).
+  using K = typename Panels<4>::template K<R>;
   template <int R>
-  struct K3 {
-    template <typename... Args>
-    static void Run(Args&&... args) {
-      AxpyF32<R, 3, TB, kSpread, kWiden>(std::forward<Args>(args)...);
-    }
-  };
+  using K2 = typename Panels<2>::template K<R>;
   template <int R>
-  struct K1 {
-    template <typename... Args>
-    static void Run(Args&&... args) {
-      AxpyF32<R, 1, TB, kSpread, kWiden>(std::forward<Args>(args)...);
-    }
-  };
+  using K3 = typename Panels<3>::template K<R>;
+  template <int R>
+  using K1 = typename Panels<1>::template K<R>;
 };
 template <typename T, int C = 4>
 struct Dot {

@@ -651,14 +651,17 @@ TEST(RaggedDotStream, WholeRowsAndSlabsAgainstTheReference) {
 // kCpuStream's output-contiguous form, groups whose chunks of 3-4 rows run on panels of 3 vectors,
 // then of 1, then a zero-padded one (below AVX-512, on bf16): 7 and 8 rows (two such chunks), 9,
 // 15 and 33 (chunks of 6 and one of 3), beside 2 and 10 rows (other chunks) and an empty group;
-// column counts that leave every kind of tail (none, 1 or 2 vectors, and 1-7 columns past them);
-// the forward and the input gradient against transposed weights, bf16 and f32. Against the
-// reference within f32 accumulation error.
+// and one group of 15 holding every row (its columns in slabs for the threads); column counts that
+// leave every kind of tail (none, 1 or 2 vectors, and 1-7 columns past them); the forward and the
+// input gradient against transposed weights, bf16 and f32. Against the reference within f32
+// accumulation error.
 TEST(RaggedDotStream, ThreeVectorChunksEveryColumnTailAgainstTheReference) {
   std::mt19937 rng(23);
   for (DType dtype : {DType::kBF16, DType::kF32}) {
-    for (const int64_t n : {1, 5, 8, 13, 24, 31, 47, 53, 72})
+    for (const int64_t n : {1, 5, 8, 13, 24, 31, 47, 53, 72}) {
       CheckOutputContiguous({7, 8, 0, 9, 15, 2, 33, 10}, 37, n, dtype, rng);
+      CheckOutputContiguous({0, 15, 0}, 37, n, dtype, rng);
+    }
   }
 }
 
