@@ -21,7 +21,7 @@
 //     a row's output is a sum of weight rows scaled by its elements. The weights go by blocks of
 //     contraction rows. With one chunk of rows (up to 11, or 12 for the f32 kernel), blocks of 8
 //     or 16 rows, one kernel call walking all their panels; with 2 to kChunkMajorMost chunks (the
-//     f32 kernels on bf16 weights, AVX2), blocks of 32-48 rows, each chunk in turn walking all
+//     f32 kernels on AVX2), blocks of 32-48 rows, each chunk in turn walking all
 //     their panels in one call; with more, blocks of about kBlockBytes and at least kMinBlockRows
 //     rows, a panel of output columns at a time, each chunk of rows adding the block's products
 //     to its f32 sums (kept in a per-thread buffer between blocks); either way the next block is
@@ -227,8 +227,8 @@ inline Lines part(Lines all, int64_t call, int64_t calls) {
 // the forward's 6 + 2 rows of sums on 16 columns a step): read alone ~17.5 ms, FMAs alone 21.8,
 // together 36.1 in bursts, 27.4 with one line every 4 steps (bench/results/
 // ragged_dot_small-cpu-2026-11-27-2/by-hand/). Spread: the dot products (DotF32, DotSplit) and
-// the axpy kernels on bf16 weights (kSpreadAhead); the pair kernels (AVX512-BF16, not measured
-// spread) keep the bursts.
+// the f32 axpy kernels (AxpyF32); the pair kernels (AVX512-BF16, not measured spread) keep the
+// bursts.
 template <bool kSpread = false>
 class Ahead {
  public:
@@ -337,14 +337,21 @@ using stream::Item;
 // Rows per chunk of the f32 kernels: their sums fill at most 24 of the registers (16 on AVX2).
 constexpr int kF32Rows = HWY_TARGET <= HWY_AVX3 ? 6 : 3;
 // The f32 axpy kernel's rows per chunk, with several chunks (the output-contiguous form): kF32Rows
-// on panels of 4 vectors, or, on AVX2 with bf16 weights, 2 kF32Rows on two panels of 2 vectors side
-// by side. There bf16 weights take a register each for their widened vectors, so 3 rows' 12 sums
-// spilled one (its FMA then waited on a store and a load every step): in L1 (by hand, AMD EPYC
-// family 23 model 49, one core) 3 rows x 4 vectors ran at 46 GFLOP/s, 4-6 rows x 2 vectors at 104
-// (the peak ~107); f32 weights, read by the FMAs from memory, 3 x 4 at 107. (One chunk of 3 rows
-// stays on 4 vectors: on 2, qwen3-30b-a3b's forward at 32-48 tokens ran 1.15x slower.)
-template <typename TB>
-constexpr bool kF32NarrowChunks = (HWY_TARGET > HWY_AVX3) && std::is_same_v<TB, uint16_t>;
+// on panels of 4 vectors, or, on AVX2, 2 kF32Rows on two panels of 2 vectors side by side. There
+// bf16 weights take a register each for their widened vectors, so 3 rows' 12 sums spilled one (its
+// FMA then waited on a store and a load every step): in L1 (by hand, AMD EPYC family 23 model 49,
+// one core) 3 rows x 4 vectors ran at 46 GFLOP/s, 4-6 rows x 2 vectors at 104 (the peak ~107). f32
+// weights, read by the FMAs from memory, ran 3 x 4 at 107 in L1, but from memory the chunks of 6
+// (chunk-major up to kChunkMajorMost chunks, 7-8 rows on 3 vectors, as bf16) and the prefetches
+// spread (AxpyF32) ran faster together, though neither alone did: A/B in one loop, weights cold,
+// rows spread evenly (AMD EPYC family 23 model 49; bench/results/ragged_dot_small-cpu-2026-11-27-6/
+// ab-f32-chunks.txt), qwen3-30b-a3b's forward in f32 at 8 / 12 / 16 / 32 / 48 / 64 rows a group
+// 1.02-1.09 / 1.27 / 1.17-1.24 / 1.13 / 1.06 / 1.02x (routed, 16 on average, 1.17x; 1-6 rows
+// level), deepseek-v3's shape (32 of its experts) at 8 / 16 / 32 rows 1.08 / 1.30 / 1.19-1.21x,
+// qwen3's down shape (K 768, n 2048) 1.10 / 1.28 / 1.21x; at 128 rows 0.96x, past the bound where
+// oneDNN takes the call (stream_most_rows). (One chunk of 3 rows stays on 4 vectors: on 2,
+// qwen3-30b-a3b's forward at 32-48 tokens ran 1.15x slower.)
+constexpr bool kF32NarrowChunks = HWY_TARGET > HWY_AVX3;
 // kF32NarrowChunks' items of at most this many chunks go chunk by chunk over each block
 // (AxpyItem says why).
 constexpr int64_t kChunkMajorMost = 6;
@@ -387,20 +394,12 @@ HWY_INLINE lanes::V Load(lanes::D d, const T* p, size_t i) {
   return LoadLanes<std::is_same_v<T, uint16_t>>(d, p, i);
 }
 
-// Whether the f32 axpy kernels spread their prefetches (stream::Ahead) on weights of type TB. A/B
-// against the bursts, builds in turn, qwen3-30b-a3b's forward, weights cold (AMD EPYC family 23
-// model 49; ragged_dot_small-cpu-2026-11-27-2/): bf16 weights 1.25-1.35x at 4 rows a group,
-// 1.07-1.16x at 8, 1.03-1.08x at 32, 1.04-1.06x at 64; f32 weights 0.93-1.06x at 4-12 rows, so
-// not there.
-template <typename TB>
-constexpr bool kSpreadAhead = std::is_same_v<TB, uint16_t>;
-
 // acc[r][0, VN) += sum_{k < kc} A[r][k] * B[k][0, VN), A's elements f32 (F32Rows), B's of type
 // TB; pf stepped once per k. kWiden: B's rows also stored as f32 in wide[k][0, VN), rows ld_wide
 // apart.
-template <int R, int V, typename TB, bool kSpread, bool kWiden>
+template <int R, int V, typename TB, bool kWiden>
 HWY_INLINE void AxpyF32Panel(const float* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
-                             float* acc, int64_t ld_acc, stream::Ahead<kSpread>& pf, float* wide,
+                             float* acc, int64_t ld_acc, stream::Ahead<true>& pf, float* wide,
                              int64_t ld_wide) {
   const lanes::D d;
   const size_t N = hn::Lanes(d);
@@ -433,16 +432,21 @@ HWY_INLINE void AxpyF32Panel(const float* a, int64_t lda, int64_t kc, const TB* 
 }
 
 // AxpyF32Panel over `panels` panels of VN columns side by side (B's and acc's), in one call;
-// kWiden: B's rows also stored as f32 in wide ([kc][panels VN]).
-template <int R, int V, typename TB, bool kSpread = kSpreadAhead<TB>, bool kWiden = false>
+// kWiden: B's rows also stored as f32 in wide ([kc][panels VN]). The prefetches spread
+// (stream::Ahead): A/B against the bursts, builds in turn, qwen3-30b-a3b's forward, weights cold
+// (AMD EPYC family 23 model 49; ragged_dot_small-cpu-2026-11-27-2/): bf16 weights 1.25-1.35x at 4
+// rows a group, 1.07-1.16x at 8, 1.03-1.08x at 32, 1.04-1.06x at 64; f32 weights (then in chunks
+// of 3 rows on 4 vectors) 0.93-1.06x at 4-12 rows, now with the chunks of 6 faster together
+// (kF32NarrowChunks).
+template <int R, int V, typename TB, bool kWiden = false>
 HWY_NOINLINE void AxpyF32(const float* a, int64_t lda, int64_t kc, const TB* b, int64_t ldb,
                           int64_t panels, float* acc, int64_t ld_acc, const stream::Lines& ahead,
                           float* wide = nullptr) {
   const auto width = static_cast<int64_t>(V * hn::Lanes(lanes::D()));
-  stream::Ahead<kSpread> pf(ahead, panels * kc);
+  stream::Ahead<true> pf(ahead, panels * kc);
   for (int64_t p = 0; p < panels; ++p) {
-    AxpyF32Panel<R, V, TB, kSpread, kWiden>(a, lda, kc, b + p * width, ldb, acc + p * width, ld_acc,
-                                            pf, wide + p * width, panels * width);
+    AxpyF32Panel<R, V, TB, kWiden>(a, lda, kc, b + p * width, ldb, acc + p * width, ld_acc, pf,
+                                   wide + p * width, panels * width);
   }
 }
 
@@ -624,8 +628,8 @@ HWY_INLINE void WithRows(int rows, Args&&... args) {
     return WithRows<kMax - 1, Kernel>(rows, std::forward<Args>(args)...);
   }
 }
-// The f32 axpy kernels on B's elements of type TB (A's f32); kSpread, kWiden as AxpyF32's.
-template <typename TB, bool kSpread = kSpreadAhead<TB>, bool kWiden = false>
+// The f32 axpy kernels on B's elements of type TB (A's f32); kWiden as AxpyF32's.
+template <typename TB, bool kWiden = false>
 struct Axpy {
   // Panels of V vectors.
   template <int V>
@@ -634,7 +638,7 @@ struct Axpy {
     struct K {
       template <typename... Args>
       static void Run(Args&&... args) {
-        AxpyF32<R, V, TB, kSpread, kWiden>(std::forward<Args>(args)...);
+        AxpyF32<R, V, TB, kWiden>(std::forward<Args>(args)...);
       }
     };
   };
@@ -878,7 +882,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   // Chunks of rows: up to kAxpyPanelsRows rows (2 kF32Rows for the f32 kernel) in one, through
   // panels of 2 vectors past kAxpyPanelsWideRows (kF32Rows); more, kAxpyRows (kF32Rows, or
   // 2 kF32Rows where kF32NarrowChunks) at a time.
-  constexpr bool kNarrow = !kPairs && kF32NarrowChunks<T>;
+  constexpr bool kNarrow = !kPairs && kF32NarrowChunks;
   const int64_t one = kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows;
   const int64_t most = it.rows <= one ? one
                        : kPairs       ? stream::kAxpyRows
@@ -911,7 +915,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   };
   const T* b = weights(it);
   const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
-  // The f32 kernels on bf16 weights (AVX2), 2 to kChunkMajorMost chunks: chunk by chunk over every
+  // The f32 kernels on AVX2, 2 to kChunkMajorMost chunks: chunk by chunk over every
   // panel of a block in one call (AxpyF32Block), the later chunks reading the block from L2, in
   // blocks of 32-48 rows; rather than panel by panel through the chunks (the later ones from L1)
   // in blocks of 64 rows or more. A/B in one loop, weights cold (AMD EPYC family 23 model 49;
@@ -1034,9 +1038,9 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
           } else if (wide == nullptr) {
             chunk(Axpy<T>{}, from_b, g.b_s0);
           } else if (r0 == 0) {  // the first chunk widens the panel into `wide`
-            chunk(Axpy<T, true, true>{}, from_b, g.b_s0, wide);
+            chunk(Axpy<T, true>{}, from_b, g.b_s0, wide);
           } else {  // the others multiply that
-            chunk(Axpy<float, true>{}, static_cast<const float*>(wide), panel);
+            chunk(Axpy<float>{}, static_cast<const float*>(wide), panel);
           }
         }
       }
@@ -1109,7 +1113,7 @@ void TransposePanel(const T* w, int64_t ldw, int64_t kc, int64_t cols, float* pa
 template <bool kPairs, typename T, bool kOutBf16>
 void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  constexpr bool kNarrow = !kPairs && kF32NarrowChunks<T>;
+  constexpr bool kNarrow = !kPairs && kF32NarrowChunks && std::is_same_v<T, uint16_t>;
   const stream::Chunks chunks(it.rows, kPairs    ? stream::kAxpyRows
                                        : kNarrow ? 2 * kF32Rows
                                                  : kF32Rows);
@@ -1162,13 +1166,13 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
           stream::axpy_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, nullptr, 0, panel, sums, width,
                              ahead, pairs, stream::PanelUse::kRead);
         } else if (kNarrow && rows > 2) {
-          WithRows<2 * kF32Rows, Axpy<float, true>::template K2>(
-              rows, af + r0 * ld_af, ld_af, kc, static_cast<const float*>(pan), panel, int64_t{2},
-              sums, width, ahead);
+          WithRows<2 * kF32Rows, Axpy<float>::template K2>(rows, af + r0 * ld_af, ld_af, kc,
+                                                           static_cast<const float*>(pan), panel,
+                                                           int64_t{2}, sums, width, ahead);
         } else {
-          WithRows<kF32Rows, Axpy<float, true>::template K>(rows, af + r0 * ld_af, ld_af, kc,
-                                                            static_cast<const float*>(pan), panel,
-                                                            int64_t{1}, sums, width, ahead);
+          WithRows<kF32Rows, Axpy<float>::template K>(rows, af + r0 * ld_af, ld_af, kc,
+                                                      static_cast<const float*>(pan), panel,
+                                                      int64_t{1}, sums, width, ahead);
         }
       }
     }
@@ -1853,8 +1857,11 @@ HWY_EXPORT(Run);
 // -27-3/stream-vs-onednn-dlhs.txt) 1.11 / 1.14 / 1.08 / 0.99 / 0.95x at 128 / 192 / 256 / 384 /
 // 512 rows on average, so 384 in the largest group (about 307 on average); f32 1.00 / 0.94 / 1.01
 // / 1.00 / 0.99x at 32 / 48 / 64 / 96 / 128 (level: the bound stays).
-// f32 forward 1.01 / 0.87x at 16 / 32 (the bound 24), input gradient 1.28 / 1.17 / 1.05 / 0.99 /
-// 0.94x at 16 / 20 / 24 / 28 / 32 (the bound 32; -27-2/). The choice follows the sizes of
+// f32 forward 1.01 / 0.87x at 16 / 32 (-27-2/), then with f32 weights in chunks of 6 rows
+// (kF32NarrowChunks; -27-6/stream-vs-onednn-f32.txt) 1.26 / 1.19 / 1.12 / 1.09 / 1.01 / 0.94 /
+// 0.91x at 16 / 20 / 24 / 28 / 32 / 40 / 48 rows on average (the largest group about 1.25x that),
+// so 40 in the largest group; input gradient 1.28 / 1.17 / 1.05 / 0.99 / 0.94x at 16 / 20 / 24 /
+// 28 / 32 (the bound 32; -27-2/). The choice follows the sizes of
 // the call's local groups, not how many of them have rows: an expert-parallel rank (a few local
 // groups) then chooses as the one-rank layer (every group) does unless another rank's expert has
 // more than `most` rows, and its experts' gradients keep the one-rank layer's bits (LayerEp tests;
@@ -1871,7 +1878,7 @@ bool runs_avx2() {
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
   if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 384 : 256;
-  if (runs_avx2()) return g.b_s1 != 1 ? 32 : 24;
+  if (runs_avx2()) return g.b_s1 != 1 ? 32 : 40;
   return g.b_s1 != 1 ? 160 : 12;
 }
 }  // namespace
