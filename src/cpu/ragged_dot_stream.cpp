@@ -1109,14 +1109,17 @@ void TransposePanel(const T* w, int64_t ldw, int64_t kc, int64_t cols, float* pa
 // at 64 rows 1.07x, at 32 level (most items 32 rows or fewer); its forward against [E, n, K]
 // weights 1.19-1.24x at 64-128 rows; mixtral-8x7b's input gradient (a 14336-long contraction) at
 // 64 rows 1.19-1.32x. With the transposition in scalar code it took a fifth of the time and the
-// path ran 0.92-0.97x; from 13 or 21 rows (the items' sums bounded as here) 0.70-0.95x.
+// path ran 0.92-0.97x; from 13 or 21 rows (the items' sums bounded as here) 0.70-0.95x. The f32
+// panel is read by the FMAs from memory, so chunks of kF32Rows on 4 vectors, whatever the weights'
+// type (AxpyItem's chunks of 2 kF32Rows on 2 vectors, which bf16 weights took here before, ran
+// 1.01-1.05x slower: A/B in one loop, weights cold, bf16, input gradient of qwen3-30b-a3b at 48 /
+// 64 / 128 rows a group 1.04 / 1.03 / 1.05x, of deepseek-v3's shape at 64 / 128 1.03-1.05 / 1.01x,
+// of mixtral-8x7b's down at 64 1.04x, qwen3's forward against [E, n, K] at 64 / 128 1.02-1.03 /
+// 1.02x; bench/results/ragged_dot_small-cpu-2026-11-27-6/ab-transposed-chunks.txt).
 template <bool kPairs, typename T, bool kOutBf16>
 void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
-  constexpr bool kNarrow = !kPairs && kF32NarrowChunks && std::is_same_v<T, uint16_t>;
-  const stream::Chunks chunks(it.rows, kPairs    ? stream::kAxpyRows
-                                       : kNarrow ? 2 * kF32Rows
-                                                 : kF32Rows);
+  const stream::Chunks chunks(it.rows, kPairs ? stream::kAxpyRows : kF32Rows);
   const int64_t width = round_up(it.cols, panel);
   float* acc = ThreadBuffer(static_cast<size_t>(it.rows * width));
   std::fill(acc, acc + it.rows * width, 0.f);
@@ -1165,10 +1168,6 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
         if constexpr (kPairs) {
           stream::axpy_pairs(rows, a + r0 * g.lda + k0, g.lda, kc, nullptr, 0, panel, sums, width,
                              ahead, pairs, stream::PanelUse::kRead);
-        } else if (kNarrow && rows > 2) {
-          WithRows<2 * kF32Rows, Axpy<float>::template K2>(rows, af + r0 * ld_af, ld_af, kc,
-                                                           static_cast<const float*>(pan), panel,
-                                                           int64_t{2}, sums, width, ahead);
         } else {
           WithRows<kF32Rows, Axpy<float>::template K>(rows, af + r0 * ld_af, ld_af, kc,
                                                       static_cast<const float*>(pan), panel,
