@@ -87,19 +87,20 @@ constexpr int kAxpyPanelsWideRows = 5, kAxpyPanelsRows = 11;
 // Weight rows per block of the output-contiguous form, and bytes per super-block of the
 // contraction-contiguous one (AxpyItem, DotItem say why).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
-// The f32 kernels' items of one chunk of at most kHalfAheadRows rows whose blocks hold more than
-// kHalfAheadBytes of weights prefetch the first half of the next block only; the hardware
-// prefetchers and the loads fetch the rest. Prefetched whole, the next block (8 rows: 22-64 KiB
-// for rows of 2.75-8 KiB) did not fit L1 beside the block at hand, and the calls ran below the
-// read rate that reading less ahead reached. A/B in one loop, weights cold, the forward (AMD EPYC
-// family 23 model 49, 32 KiB of L1; bench/results/ragged_dot_small-cpu-2026-11-27-6/
-// ab-half-ahead.txt), 1 / 2 rows a group, bf16: deepseek-v2-lite's gate|up (2.75 KiB rows) 1.07 /
-// 1.03x, olmoe-1b-7b's (4 KiB) 1.14 / 1.13x, deepseek-v3's shape (4 KiB) 1.14 / 1.11x,
-// gpt-oss-20b's down (5.6 KiB) 1.13 / 1.15x, mixtral-8x7b's down (8 KiB) 1.22 / 1.16x; routed
-// (0-6 rows) 1.06-1.16x; f32 (qwen3-30b-a3b's 3 KiB rows, olmoe's 8 KiB, mixtral's 16 KiB)
-// 1.15-1.21x. At 3 rows (every item) 0.92-1.08x, and with blocks past 8 KiB (qwen3's 12 KiB in
-// bf16) 0.78-0.88x: the whole block there.
-constexpr int64_t kHalfAheadRows = 2, kHalfAheadBytes = 16 << 10;
+// The f32 kernels' items of one chunk of at most kHalfAheadRows rows, on weight rows (the run of
+// each that the item reads) longer than kHalfAheadRowBytes, prefetch the first half of the next
+// block (AxpyItem) or super-block (DotItem) only; the hardware prefetchers, which follow runs that
+// long, and the loads fetch the rest. Prefetched whole, the next block (8 rows: 22-64 KiB for rows
+// of 2.75-8 KiB) did not fit L1 beside the block at hand, and the calls ran below the read rate
+// that reading less ahead reached. A/B in one loop, weights cold (AMD EPYC family 23 model 49, 32
+// KiB of L1; bench/results/ragged_dot_small-cpu-2026-11-27-6/ab-half-ahead*.txt), 1 / 2 rows a
+// group, bf16, forward: deepseek-v2-lite's gate|up (2.75 KiB rows) 1.07 / 1.03x, olmoe-1b-7b's (4
+// KiB) 1.14 / 1.13x, deepseek-v3's shape (4 KiB) 1.14 / 1.11x, gpt-oss-20b's down (5.6 KiB) 1.13 /
+// 1.15x, mixtral-8x7b's down (8 KiB) 1.22 / 1.16x; routed (0-6 rows) 1.06-1.16x; f32 weights
+// 1.15-1.21x; input gradient (the same shapes' contractions) 1.07 / 1.02, 1.06 / 1.07, 1.09 /
+// 1.06, 1.12 / 1.10, 1.10 / 1.10x. At 3-4 rows 0.88-1.08x, and on rows of 1.5 KiB (qwen3-30b-a3b's
+// in bf16) 0.78-0.88x: the whole block there.
+constexpr int64_t kHalfAheadRows = 2, kHalfAheadRowBytes = 2 << 10;
 // The most bytes of a weight row that one item (output-contiguous form) or one kernel call
 // (contraction-contiguous form, AVX-512) takes: wider rows go in slabs or spans, so that a block's
 // rows stay in L2 and a chunk's rows in L1 (6 rows of the chunk and 4 weight rows of 4 KiB fill 40
@@ -994,7 +995,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                                   width, next);
       } else {
         const bool half =
-            it.rows <= stream::kHalfAheadRows && kc * it.cols * es > stream::kHalfAheadBytes;
+            it.rows <= stream::kHalfAheadRows && it.cols * es > stream::kHalfAheadRowBytes;
         AxpyF32Block(static_cast<int>(it.rows), af, ld_af, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
                      acc, width, half ? stream::part(next, 0, 2) : next);
       }
@@ -1269,11 +1270,16 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
       for (int64_t s0 = 0; s0 < it.cols; s0 += sb) {
         const int64_t s1 = std::min(s0 + sb, it.cols);
         // The next super-block: of this span, of the next, or the next item's first.
-        const stream::Lines next = s1 < it.cols       ? region(b, it.cols, k0, s1)
-                                   : k0 + span < g.kc ? region(b, it.cols, k0 + span, 0)
-                                   : next_item != nullptr
-                                       ? region(weights(*next_item), next_item->cols, 0, 0)
-                                       : stream::Lines{};
+        stream::Lines next = s1 < it.cols       ? region(b, it.cols, k0, s1)
+                             : k0 + span < g.kc ? region(b, it.cols, k0 + span, 0)
+                             : next_item != nullptr
+                                 ? region(weights(*next_item), next_item->cols, 0, 0)
+                                 : stream::Lines{};
+        // (The f32 kernels, one chunk of few rows on long weight rows: half; kHalfAheadRows.)
+        if (!kPairs && chunks.count == 1 && it.rows <= stream::kHalfAheadRows &&
+            kc * es > stream::kHalfAheadRowBytes) {
+          next = stream::part(next, 0, 2);
+        }
         const int64_t calls = chunks.count * ((s1 - s0 + per_call - 1) / per_call);
         int64_t call = 0;
         for (int64_t ci = 0; ci < chunks.count; ++ci) {
