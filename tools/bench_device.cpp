@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "dense_matmul.h"
+#include "roofline.h"
 
 namespace moekit::tools {
 namespace {
@@ -63,6 +64,26 @@ class CpuBenchDevice : public BenchDevice {
 }  // namespace
 
 std::unique_ptr<BenchDevice> make_cpu_bench_device() { return std::make_unique<CpuBenchDevice>(); }
+
+double FloorRead::bytes() const {
+  double b = 0;
+  for (const Mem* m : timed) b += static_cast<double>(m->bytes());
+  return b;
+}
+
+void FloorRead::add_to(BenchDevice& dev, std::vector<std::function<void()>>& fns) const {
+  fns.push_back([this, &dev] {
+    for (const Mem* m : timed) dev.read(m->data(), m->bytes());
+  });
+  if (evict != nullptr) fns.push_back([this, &dev] { dev.read(evict->data(), evict->bytes()); });
+}
+
+FloorRead floor_read(const std::vector<const Mem*>& weights, const Mem& probe) {
+  size_t total = 0;
+  for (const Mem* m : weights) total += m->bytes();
+  if (total >= read_probe_bytes()) return {weights, &probe};
+  return {{&probe}, nullptr};
+}
 
 std::unique_ptr<BenchDevice> make_bench_device(const std::string& name) {
   if (name == "cpu") return make_cpu_bench_device();

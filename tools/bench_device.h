@@ -76,6 +76,21 @@ class BenchDevice {
   virtual bool profile_in_timed_runs() const = 0;
 };
 
+// The read of a floor's read rate (issue 35; CPU): a plain parallel read of the weights' own
+// buffers where together they hold at least read_probe_bytes(), else of the probe; and after it,
+// untimed, a read of the probe, so that no weights stay cached for the next call. In a VM where a
+// buffer lands decides its read rate (a process's buffers of 256 MiB read at 21-30 GB/s by where
+// they fall, bench/results/ragged_dot_small-cpu-2026-11-27-6/by-hand/read_placement.txt), a probe
+// apart from the weights could say 1.4x more or less than their own memory gives.
+struct FloorRead {
+  std::vector<const Mem*> timed;  // read one after another; the rate's bytes
+  const Mem* evict = nullptr;     // read after them, untimed (none when the probe is timed)
+  double bytes() const;
+  // fns' parts of dev.time's loop: the timed read, then (if any) the untimed one.
+  void add_to(BenchDevice& dev, std::vector<std::function<void()>>& fns) const;
+};
+FloorRead floor_read(const std::vector<const Mem*>& weights, const Mem& probe);
+
 // "cpu" or "cuda" (a CLI::ValidationError naming --device otherwise; a std::runtime_error for
 // cuda without a device, or in a build without CUDA).
 std::unique_ptr<BenchDevice> make_bench_device(const std::string& name);

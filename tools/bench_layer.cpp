@@ -41,8 +41,8 @@ struct Result {
   double gmm_flops_fwd = 0, dense_tflops = 0, dense_ms_fwd = 0;
   std::string dense_impl;
   // The forward's floor (CPU): the weight bytes it reads and its FLOPs, the rates measured in the
-  // same loop (a read of read_probe_bytes(); a dense matmul of 4096 rows by [H, 2F]), and the
-  // copies of the expert weights cycled.
+  // same loop (a read of the expert weights' own buffers, FloorRead; a dense matmul of 4096 rows
+  // by [H, 2F]), and the copies of the expert weights cycled.
   double fwd_weight_bytes = 0, fwd_flops = 0;
   Roofline roof;
   int64_t copies = 1;
@@ -217,13 +217,17 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
     fns.push_back([&] { forward_with(cfg_inv, &fwd_prof_inv); });
     fns.push_back([&] { backward_with(cfg_inv, &bwd_prof_inv); });
   }
+  std::vector<const Mem*> weights;
+  for (size_t c = 0; c < w_in.size(); ++c) weights.insert(weights.end(), {&w_in[c], &w_out[c]});
+  const FloorRead floor = floor_read(weights, probe);
+  const size_t read_at = fns.size();
   if (peak) {
-    fns.push_back([&] { dev.read(probe.data(), probe.bytes()); });
+    floor.add_to(dev, fns);
     fns.push_back([&] { peak->run(a_peak.data(), w_in[0].data(), c_peak.data()); });
   }
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
   if (peak) {
-    r.roof.read_gbps = static_cast<double>(probe.bytes()) / (t[t.size() - 2].median_ms * 1e6);
+    r.roof.read_gbps = floor.bytes() / (t[read_at].median_ms * 1e6);
     r.roof.dense_tflops = 2.0 * kPeakRows * H * W / (t.back().median_ms * 1e9);
   }
   if (!profile_timed) {  // the steps in runs of their own, as many

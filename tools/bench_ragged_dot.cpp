@@ -175,14 +175,13 @@ RaggedDotRow full_row(const std::string& pass, const RaggedDotProblem& pr,
 // One pass timed on dev in one interleaved loop: call(E, 0, {}) (the full call), dense() beside
 // it, with o.shards > 1 one shard's call (E/shards local groups from group_offset
 // shard*E/shards), with o.invariant each of those calls again in the batch-invariant mode, and
-// read() (of read_bytes; may be empty), whose rate becomes the rows' read rate; `label` names the
-// step in the progress line. Appends the full call's row and the shard's.
+// the floor's read (may be null), whose rate becomes the rows' read rate; `label` names the step
+// in the progress line. Appends the full call's row and the shard's.
 void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDotProblem& pr,
                int shard, RaggedDotRow full,
                const std::function<Status(int64_t, int32_t, const RaggedDotOptions&)>& call,
-               const std::function<void()>& dense, const std::function<void()>& read,
-               double read_bytes, const std::string& label, Progress& progress,
-               std::vector<RaggedDotRow>& rows) {
+               const std::function<void()>& dense, const FloorRead* read, const std::string& label,
+               Progress& progress, std::vector<RaggedDotRow>& rows) {
   RaggedDotOptions plain, invariant;
   plain.impl = parse_impl(o.impl);
   plain.ran = &full.ran;
@@ -213,7 +212,7 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
                             o.shards > 1 ? fmt::format(", shard {}/{}", shard, o.shards) : "",
                             o.invariant ? ", invariant mode" : ""));
   const size_t read_at = fns.size();
-  if (read) fns.push_back(read);
+  if (read) read->add_to(dev, fns);
   const size_t base_at = fns.size();
   RaggedDotOptions base;
   base.impl = parse_impl(o.baseline);
@@ -221,7 +220,7 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
   const size_t per_call = o.invariant ? 2 : 1;  // timings per call: the default, the mode
   if (read) {                                   // the read rate of these very runs
-    full.roof.read_gbps = read_bytes / (t[read_at].median_ms * 1e6);
+    full.roof.read_gbps = read->bytes() / (t[read_at].median_ms * 1e6);
     one.roof.read_gbps = full.roof.read_gbps;
   }
   full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
@@ -279,7 +278,7 @@ struct Rates {
 };
 
 Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& pr, DType in,
-                    DType out, const Mem& probe, const void* weights) {
+                    DType out, const FloorRead& read, const void* weights) {
   Rates r;
   const int64_t M = kPeakRows, K = pr.K, n = pr.n;
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
@@ -288,7 +287,9 @@ Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& 
   dev.fill(a.data(), in, rb.a, o.seed + 4);
   dev.fill(b.data(), in, rb.b, o.seed + 5);
   std::vector<std::unique_ptr<DenseRef>> dense;
-  std::vector<std::function<void()>> fns{[&] { dev.read(probe.data(), probe.bytes()); }};
+  std::vector<std::function<void()>> fns;
+  read.add_to(dev, fns);
+  const size_t dense_at = fns.size();
   for (const std::string& pass : o.passes) {
     if (pass == "fwd") {
       dense.push_back(dev.dense(in, out, M, K, n));
@@ -302,9 +303,9 @@ Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& 
     }
   }
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
-  r.read_gbps = static_cast<double>(probe.bytes()) / (t[0].median_ms * 1e6);
+  r.read_gbps = read.bytes() / (t[0].median_ms * 1e6);
   for (size_t i = 0; i < o.passes.size(); ++i)
-    r.dense_tflops[o.passes[i]] = 2.0 * M * K * n / (t[i + 1].median_ms * 1e9);
+    r.dense_tflops[o.passes[i]] = 2.0 * M * K * n / (t[dense_at + i].median_ms * 1e9);
   return r;
 }
 
@@ -315,7 +316,7 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
              std::FILE* text, Progress& progress, std::vector<Row>& rows) {
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
   const bool drhs = std::find(o.passes.begin(), o.passes.end(), "drhs") != o.passes.end();
-  Mem probe;  // the read rate's buffer, allocated once the first problem is known to fit
+  Mem probe;  // the read rate's probe (FloorRead), allocated once the first problem is known to fit
 
   for (int64_t T : o.tokens) {
     const RaggedDotProblem pr = ragged_dot_problem(p, T, in, out, o, dev.has_read(), text);
@@ -331,9 +332,10 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
     dev.fill(lhs.data(), in, m * K, o.seed + 1);
     dev.fill(d_out.data(), in, m * n, o.seed + 3);
     Rates rates;
+    const FloorRead floor = floor_read({&rhs.mem}, probe);
     if (dev.has_read()) {
       progress.step(fmt::format("{} T={}: read rate, dense rate ({} rows)", p.name, T, kPeakRows));
-      rates = measure_rates(dev, o, pr, in, out, probe, rhs.mem.data());
+      rates = measure_rates(dev, o, pr, in, out, floor, rhs.mem.data());
     }
     // The group sizes where the calls read them (device memory on a GPU).
     Mem sizes = dev.alloc(pr.sizes.size() * sizeof(int32_t));
@@ -376,12 +378,9 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
       full.copies = pass == "drhs" ? 1 : rhs.copies;
       // Cold, the read rate is taken in the same loop as the calls (the read evicts the caches
       // anyway); warm, beside the dense rate before, so that it does not.
-      std::function<void()> read;
-      if (o.cache == "cold" && dev.has_read())
-        read = [&] { dev.read(probe.data(), probe.bytes()); };
+      const bool read = o.cache == "cold" && dev.has_read();
       time_pass(
-          dev, o, pr, shard, full, call, [&] { dense->run(da, db, dc); }, read,
-          static_cast<double>(probe.bytes()),
+          dev, o, pr, shard, full, call, [&] { dense->run(da, db, dc); }, read ? &floor : nullptr,
           fmt::format("{} T={} {}: ragged_dot, dense ({}){}", p.name, T, pass, dense->impl(),
                       full.copies > 1 ? fmt::format(", {} weight copies", full.copies) : ""),
           progress, rows);
@@ -479,9 +478,10 @@ int run(const Options& o) {
     fmt::print(
         text,
         "floor = max(MB read / read rate, FLOPs / dense rate): MB read = the weights of the "
-        "groups with rows (written, for drhs); read rate: a parallel read of {} MiB, timed "
-        "in the same loop as the pass (cold) or before it (warm); dense rate: a {}-row dense "
-        "matmul of the pass's layout, timed before each token count's passes. Weights {}.\n",
+        "groups with rows (written, for drhs); read rate: a parallel read of the weights' own "
+        "buffers (every copy; of a {} MiB probe where they hold less), timed in the same loop "
+        "as the pass (cold) or before it (warm); dense rate: a {}-row dense matmul of the "
+        "pass's layout, timed before each token count's passes. Weights {}.\n",
         read_probe_bytes() >> 20, kPeakRows,
         o.cache == "cold" ? "cold: the forward and input gradient cycle through copies of "
                             "them where one call's would fit 4x in the last-level cache"
