@@ -929,10 +929,11 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   };
   const T* b = weights(it);
   const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
-  // The f32 kernels on AVX2, 2 to kChunkMajorMost chunks: chunk by chunk over every
-  // panel of a block in one call (AxpyF32Block), the later chunks reading the block from L2, in
-  // blocks of 32-48 rows; rather than panel by panel through the chunks (the later ones from L1)
-  // in blocks of 64 rows or more. A/B in one loop, weights cold (AMD EPYC family 23 model 49;
+  // The f32 kernels on AVX2, 2 to kChunkMajorMost chunks: chunk by chunk over every panel of a
+  // block in one call (AxpyF32Block), the later chunks reading the block from L2, in blocks of
+  // 32-48 rows; rather than panel by panel through the chunks (the later ones from L1) in blocks
+  // of 64 rows or more. Measured on bf16 weights (f32: kF32NarrowChunks), A/B in one loop,
+  // weights cold (AMD EPYC family 23 model 49;
   // bench/results/ragged_dot_small-cpu-2026-11-27-3/ab-chunk-major.txt): qwen3-30b-a3b's forward
   // at 6.5 / 8 / 12 / 14 / 16 / 32 rows a group 1.02 / 1.06-1.08 / 1.10-1.11 / 1.08 / 1.05 / 1.05x,
   // 4 KiB weight rows (olmoe-1b-7b's gate|up, deepseek-v3's) at 8 rows 1.14-1.18x, mixtral-8x7b's

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The session's recorded sweeps, one after another after quiet.sh (the build at HEAD when run: f5cf2e7 for sweeps-1/, 88b5490 for sweeps-2/; each run moved its outputs there).
+# The session's recorded sweeps, one after another after quiet.sh (the build at HEAD when run: f5cf2e7 for sweeps-1/, 88b5490 for sweeps-2/, 9cc7afc for sweeps-3/; each run moved its outputs there).
 set -x
 M=/work/main/build/moekit
 bash ../ragged_dot_small-cpu-2026-11-27-3/quiet.sh
