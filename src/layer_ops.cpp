@@ -14,7 +14,9 @@
 namespace moekit::detail {
 namespace {
 
+#if MOEKIT_HAS_CUDA
 bool on_gpu(const Exec& exec) { return exec.device == Device::kCuda; }
+#endif
 
 // A [rows, cols] matrix as the one group [1, rows, cols] that ragged_dot multiplies by.
 template <class View>
@@ -80,7 +82,8 @@ size_t dense_dot_workspace_size(Device device) {
   return 0;
 }
 
-Status add_rows(const TensorView& acc, const ConstTensorView& v, const Exec& exec) {
+Status add_rows(const TensorView& acc, const ConstTensorView& v,
+                [[maybe_unused]] const Exec& exec) {
 #if MOEKIT_HAS_CUDA
   if (on_gpu(exec)) return cuda::add_rows_cuda(acc, v, exec);
 #endif
@@ -95,7 +98,8 @@ Status add_rows(const TensorView& acc, const ConstTensorView& v, const Exec& exe
   return {};
 }
 
-Status convert_rows(const ConstTensorView& in, const TensorView& out, const Exec& exec) {
+Status convert_rows(const ConstTensorView& in, const TensorView& out,
+                    [[maybe_unused]] const Exec& exec) {
 #if MOEKIT_HAS_CUDA
   if (on_gpu(exec)) return cuda::convert_rows_cuda(in, out, exec);
 #endif
@@ -124,7 +128,7 @@ std::vector<int64_t> group_ends(std::span<const int32_t> sizes, int64_t rows) {
 }  // namespace
 
 Status add_group_bias(const TensorView& rows, std::span<const int32_t> sizes,
-                      const ConstTensorView& bias, const Exec& exec) {
+                      const ConstTensorView& bias, [[maybe_unused]] const Exec& exec) {
 #if MOEKIT_HAS_CUDA
   if (on_gpu(exec)) return cuda::add_group_bias_cuda(rows, sizes, bias, exec);
 #endif
@@ -147,7 +151,7 @@ Status add_group_bias(const TensorView& rows, std::span<const int32_t> sizes,
 }
 
 Status group_sums(const ConstTensorView& rows, std::span<const int32_t> sizes,
-                  const TensorView& out, const Exec& exec) {
+                  const TensorView& out, [[maybe_unused]] const Exec& exec) {
 #if MOEKIT_HAS_CUDA
   if (on_gpu(exec)) return cuda::group_sums_cuda(rows, sizes, out, exec);
 #endif
@@ -172,7 +176,7 @@ Status group_sums(const ConstTensorView& rows, std::span<const int32_t> sizes,
 }
 
 Status copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
-               size_t rows, const Exec& exec) {
+               size_t rows, [[maybe_unused]] const Exec& exec) {
 #if MOEKIT_HAS_CUDA
   if (on_gpu(exec))
     return cuda::copy_2d_cuda(dst, dst_pitch, src, src_pitch, row_bytes, rows, exec);
@@ -184,7 +188,7 @@ Status copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, s
   return {};
 }
 
-Status zero_bytes(void* dst, size_t bytes, const Exec& exec) {
+Status zero_bytes(void* dst, size_t bytes, [[maybe_unused]] const Exec& exec) {
 #if MOEKIT_HAS_CUDA
   if (on_gpu(exec)) return cuda::zero_bytes_cuda(dst, bytes, exec);
 #endif
@@ -192,11 +196,10 @@ Status zero_bytes(void* dst, size_t bytes, const Exec& exec) {
   return {};
 }
 
-Status synchronize(const Exec& exec) {
+Status synchronize([[maybe_unused]] const Exec& exec) {
 #if MOEKIT_HAS_CUDA
   if (on_gpu(exec)) return cuda::synchronize_cuda(exec);
 #endif
-  (void)exec;
   return {};
 }
 
