@@ -101,6 +101,11 @@ constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRow
 // 1.06, 1.12 / 1.10, 1.10 / 1.10x. At 3-4 rows 0.88-1.08x, and on rows of 1.5 KiB (qwen3-30b-a3b's
 // in bf16) 0.78-0.88x: the whole block there.
 constexpr int64_t kHalfAheadRows = 2, kHalfAheadRowBytes = 2 << 10;
+// Whether an item of one chunk of `rows` rows on weight rows of `row_bytes` prefetches half the
+// next block only (kHalfAheadRows).
+inline bool half_ahead(int64_t rows, int64_t row_bytes) {
+  return rows <= kHalfAheadRows && row_bytes > kHalfAheadRowBytes;
+}
 // The most bytes of a weight row that one item (output-contiguous form) or one kernel call
 // (contraction-contiguous form, AVX-512) takes: wider rows go in slabs or spans, so that a block's
 // rows stay in L2 and a chunk's rows in L1 (6 rows of the chunk and 4 weight rows of 4 KiB fill 40
@@ -975,6 +980,8 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   float* wide = kWidenOnce && !chunk_major && chunks.count > 2
                     ? WidePanel(static_cast<size_t>(kb * panel))
                     : nullptr;
+  // One chunk of the f32 kernels on long weight rows: half the next block ahead.
+  const bool half = !kPairs && chunks.count == 1 && stream::half_ahead(it.rows, it.cols * es);
   for (int64_t k0 = 0; k0 < kn; k0 += kb) {
     const int64_t kc = std::min(kb, kn - k0);
     const stream::Lines next =
@@ -995,8 +1002,6 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
         stream::axpy_pairs_panels(it.rows, a + k0, g.lda, kc, b + k0 * g.b_s0, g.b_s0, it.cols, acc,
                                   width, next);
       } else {
-        const bool half =
-            it.rows <= stream::kHalfAheadRows && it.cols * es > stream::kHalfAheadRowBytes;
         AxpyF32Block(static_cast<int>(it.rows), af, ld_af, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
                      acc, width, half ? stream::part(next, 0, 2) : next);
       }
@@ -1260,6 +1265,9 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                               std::min(sb, cols - s0));
     };
     float sums[stream::kDotMostSums];
+    // One chunk of the f32 kernels on long weight rows (then one span): half the next super-block
+    // ahead.
+    const bool half = !kPairs && chunks.count == 1 && stream::half_ahead(it.rows, g.kc * es);
     for (int64_t k0 = 0; k0 < g.kc; k0 += span) {
       const int64_t kc = std::min(span, g.kc - k0);
       // kSplit: the item's rows over the span, as f32 in DotSplit's order.
@@ -1276,11 +1284,7 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                              : next_item != nullptr
                                  ? region(weights(*next_item), next_item->cols, 0, 0)
                                  : stream::Lines{};
-        // (The f32 kernels, one chunk of few rows on long weight rows: half; kHalfAheadRows.)
-        if (!kPairs && chunks.count == 1 && it.rows <= stream::kHalfAheadRows &&
-            kc * es > stream::kHalfAheadRowBytes) {
-          next = stream::part(next, 0, 2);
-        }
+        if (half) next = stream::part(next, 0, 2);
         const int64_t calls = chunks.count * ((s1 - s0 + per_call - 1) / per_call);
         int64_t call = 0;
         for (int64_t ci = 0; ci < chunks.count; ++ci) {
