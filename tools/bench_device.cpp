@@ -79,9 +79,8 @@ void FloorRead::add_to(BenchDevice& dev, std::vector<std::function<void()>>& fns
 }
 
 FloorRead floor_read(const std::vector<const Mem*>& weights, const Mem& probe) {
-  size_t total = 0;
-  for (const Mem* m : weights) total += m->bytes();
-  if (total >= read_probe_bytes()) return {weights, &probe};
+  FloorRead own{weights, &probe};
+  if (own.bytes() >= static_cast<double>(read_probe_bytes())) return own;
   return {{&probe}, nullptr};
 }
 

@@ -376,8 +376,8 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
                           (pass == "drhs" ? static_cast<double>(out_es) / in_es : 1.0);
       full.roof = {rates.read_gbps, rates.dense_tflops[pass]};
       full.copies = pass == "drhs" ? 1 : rhs.copies;
-      // Cold, the read rate is taken in the same loop as the calls (the read evicts the caches
-      // anyway); warm, beside the dense rate before, so that it does not.
+      // Cold, the read rate is taken in the same loop as the calls (FloorRead's probe read then
+      // evicts the weights it read); warm, beside the dense rate before, so that it does not.
       const bool read = o.cache == "cold" && dev.has_read();
       time_pass(
           dev, o, pr, shard, full, call, [&] { dense->run(da, db, dc); }, read ? &floor : nullptr,

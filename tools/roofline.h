@@ -21,7 +21,7 @@ size_t last_level_cache_bytes();
 int64_t cold_copies(double touched_bytes);
 
 struct Roofline {
-  double read_gbps = 0;     // a plain parallel read of a buffer much larger than the caches
+  double read_gbps = 0;     // a plain parallel read much larger than the caches (FloorRead)
   double dense_tflops = 0;  // a dense matmul large enough to be compute-bound
 
   // The floor in ms of a call reading `bytes` and doing `flops`, and which of the two binds it.
