@@ -1,5 +1,7 @@
 #include "bench_device.h"
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cstring>
 #include <stdexcept>
@@ -96,6 +98,16 @@ void add_device_option(CLI::App& cmd, std::string& device) {
                  "with CUDA events beside cudaMemcpyAsync and cuBLAS)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+}
+
+void add_cache_size_option(CLI::App& cmd) {
+  cmd.add_option_function<int64_t>(
+         "--cache-mib",
+         [](int64_t mib) { set_last_level_cache_bytes(static_cast<size_t>(mib) << 20); },
+         fmt::format("The last-level cache in MiB that the cold weights' copies and the read "
+                     "rate's probe are sized against (default: what the machine reports, {})",
+                     last_level_cache_bytes() >> 20))
+      ->check(integer_in(1, int64_t{1} << 30, "a whole number of MiB in [1, 2^30]"));
 }
 
 Mem place_expert_bias(BenchDevice& dev, RouteOptions& ro) {

@@ -100,6 +100,10 @@ std::unique_ptr<BenchDevice> make_cuda_bench_device();  // bench_device_cuda.cpp
 // Adds --device (cpu | cuda) to cmd, bound to `device`.
 void add_device_option(CLI::App& cmd, std::string& device);
 
+// Adds --cache-mib: the last-level cache size the cold mode and the read probe are sized against
+// (set_last_level_cache_bytes), for machines that report their host's cache.
+void add_cache_size_option(CLI::App& cmd);
+
 // The expert bias of router options moved into dev's memory (held by the returned Mem), the
 // options pointing at it; nothing without a bias.
 Mem place_expert_bias(BenchDevice& dev, RouteOptions& ro);

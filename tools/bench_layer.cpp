@@ -545,6 +545,7 @@ void register_bench_layer(CLI::App& bench) {
                   "stay cached, as a model's layers do (CPU); warm: one copy")
       ->check(CLI::IsMember({"cold", "warm"}))
       ->capture_default_str();
+  add_cache_size_option(*cmd);
   cmd->add_flag("--invariant", opts->invariant,
                 "Also time the batch-invariant mode (MoeLayerConfig::batch_invariant), in the "
                 "same loop");

@@ -591,6 +591,7 @@ void register_bench_ragged_dot(CLI::App& bench) {
                   "as a model's layers do (CPU); warm: one copy")
       ->check(CLI::IsMember({"cold", "warm"}))
       ->capture_default_str();
+  add_cache_size_option(*cmd);
   cmd->add_option("--passes", opts->passes, "Passes to time, comma-separated: fwd, dlhs, drhs")
       ->delimiter(',')
       ->check(CLI::IsMember({"fwd", "dlhs", "drhs"}))

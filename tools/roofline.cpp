@@ -29,7 +29,14 @@ size_t sysfs_last_level_cache_bytes() {
   return best;
 }
 
+namespace {
+size_t g_cache_bytes = 0;  // set_last_level_cache_bytes's value; 0: ask the machine
+}  // namespace
+
+void set_last_level_cache_bytes(size_t bytes) { g_cache_bytes = bytes; }
+
 size_t last_level_cache_bytes() {
+  if (g_cache_bytes > 0) return g_cache_bytes;
   if (const size_t bytes = sysfs_last_level_cache_bytes(); bytes > 0) return bytes;
   for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
     const long bytes = sysconf(name);

@@ -12,8 +12,13 @@
 
 namespace moekit::tools {
 
-// The largest cache's size (sysfs, else sysconf; 32 MiB where neither says).
+// The largest cache's size: set_last_level_cache_bytes's, else sysfs's, else sysconf's; 32 MiB
+// where none says.
 size_t last_level_cache_bytes();
+// Overrides what the machine reports (0: back to the machine's). A virtual machine's sysfs may
+// name its host's whole L3 (480 MiB on a 2-core Xeon VM whose reads run at memory speed from
+// ~128 MiB); the benches' --cache-mib sets this.
+void set_last_level_cache_bytes(size_t bytes);
 
 // Copies of the weights to cycle through so that the `touched` bytes a call reads come from
 // memory: enough that the copies' touched bytes together are at least 4 times the last-level
