@@ -19,6 +19,8 @@ Status contraction_grouped_gemm_ref(const ContractionGroupedGemm& g);
 // oneDNN (src/cpu/ragged_dot_onednn.cpp): one cached runtime-dimension matmul per group.
 Status row_grouped_gemm_onednn(const RowGroupedGemm& g);
 Status contraction_grouped_gemm_onednn(const ContractionGroupedGemm& g);
+// Whether oneDNN's matmuls run on AMX on this CPU (its effective ISA, DNNL_MAX_CPU_ISA included).
+bool onednn_runs_amx();
 
 // Few rows per group (src/cpu/ragged_dot_stream.cpp): each group's weights streamed once; and
 // whether it runs faster than oneDNN on a call (by its largest local group, as measured).

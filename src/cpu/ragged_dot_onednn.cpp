@@ -361,6 +361,11 @@ void run_padded(const Run& run, const Gemm& shape, const RowGroupedGemm& g, cons
 
 }  // namespace
 
+bool onednn_runs_amx() {
+  static const bool amx = dnnl::get_effective_cpu_isa() == dnnl::cpu_isa::avx512_core_amx;
+  return amx;
+}
+
 Status row_grouped_gemm_onednn(const RowGroupedGemm& g) {
   const Groups& gr = g.groups;
   const RowRange local = local_rows(gr);

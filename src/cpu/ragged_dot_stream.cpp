@@ -1882,6 +1882,16 @@ HWY_EXPORT(Run);
 // -27-3/stream-vs-onednn-dlhs.txt) 1.11 / 1.14 / 1.08 / 0.99 / 0.95x at 128 / 192 / 256 / 384 /
 // 512 rows on average, so 384 in the largest group (about 307 on average); f32 1.00 / 0.94 / 1.01
 // / 1.00 / 0.99x at 32 / 48 / 64 / 96 / 128 (level: the bound stays).
+// Where oneDNN runs AMX (onednn_runs_amx; an Intel Xeon, 2 cores, ragged_dot_small-cpu-2026-11-27-7/,
+// `moekit bench ragged_dot --impl stream` and `--impl onednn`, qwen3-30b-a3b, the largest group
+// about 1.25x the average): its bf16 matmuls run at ~1.4 TFLOP/s against the pair kernels'
+// ~0.2, and the pair kernels' lead ends at 18 rows per group on average (forward 33.8-34.3 /
+// 37.7-41.1 / 47.4 ms against oneDNN's 41.5-41.9 / 42.5-45.4 / 44.5 at 14 / 18 / 20 rows, input
+// gradient 33.9-35.2 / 37.8-40.3 / 45.5 against 35.9-36.7 / 40.4-40.9 / 40.9): 24 rows for bf16.
+// Its f32 forward, with no AMX, still runs oneDNN's per-group matmuls slower than that AMD
+// machine's: the f32 kernel leads to 48 rows on average (85.0 against 100.0 ms) and trails at 64
+// (110.9 against 100.8): 64 rows; the f32 input gradient's 160 holds (204.4 against 197.0 ms at
+// 128 rows on average).
 // f32 forward 1.01 / 0.87x at 16 / 32 (-27-2/), then with f32 weights in chunks of 6 rows
 // (kF32NarrowChunks; -27-6/stream-vs-onednn-f32.txt) 1.26 / 1.19 / 1.12 / 1.09 / 1.01 / 0.94 /
 // 0.91x at 16 / 20 / 24 / 28 / 32 / 40 / 48 rows on average (the largest group about 1.25x that),
@@ -1901,10 +1911,11 @@ bool runs_avx2() {
   return avx2;
 }
 int64_t stream_most_rows(const RowGroupedGemm& g) {
-  if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return 256;
+  const bool amx = onednn_runs_amx();
+  if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return amx ? 24 : 256;
   if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 384 : 256;
   if (runs_avx2()) return g.b_s1 != 1 ? 32 : 40;
-  return g.b_s1 != 1 ? 160 : 12;
+  return g.b_s1 != 1 ? 160 : amx ? 64 : 12;
 }
 }  // namespace
 

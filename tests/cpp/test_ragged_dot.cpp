@@ -493,24 +493,27 @@ bool has_bf16_pairs() {
          __builtin_cpu_supports("avx512f");
 }
 bool avx2_only() { return __builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f"); }
+// oneDNN's matmuls run on AMX (the bounds measured on an Intel Xeon with AMX).
+bool amx() { return detail::onednn_runs_amx(); }
 
 // The f32 input gradient (dot products): the bound is 160 rows, 32 on AVX2.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroup) {
   ExpectAutoPicksByTheLargestLocalGroup(40, 72, avx2_only() ? 32 : 160, DlhsPass{});
 }
 
-// The f32 forward against [K, n] weights (the output-contiguous f32 kernel): 12 rows, 40 on AVX2.
+// The f32 forward against [K, n] weights (the output-contiguous f32 kernel): 12 rows, 40 on AVX2,
+// 64 where oneDNN runs AMX.
 // (K = 1000: with a short contraction both implementations can give the same bits, and the test
 // could not fail.)
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
-  ExpectAutoPicksByTheLargestLocalGroup(1000, 72, avx2_only() ? 40 : 12, FwdPass{});
+  ExpectAutoPicksByTheLargestLocalGroup(1000, 72, avx2_only() ? 40 : amx() ? 64 : 12, FwdPass{});
 }
 
-// The bf16 forward against [K, n] weights: with AVX512-BF16 the pair kernel's 256 rows, whatever
-// the bytes of a weight row (narrow, 2 KiB and wide, past the items' 4 KiB spans and 64 KiB
-// sums); on AVX2 256 too; otherwise the f32 kernel's 12.
+// The bf16 forward against [K, n] weights: with AVX512-BF16 the pair kernel's 256 rows (24 where
+// oneDNN runs AMX), whatever the bytes of a weight row (narrow, 2 KiB and wide, past the items'
+// 4 KiB spans and 64 KiB sums); on AVX2 256 too; otherwise the f32 kernel's 12.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
-  const int64_t most = has_bf16_pairs() || avx2_only() ? 256 : 12;
+  const int64_t most = has_bf16_pairs() ? (amx() ? 24 : 256) : avx2_only() ? 256 : 12;
   for (const int64_t n : {72, 1024, 4200}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
     ExpectAutoPicksByTheLargestLocalGroup(1000, n, most, FwdPass{}, DType::kBF16);
@@ -518,10 +521,10 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
 }
 
 // The bf16 input gradient against [K, n] weights: with AVX512-BF16 256 rows, through the dot
-// products (a contraction of up to 4 KiB) or past 32 rows the transposed pairs (longer); on AVX2
-// 384; otherwise the f32 dot products' 160.
+// products (a contraction of up to 4 KiB) or past 32 rows the transposed pairs (longer), and 24
+// where oneDNN runs AMX; on AVX2 384; otherwise the f32 dot products' 160.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16InputGradient) {
-  const int64_t most = has_bf16_pairs() ? 256 : avx2_only() ? 384 : 160;
+  const int64_t most = has_bf16_pairs() ? (amx() ? 24 : 256) : avx2_only() ? 384 : 160;
   for (const int64_t n : {1000, 2050}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
     ExpectAutoPicksByTheLargestLocalGroup(72, n, most, DlhsPass{}, DType::kBF16);
