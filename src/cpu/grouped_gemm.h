@@ -26,6 +26,15 @@ bool onednn_runs_amx();
 // whether it runs faster than oneDNN on a call (by its largest local group, as measured).
 Status row_grouped_gemm_stream(const RowGroupedGemm& g);
 bool stream_picks(const RowGroupedGemm& g);
+// kCpuStream's forward on AMX (src/cpu/ragged_dot_amx.cpp): whether it can take a call (bf16 rows
+// against [K, n] weights, b_s1 1, on a CPU with AMX-BF16 whose OS grants the tiles), whether it
+// takes it (a local group of 8 rows or more; fewer run the pair kernels), and the call (its rows
+// and contraction not empty: row_edges_done first). set_amx_for_test(false) keeps such calls on
+// the other kernels (the tests of each Highway target), true gives them back.
+bool amx_forward_available(const RowGroupedGemm& g);
+bool amx_forward_takes(const RowGroupedGemm& g);
+void row_grouped_gemm_amx(const RowGroupedGemm& g);
+void set_amx_for_test(bool allowed);
 // kCpuStream's output-contiguous form (the forward against [K, n] weights), groups of one chunk of
 // rows: each is cut into `slabs` slabs of columns and `parts` parts of the contraction (one of
 // them 1), for `busy` groups with rows on `threads` threads, weight rows of `row_bytes` and a

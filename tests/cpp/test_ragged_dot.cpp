@@ -1,5 +1,6 @@
 // ragged_dot against an oracle written here from SPEC.md section 1 (per-row group lookup, double
 // accumulation), for every implementation: the oneDNN one and the scalar reference.
+#include <cpuid.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
@@ -429,6 +430,7 @@ TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
         const auto check = StreamChecker(run, a, w, kc);
         const auto targets = hwy::SupportedAndGeneratedTargets();
         ASSERT_GE(targets.size(), 2u);
+        detail::set_amx_for_test(false);  // the Highway kernels, on a CPU with AMX too
         for (const int64_t target : targets) {
           SCOPED_TRACE(hwy::TargetName(target));
           hwy::SetSupportedTargetsForTest(target);
@@ -436,29 +438,38 @@ TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
           if (::testing::Test::HasFatalFailure()) break;
         }
         hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
+        detail::set_amx_for_test(true);
+        if (::testing::Test::HasFatalFailure()) return;
+        SCOPED_TRACE("AMX where the CPU has it");
+        check(run(a, w, RaggedDotImpl::kCpuStream));
       }
     }
   }
 }
 
 // kAuto takes kCpuStream where every local group has at most `bound` rows, oneDNN where one has
-// more: its result is the bytes of the implementation named. `pass` runs one call on groups
-// {3, rows, 0, 9} of K x n data (`dtype`; the output f32) with the implementation given and
-// returns its output bytes.
+// more: RaggedDotOptions::ran names it and its result is the bytes of the implementation named.
+// `pass` runs one call on groups {3, rows, 0, 9} of K x n data (`dtype`; the output f32) with the
+// implementation given, sets *ran, and returns its output bytes. A bound of -1: no bound (a group
+// of 1000 rows still takes kCpuStream).
 template <typename Pass>
 void ExpectAutoPicksByTheLargestLocalGroup(int64_t K, int64_t n, int32_t bound, Pass pass,
                                            DType dtype = DType::kF32) {
   std::mt19937 rng(11);
-  for (const int32_t rows : {bound, bound + 1}) {
+  const std::vector<int32_t> cases =
+      bound < 0 ? std::vector<int32_t>{1000} : std::vector<int32_t>{bound, bound + 1};
+  for (const int32_t rows : cases) {
     const std::vector<int32_t> sizes{3, rows, 0, 9};
     const int64_t m = 3 + rows + 9;
     HostTensor in(dtype, {m, pass.in_cols(K, n)}), w(dtype, {4, K, n});
     in.fill_random(rng);
     w.fill_random(rng);
-    const bool small = rows <= bound;
-    EXPECT_TRUE(pass(in, w, sizes, RaggedDotImpl::kAuto) ==
-                pass(in, w, sizes, small ? RaggedDotImpl::kCpuStream : RaggedDotImpl::kOneDnn))
+    const RaggedDotImpl want =
+        bound < 0 || rows <= bound ? RaggedDotImpl::kCpuStream : RaggedDotImpl::kOneDnn;
+    RaggedDotImpl ran = RaggedDotImpl::kAuto, named = RaggedDotImpl::kAuto;
+    EXPECT_TRUE(pass(in, w, sizes, RaggedDotImpl::kAuto, &ran) == pass(in, w, sizes, want, &named))
         << "largest group " << rows;
+    EXPECT_STREQ(impl_name(ran), impl_name(want)) << "largest group " << rows;
   }
 }
 
@@ -466,9 +477,9 @@ void ExpectAutoPicksByTheLargestLocalGroup(int64_t K, int64_t n, int32_t bound, 
 struct DlhsPass {
   int64_t in_cols(int64_t, int64_t n) const { return n; }
   auto operator()(HostTensor& d_out, HostTensor& w, const std::vector<int32_t>& sizes,
-                  RaggedDotImpl impl) const {
+                  RaggedDotImpl impl, RaggedDotImpl* ran) const {
     RaggedDotOptions o;
-    o.impl = impl;
+    o.impl = impl, o.ran = ran;
     HostTensor d_lhs(DType::kF32, {d_out.shape[0], w.shape[1]});
     EXPECT_TRUE(ragged_dot_dlhs(d_out.in(), w.in(), sizes, d_lhs.mut(), o).ok());
     return d_lhs.bytes;
@@ -477,9 +488,9 @@ struct DlhsPass {
 struct FwdPass {
   int64_t in_cols(int64_t K, int64_t) const { return K; }
   auto operator()(HostTensor& x, HostTensor& w, const std::vector<int32_t>& sizes,
-                  RaggedDotImpl impl) const {
+                  RaggedDotImpl impl, RaggedDotImpl* ran) const {
     RaggedDotOptions o;
-    o.impl = impl;
+    o.impl = impl, o.ran = ran;
     HostTensor out(DType::kF32, {x.shape[0], w.shape[2]});
     EXPECT_TRUE(ragged_dot(x.in(), w.in(), sizes, out.mut(), o).ok());
     return out.bytes;
@@ -493,6 +504,14 @@ bool has_bf16_pairs() {
          __builtin_cpu_supports("avx512f");
 }
 bool avx2_only() { return __builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f"); }
+// The CPU has AMX-BF16 and AMX-TILE (CPUID.(7,0):EDX bits 22, 24) and Linux 5.16 or later, which
+// grants the tiles to a process that asks: then the AMX kernel must take bf16 forward calls.
+bool cpu_has_amx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 22)) != 0 &&
+         (d & (1u << 24)) != 0;
+}
+
 // oneDNN's matmuls run on AMX (the bounds measured on an Intel Xeon with AMX).
 bool amx() { return detail::onednn_runs_amx(); }
 
@@ -509,11 +528,15 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupF32Forward) {
   ExpectAutoPicksByTheLargestLocalGroup(1000, 72, avx2_only() ? 40 : amx() ? 64 : 12, FwdPass{});
 }
 
-// The bf16 forward against [K, n] weights: with AVX512-BF16 the pair kernel's 256 rows (24 where
-// oneDNN runs AMX), whatever the bytes of a weight row (narrow, 2 KiB and wide, past the items'
-// 4 KiB spans and 64 KiB sums); on AVX2 256 too; otherwise the f32 kernel's 12.
+// The bf16 forward against [K, n] weights: with AMX no bound (the AMX kernel); with AVX512-BF16
+// the pair kernel's 256 rows (24 where oneDNN runs AMX), whatever the bytes of a weight row
+// (narrow, 2 KiB and wide, past the items' 4 KiB spans and 64 KiB sums); on AVX2 256 too;
+// otherwise the f32 kernel's 12.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
-  const int64_t most = has_bf16_pairs() ? (amx() ? 24 : 256) : avx2_only() ? 256 : 12;
+  const int32_t most = cpu_has_amx()      ? -1
+                       : has_bf16_pairs() ? (amx() ? 24 : 256)
+                       : avx2_only()      ? 256
+                                          : 12;
   for (const int64_t n : {72, 1024, 4200}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
     ExpectAutoPicksByTheLargestLocalGroup(1000, n, most, FwdPass{}, DType::kBF16);
@@ -789,6 +812,72 @@ TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
   omp_set_num_threads(before);
 }
 
+// The AMX forward (ragged_dot_amx.cpp) at its edges, against the reference: contractions around
+// its 32-element steps and 256-row chunks (1, 31, 33, 255, 256, 257, 600: the last step's A from
+// a zero-padded copy, the last pairs half zero), widths around its 64-column blocks and 16-column
+// tiles (1, 17, 64, 65, 700), groups of 8 rows (its least), 1 (beside larger ones), 16, 17, 32, 33
+// and 70 rows (one tile of rows, two, several blocks, a partial block) and empty ones, on a shard
+// (group_offset 1, rows outside it zero), one thread and two, into f32 and bf16 and accumulating.
+// Where the CPU has AMX, amx_forward_takes must say so for these calls.
+TEST(RaggedDotStream, AmxForwardEdgesAgainstTheReference) {
+  const int before = omp_get_max_threads();
+  std::mt19937 rng(17);
+  const std::vector<int32_t> sizes{3, 8, 1, 0, 16, 17, 32, 33, 70, 5};
+  const int32_t offset = 1;
+  const int64_t E_loc = 8, m = 185;
+  for (const int64_t K : {1, 31, 33, 255, 256, 257, 600}) {
+    for (const int64_t n : {1, 17, 64, 65, 700}) {
+      for (const int threads : {1, 2}) {
+        for (const DType out_type : {DType::kF32, DType::kBF16}) {
+          for (const bool accumulate : {false, true}) {
+            SCOPED_TRACE(fmt::format("K {} n {} threads {} out {} accumulate {}", K, n, threads,
+                                     dtype_name(out_type), accumulate));
+            omp_set_num_threads(threads);
+            HostTensor a(DType::kBF16, {m, K}), w(DType::kBF16, {E_loc, K, n}),
+                held(out_type, {m, n});
+            a.fill_random(rng);
+            w.fill_random(rng);
+            held.fill_random(rng);
+            auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+              RaggedDotOptions o;
+              o.impl = impl, o.accumulate = accumulate;
+              HostTensor out = held;
+              const Status st =
+                  ragged_dot(x.in(), y.in(), RaggedDotGroups(sizes, offset), out.mut(), o);
+              EXPECT_TRUE(st.ok()) << st.message();
+              return out;
+            };
+            if (cpu_has_amx()) {
+              detail::RowGroupedGemm g{};
+              g.in_type = DType::kBF16, g.b_s1 = 1, g.groups.sizes = sizes.data();
+              g.groups.count = static_cast<int64_t>(sizes.size()), g.groups.offset = offset;
+              g.groups.num_local = E_loc;
+              ASSERT_TRUE(detail::amx_forward_takes(g));
+            }
+            HostTensor a_abs = a, w_abs = w, zero = held;
+            for (int64_t i = 0; i < a.span(); ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
+            for (int64_t i = 0; i < w.span(); ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
+            zero.fill(0.f);
+            std::swap(held, zero);
+            const HostTensor bound = run(a_abs, w_abs, RaggedDotImpl::kReference);
+            std::swap(held, zero);
+            const HostTensor want = run(a, w, RaggedDotImpl::kReference),
+                             got = run(a, w, RaggedDotImpl::kCpuStream);
+            const double rounding = out_type == DType::kBF16 ? 1.0 / 128 : 0.0;
+            for (int64_t i = 0; i < got.span(); ++i) {
+              ASSERT_NEAR(got.get_flat(i), want.get_flat(i),
+                          (K + 4) * 1.2e-7 * (bound.get_flat(i) + 1) +
+                              rounding * std::abs(want.get_flat(i)))
+                  << "element " << i;
+            }
+          }
+        }
+      }
+    }
+  }
+  omp_set_num_threads(before);
+}
+
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
 // else, it says so.
 TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
@@ -815,15 +904,16 @@ TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
 }
 
 // RaggedDotOptions::ran: the implementation kAuto chose (kCpuStream for few rows per group, by the
-// layout's bound: 12 rows for the f32 forward against [K, n] weights, 160 for its input gradient;
-// oneDNN past it and for the weight gradient), or the one named; untouched by a refused call.
+// layout's bound: 12 rows for the f32 forward against [K, n] weights (40 on AVX2, 64 where oneDNN
+// runs AMX), 160 for its input gradient; oneDNN past it and for the weight gradient), or the one
+// named; untouched by a refused call.
 TEST(RaggedDot, RanSaysWhichImplementationRan) {
   const int64_t K = 8, n = 8, m = 100;
   std::vector<float> a(m * K, 0.5f), w(2 * K * n, 0.25f), y(m * n), dw(2 * K * n);
   const ConstTensorView av(a.data(), DType::kF32, {m, K}), wv(w.data(), DType::kF32, {2, K, n});
   const TensorView yv(y.data(), DType::kF32, {m, n});
   const ConstTensorView dyv(y.data(), DType::kF32, {m, n});
-  const std::vector<int32_t> few{5, 7}, many{50, 50};
+  const std::vector<int32_t> few{5, 7}, many{95, 5};
   RaggedDotImpl ran = RaggedDotImpl::kAuto;
   RaggedDotOptions o;
   o.ran = &ran;
@@ -832,7 +922,7 @@ TEST(RaggedDot, RanSaysWhichImplementationRan) {
   ASSERT_TRUE(ragged_dot(av, wv, many, yv, o).ok());
   EXPECT_STREQ(impl_name(ran), "onednn");
   ran = RaggedDotImpl::kAuto;
-  // (Groups of 50 rows are past the f32 input gradient's bound on AVX2, 48: few, on every CPU.)
+  // (A group of 95 rows is past the f32 input gradient's bound on AVX2, 32: few, on every CPU.)
   ASSERT_TRUE(ragged_dot_dlhs(dyv, wv, few, TensorView(a.data(), DType::kF32, {m, K}), o).ok());
   EXPECT_STREQ(impl_name(ran), "stream");
   ASSERT_TRUE(ragged_dot_drhs(av, dyv, few, TensorView(dw.data(), DType::kF32, {2, K, n}), o).ok());

@@ -1,0 +1,317 @@
+// kCpuStream's forward on AMX (Intel Xeon with AMX-BF16): bf16 rows against [K, n] bf16 weights,
+// each group's weights streamed once. A chunk of kChunkRows weight rows is repacked into the
+// tiles' pair layout (two consecutive weight rows interleaved: vnni[kp][c] = (w[2kp][c],
+// w[2kp + 1][c])), then every row block of the group multiplies it from L2: a tile of 16 rows x 32
+// contraction elements times a tile of 16 pairs x 16 columns into a 16 x 16 f32 tile
+// (tdpbf16ps), the sums kept in an f32 buffer across chunks and written once at the end.
+//
+// By hand first (bench/results/ragged_dot_small-cpu-2026-11-27-7/by-hand/amx.cpp; qwen3-30b-a3b's
+// forward, K 2048, n 768, 128 groups on two threads, weights cold), share of a plain read of the
+// same weights: 1 / 8 / 16 / 32 / 64 rows a group 88 / 82 / 80 / 68 / 59%, 128 rows 1.07 TFLOP/s,
+// where the AVX512-BF16 pair kernels ran 16 rows at ~44% of the floor and 64 at ~30%. Chunks of 256
+// rows ran best (64: 76 / 42% at 16 / 64 rows, 128: 78 / 57%, 512: 80 / 54%, whole: 61 / 40%);
+// software prefetches of the next chunk, in bursts or spread between the tiles, and repacking the
+// next chunk in slices between the tiles' column blocks all ran slower (39-50% at 64 rows).
+#include <cpuid.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "cpu/grouped_gemm.h"
+
+// GCC 12 warns that the AVX-512 intrinsics' own headers may use an uninitialised value
+// (_mm512_undefined_*, by design): not this file's code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace moekit::detail {
+namespace {
+
+constexpr int64_t kChunkRows = 256;        // weight rows repacked at a time (a multiple of 32)
+constexpr int64_t kBlockCols = 64;         // the columns of one A tile's four C tiles
+constexpr int64_t kSumsBytes = 512 << 10;  // an item's f32 sums at most (its columns fit them)
+constexpr int64_t kMinSlabCols = 256;
+
+// The AMX kernel takes a call whose largest local group has kAmxMinRows rows or more; the pair
+// kernels the rest. `moekit bench ragged_dot --preset qwen3-30b-a3b --dtype bf16 --passes fwd
+// --impl stream`, AMX on / off, twice (bench/results/ragged_dot_small-cpu-2026-11-27-7/
+// amx-vs-pairs.txt): 1 / 8 / 16 / 32 tokens (0.5-2 rows a group on average) 75-87% of the floor
+// against the pair kernels' 93-106%, 64 tokens (4) 85-90% against 89-90%, 128 (8) 85-86% against
+// 66-69%.
+constexpr int32_t kAmxMinRows = 8;
+
+std::atomic<bool> amx_allowed{true};  // set_amx_for_test
+
+#define MOEKIT_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
+
+// The CPU has AMX-BF16 (CPUID.(7,0):EDX bits 22 and 24) and Linux grants this process the tile
+// data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once.
+bool amx_granted() {
+  static const bool granted = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+// The tile configuration (palette 1): tiles 0-3 the sums, 4-5 A (rows a0, a1), 6-7 B. With one A
+// tile the sums are 4 tiles of its rows side by side (64 columns); with two, 2 x 2 (32 columns).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+MOEKIT_AMX_TARGET void configure(int a0, int a1) {
+  TileConfig t;
+  for (int i = 0; i < 8; ++i) t.colsb[i] = 64;
+  t.rows[0] = t.rows[1] = static_cast<uint8_t>(a0);
+  t.rows[2] = t.rows[3] = static_cast<uint8_t>(a1 > 0 ? a1 : a0);
+  t.rows[4] = static_cast<uint8_t>(a0);
+  t.rows[5] = static_cast<uint8_t>(a1 > 0 ? a1 : 16);
+  t.rows[6] = t.rows[7] = 16;
+  // Not _tile_loadconfig: GCC 12 does not see that it reads the struct and drops its stores.
+  asm volatile("ldtilecfg %0" ::"m"(t));
+}
+
+// vnni[kp][c] = (b[2kp][c], b[2kp + 1][c]) for kp < steps * 16 and c < width: zero past kc rows
+// and past cols columns (width a multiple of 32).
+MOEKIT_AMX_TARGET void repack(const uint16_t* b, int64_t ldb, int64_t kc, int64_t cols,
+                              int64_t width, uint32_t* vnni) {
+  alignas(64) static constexpr uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                   37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                   11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512(kLo);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  const int64_t pairs = (kc + 31) / 32 * 16;
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const uint16_t* r0 = 2 * kp < kc ? b + 2 * kp * ldb : nullptr;
+    const uint16_t* r1 = 2 * kp + 1 < kc ? b + (2 * kp + 1) * ldb : nullptr;
+    uint32_t* o = vnni + kp * width;
+    for (int64_t c = 0; c < width; c += 32) {
+      const int64_t left = cols - c;
+      const __mmask32 m = left >= 32 ? ~__mmask32{0}
+                          : left > 0 ? static_cast<__mmask32>((uint64_t{1} << left) - 1)
+                                     : __mmask32{0};
+      const __m512i x = r0 ? _mm512_maskz_loadu_epi16(m, r0 + c) : _mm512_setzero_si512();
+      const __m512i y = r1 ? _mm512_maskz_loadu_epi16(m, r1 + c) : _mm512_setzero_si512();
+      _mm512_store_si512(o + c, _mm512_permutex2var_epi16(x, lo, y));
+      _mm512_store_si512(o + c + 16, _mm512_permutex2var_epi16(x, hi, y));
+    }
+  }
+}
+
+// sums[rows][width] (+)= a[rows][32 * steps] (lda apart) x vnni[16 * steps][width], one row block
+// of at most 16 (kTiles 1) or 32 rows (kTiles 2) configured as such; `tail` (if not null): the
+// last step's A, 32 columns, 64 bytes a row.
+template <int kTiles>
+MOEKIT_AMX_TARGET void block(const uint16_t* a, int64_t lda, int64_t steps, const uint16_t* tail,
+                             const uint32_t* vnni, int64_t width, float* sums, bool first) {
+  constexpr int64_t kCols = 16 * 4 / kTiles;  // columns of one pass of the four sum tiles
+  const int64_t ldc = width * 4, ldb = width * 4, lda_b = lda * 2;
+  for (int64_t c0 = 0; c0 < width; c0 += kCols) {
+    float* s = sums + c0;
+    float* s2 = kTiles == 1 ? s + 32 : s + 16 * width;
+    if (first) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    } else {
+      _tile_loadd(0, s, ldc);
+      _tile_loadd(1, s + 16, ldc);
+      _tile_loadd(2, s2, ldc);
+      _tile_loadd(3, s2 + 16, ldc);
+    }
+    for (int64_t k = 0; k < steps; ++k) {
+      const uint32_t* bk = vnni + 16 * k * width + c0;
+      if (tail != nullptr && k == steps - 1) {
+        _tile_loadd(4, tail, 64);
+        if (kTiles == 2) _tile_loadd(5, tail + 16 * 32, 64);
+      } else {
+        _tile_loadd(4, a + 32 * k, lda_b);
+        if (kTiles == 2) _tile_loadd(5, a + 16 * lda + 32 * k, lda_b);
+      }
+      _tile_loadd(6, bk, ldb);
+      _tile_loadd(7, bk + 16, ldb);
+      if (kTiles == 1) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(6, bk + 32, ldb);
+        _tile_loadd(7, bk + 48, ldb);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_dpbf16ps(3, 4, 7);
+      } else {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    _tile_stored(0, s, ldc);
+    _tile_stored(1, s + 16, ldc);
+    _tile_stored(2, s2, ldc);
+    _tile_stored(3, s2 + 16, ldc);
+  }
+}
+
+// C[r][0, cols) (+)= sums[r][0, cols) for r < rows: f32, or bf16 rounded to nearest even (quiet
+// NaNs), as float_to_bf16.
+MOEKIT_AMX_TARGET void store(const float* sums, int64_t width, int64_t rows, int64_t cols,
+                             const RowGroupedGemm& g, int64_t row, int64_t col) {
+  const bool bf16 = g.out_type == DType::kBF16;
+  const size_t es = dtype_size(g.out_type);
+  for (int64_t r = 0; r < rows; ++r) {
+    char* out = static_cast<char*>(g.c) + ((row + r) * g.ldc + col) * static_cast<int64_t>(es);
+    const float* s = sums + r * width;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __mmask16 m =
+          cols - c >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (cols - c)) - 1);
+      __m512 v = _mm512_maskz_loadu_ps(m, s + c);
+      if (!bf16) {
+        float* o = reinterpret_cast<float*>(out) + c;
+        if (g.accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, o));
+        _mm512_mask_storeu_ps(o, m, v);
+        continue;
+      }
+      uint16_t* o = reinterpret_cast<uint16_t*>(out) + c;
+      if (g.accumulate) {
+        const __m512i old =
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, o)), 16);
+        v = _mm512_add_ps(v, _mm512_castsi512_ps(old));
+      }
+      const __m512i u = _mm512_castps_si512(v);
+      const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+          _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+      const __m512i bias =
+          _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                           _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+      const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+      const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+      _mm256_mask_storeu_epi16(o, m,
+                               _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet)));
+    }
+  }
+}
+
+// This thread's buffer of at least `bytes`, 64-byte aligned, grown as needed (one per use).
+template <int kUse>
+void* thread_buffer(size_t bytes) {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<void, Free> p;
+  thread_local size_t size = 0;
+  if (bytes > size) {
+    size = (bytes + 63) / 64 * 64;
+    p.reset(std::aligned_alloc(64, size));
+  }
+  return p.get();
+}
+
+struct Item {
+  int64_t j, row, rows, col, cols;
+};
+
+// One item: rows [row, row + rows) of group j (local j) against its weights' columns [col, col +
+// cols).
+MOEKIT_AMX_TARGET void run_item(const RowGroupedGemm& g, const Item& it) {
+  const auto* a = static_cast<const uint16_t*>(g.a) + it.row * g.lda;
+  const auto* b = static_cast<const uint16_t*>(g.b) + it.j * g.b_batch + it.col;
+  const int64_t width = (it.cols + kBlockCols - 1) / kBlockCols * kBlockCols;
+  auto* sums = static_cast<float*>(thread_buffer<0>(static_cast<size_t>(it.rows * width) * 4));
+  auto* vnni =
+      static_cast<uint32_t*>(thread_buffer<1>(static_cast<size_t>(kChunkRows / 2 * width) * 4));
+  const int64_t blocks = (it.rows + 31) / 32;
+  uint16_t* tails = nullptr;  // the last step's A, zero-padded to 32 columns, per row block
+  int config = -1;            // the rows of the configured row block
+  for (int64_t k0 = 0; k0 < g.kc; k0 += kChunkRows) {
+    const int64_t kc = std::min(kChunkRows, g.kc - k0), steps = (kc + 31) / 32;
+    repack(b + k0 * g.b_s0, g.b_s0, kc, it.cols, width, vnni);
+    if (kc % 32 != 0) {
+      tails = static_cast<uint16_t*>(thread_buffer<2>(static_cast<size_t>(blocks * 32 * 32) * 2));
+      std::memset(tails, 0, static_cast<size_t>(blocks * 32 * 32) * 2);
+      for (int64_t r = 0; r < it.rows; ++r) {
+        std::memcpy(tails + r * 32, a + r * g.lda + k0 + (steps - 1) * 32,
+                    static_cast<size_t>(kc % 32) * 2);
+      }
+    }
+    for (int64_t r0 = 0; r0 < it.rows; r0 += 32) {
+      const int rows = static_cast<int>(std::min<int64_t>(32, it.rows - r0));
+      if (rows != config) {
+        configure(std::min(rows, 16), rows > 16 ? rows - 16 : 0);
+        config = rows;
+      }
+      const uint16_t* tail = kc % 32 != 0 ? tails + r0 * 32 : nullptr;
+      if (rows <= 16) {
+        block<1>(a + r0 * g.lda + k0, g.lda, steps, tail, vnni, width, sums + r0 * width, k0 == 0);
+      } else {
+        block<2>(a + r0 * g.lda + k0, g.lda, steps, tail, vnni, width, sums + r0 * width, k0 == 0);
+      }
+    }
+  }
+  store(sums, width, it.rows, it.cols, g, it.row, it.col);
+}
+
+}  // namespace
+
+bool amx_forward_available(const RowGroupedGemm& g) {
+  return g.in_type == DType::kBF16 && g.b_s1 == 1 && amx_allowed.load() && amx_granted();
+}
+
+bool amx_forward_takes(const RowGroupedGemm& g) {
+  if (!amx_forward_available(g)) return false;
+  for (int64_t j = 0; j < g.groups.num_local; ++j) {
+    if (g.groups.sizes[g.groups.offset + j] >= kAmxMinRows) return true;
+  }
+  return false;
+}
+
+void set_amx_for_test(bool allowed) { amx_allowed = allowed; }
+
+void row_grouped_gemm_amx(const RowGroupedGemm& g) {
+  // Items: each group with rows in slabs of whole kBlockCols columns whose sums fit kSumsBytes,
+  // and where that leaves fewer items than threads, in as many slabs as threads.
+  const int64_t threads = omp_get_max_threads();
+  std::vector<Item> items;
+  int64_t busy = 0, most = 0;
+  for (int64_t j = 0; j < g.groups.num_local; ++j) {
+    const int64_t rows = g.groups.sizes[g.groups.offset + j];
+    busy += rows > 0;
+    most = std::max(most, rows);
+  }
+  const int64_t blocks = (g.n + kBlockCols - 1) / kBlockCols;
+  const int64_t fit =
+      std::max<int64_t>(kMinSlabCols, kSumsBytes / (4 * std::max<int64_t>(most, 1)));
+  int64_t slabs = (g.n + fit - 1) / fit;
+  if (busy * slabs < threads) slabs = (threads + busy - 1) / std::max<int64_t>(busy, 1);
+  slabs = std::min(slabs, blocks);
+  int64_t row = local_rows(g.groups).begin;
+  for (int64_t j = 0; j < g.groups.num_local; ++j) {
+    const int64_t rows = g.groups.sizes[g.groups.offset + j];
+    for (int64_t s = 0; s < slabs && rows > 0; ++s) {
+      const int64_t c0 = blocks * s / slabs * kBlockCols;
+      const int64_t c1 = std::min(g.n, blocks * (s + 1) / slabs * kBlockCols);
+      if (c1 > c0) items.push_back({j, row, rows, c0, c1 - c0});
+    }
+    row += rows;
+  }
+  const auto count = static_cast<int64_t>(items.size());
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+    for (int64_t i = count * t / n; i < count * (t + 1) / n; ++i) run_item(g, items[i]);
+  }
+}
+
+}  // namespace moekit::detail
