@@ -33,6 +33,11 @@ bool stream_picks(const RowGroupedGemm& g);
 // the other kernels (the tests of each Highway target), true gives them back.
 bool amx_forward_available(const RowGroupedGemm& g);
 bool amx_forward_takes(const RowGroupedGemm& g);
+// The same for the contraction-contiguous form (the input gradient against [K, n] weights: b_s0
+// 1), whose tiles compute C's transpose from the weights as they lie.
+bool amx_dot_available(const RowGroupedGemm& g);
+bool amx_dot_takes(const RowGroupedGemm& g);
+// Either form, as its b_s1 says.
 void row_grouped_gemm_amx(const RowGroupedGemm& g);
 void set_amx_for_test(bool allowed);
 // kCpuStream's output-contiguous form (the forward against [K, n] weights), groups of one chunk of

@@ -263,6 +263,156 @@ MOEKIT_AMX_TARGET void run_item(const RowGroupedGemm& g, const Item& it) {
   store(sums, width, it.rows, it.cols, g, it.row, it.col);
 }
 
+// The contraction-contiguous form (the input gradient against [K, n] weights): C[r][c] =
+// sum_k A[r][k] B[c][k], B's rows (weight rows, one per output column) contiguous along the
+// contraction. The tiles compute C's transpose, so that the weights load straight from memory
+// as the A tiles (16 weight rows x 32 contraction elements) and the group's rows are the ones
+// repacked: y[kp][r] = (A[r][2kp], A[r][2kp + 1]), zero past kc and past the rows (ld_y columns,
+// a multiple of 16).
+MOEKIT_AMX_TARGET void repack_rows(const uint16_t* a, int64_t lda, int64_t rows, int64_t kc,
+                                   int64_t ld_y, uint32_t* y) {
+  const int64_t pairs = (kc + 31) / 32 * 16;
+  std::memset(y, 0, static_cast<size_t>(pairs * ld_y) * 4);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* row = a + r * lda;
+    for (int64_t kp = 0; kp < kc / 2; ++kp) {
+      uint32_t v;
+      std::memcpy(&v, row + 2 * kp, 4);
+      y[kp * ld_y + r] = v;
+    }
+    if (kc % 2 != 0) y[(kc / 2) * ld_y + r] = row[kc - 1];
+  }
+}
+
+// Tiles of C's transpose: rows [c0, c0 + 16 * kCb) of B (weight rows, `live` of the last block's
+// 16 configured) against the rows [r0, r0 + 16 * kRb) of y, over the whole contraction; each
+// 16 x 16 sum tile then written to C transposed (store_transposed). `tail`: the last step's
+// weights, zero-padded to 32 elements, 64 bytes a row, kCb blocks of 16 rows.
+template <int kCb, int kRb>
+MOEKIT_AMX_TARGET void dot_tiles(const uint16_t* b, int64_t ldb, int64_t steps,
+                                 const uint16_t* tail, const uint32_t* y, int64_t ld_y,
+                                 float (*out)[16][16]) {
+  // The tiles (the intrinsics take literal numbers): sums first (c-block major), then the weight
+  // tiles, then the row tiles. 3 x 1: sums 0-2, weights 3-5, rows 6; 1 x 1: 0, 1, 2; 2 x 2: sums
+  // 0-3, weights 4-5, rows 6-7; 1 x 2: sums 0-1, weights 2, rows 3-4.
+  static_assert((kCb == 3 && kRb == 1) || (kCb == 1 && kRb == 1) || (kCb == 2 && kRb == 2) ||
+                (kCb == 1 && kRb == 2));
+  _tile_zero(0);
+  if constexpr (kCb * kRb > 1) _tile_zero(1);
+  if constexpr (kCb * kRb > 2) _tile_zero(2);
+  if constexpr (kCb * kRb > 3) _tile_zero(3);
+  const int64_t ldb_b = ldb * 2, ldy_b = ld_y * 4;
+  for (int64_t k = 0; k < steps; ++k) {
+    const bool last = tail != nullptr && k == steps - 1;
+    const uint16_t* w0 = last ? tail : b + 32 * k;
+    const int64_t stride = last ? 64 : ldb_b, block = last ? 16 * 32 : 16 * ldb;
+    const uint32_t* yk = y + 16 * k * ld_y;
+    if constexpr (kCb == 3) {
+      _tile_loadd(3, w0, stride);
+      _tile_loadd(4, w0 + block, stride);
+      _tile_loadd(5, w0 + 2 * block, stride);
+      _tile_loadd(6, yk, ldy_b);
+      _tile_dpbf16ps(0, 3, 6);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_dpbf16ps(2, 5, 6);
+    } else if constexpr (kCb == 1 && kRb == 1) {
+      _tile_loadd(1, w0, stride);
+      _tile_loadd(2, yk, ldy_b);
+      _tile_dpbf16ps(0, 1, 2);
+    } else if constexpr (kCb == 2) {
+      _tile_loadd(4, w0, stride);
+      _tile_loadd(5, w0 + block, stride);
+      _tile_loadd(6, yk, ldy_b);
+      _tile_loadd(7, yk + 16, ldy_b);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    } else {
+      _tile_loadd(2, w0, stride);
+      _tile_loadd(3, yk, ldy_b);
+      _tile_loadd(4, yk + 16, ldy_b);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+  }
+  _tile_stored(0, out[0], 64);
+  if constexpr (kCb * kRb > 1) _tile_stored(1, out[1], 64);
+  if constexpr (kCb * kRb > 2) _tile_stored(2, out[2], 64);
+  if constexpr (kCb * kRb > 3) _tile_stored(3, out[3], 64);
+}
+
+// The tile configuration of dot_tiles<kCb, kRb>: sums and weight tiles of `live` rows (the
+// weight rows of a block), row tiles of 16.
+MOEKIT_AMX_TARGET void configure_dot(int cb, int rb, int live) {
+  TileConfig t;  // (a tile left unused keeps 0 rows and 0 bytes: anything else is refused)
+  const int w = cb * rb;
+  for (int i = 0; i < w + cb + rb; ++i) t.colsb[i] = 64;
+  for (int i = 0; i < w + cb; ++i) t.rows[i] = static_cast<uint8_t>(live);
+  for (int i = w + cb; i < w + cb + rb; ++i) t.rows[i] = 16;
+  asm volatile("ldtilecfg %0" ::"m"(t));
+}
+
+// One item of the contraction-contiguous form: rows [row, row + rows) of group j against its
+// weight rows (output columns) [col, col + cols).
+MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
+  const auto* a = static_cast<const uint16_t*>(g.a) + it.row * g.lda;
+  const auto* b = static_cast<const uint16_t*>(g.b) + it.j * g.b_batch;
+  const bool wide = it.rows > 16;
+  const int rb = wide ? 2 : 1, most_cb = wide ? 2 : 3;
+  const int64_t ld_y = (it.rows + 16 * rb - 1) / (16 * rb) * (16 * rb);
+  const int64_t steps = (g.kc + 31) / 32, rem = g.kc % 32;
+  auto* y = static_cast<uint32_t*>(thread_buffer<3>(static_cast<size_t>(steps * 16 * ld_y) * 4));
+  repack_rows(a, g.lda, it.rows, g.kc, ld_y, y);
+  auto* tail = rem != 0 ? static_cast<uint16_t*>(thread_buffer<4>(3 * 16 * 32 * 2)) : nullptr;
+  alignas(64) float sums[4][16][16];
+  alignas(64) float rows_of[16][16];  // one sum tile transposed: [r][c]
+  const __m512i down =
+      _mm512_mullo_epi32(_mm512_set1_epi32(16),
+                         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+  int config = -1;  // cb * 32 + live of the configured blocks
+  const int64_t end = it.col + it.cols;
+  for (int64_t c = it.col; c < end;) {
+    const int cb = end - c >= 16 * most_cb ? most_cb : 1;
+    const int live = static_cast<int>(std::min<int64_t>(16, end - c));
+    if (cb * 32 + live != config) {
+      configure_dot(cb, rb, live);
+      config = cb * 32 + live;
+    }
+    if (tail != nullptr) {  // the last step's weights, zero-padded
+      std::memset(tail, 0, 3 * 16 * 32 * 2);
+      const int64_t w_rows = cb > 1 ? 16 * cb : live;
+      for (int64_t i = 0; i < w_rows; ++i) {
+        std::memcpy(tail + i * 32, b + (c + i) * g.b_s1 + (steps - 1) * 32,
+                    static_cast<size_t>(rem) * 2);
+      }
+    }
+    const uint16_t* bc = b + c * g.b_s1;
+    for (int64_t r0 = 0; r0 < it.rows; r0 += 16 * rb) {
+      if (rb == 1) {
+        if (cb == 3) dot_tiles<3, 1>(bc, g.b_s1, steps, tail, y + r0, ld_y, sums);
+        if (cb == 1) dot_tiles<1, 1>(bc, g.b_s1, steps, tail, y + r0, ld_y, sums);
+      } else {
+        if (cb == 2) dot_tiles<2, 2>(bc, g.b_s1, steps, tail, y + r0, ld_y, sums);
+        if (cb == 1) dot_tiles<1, 2>(bc, g.b_s1, steps, tail, y + r0, ld_y, sums);
+      }
+      for (int ci = 0; ci < cb; ++ci) {
+        for (int ri = 0; ri < rb; ++ri) {
+          const int64_t r = r0 + 16 * ri, rows = std::min<int64_t>(16, it.rows - r);
+          if (rows <= 0) continue;
+          const float* t = sums[ci * rb + ri][0];
+          for (int64_t i = 0; i < rows; ++i) {
+            _mm512_store_ps(rows_of[i], _mm512_i32gather_ps(down, t + i, 4));
+          }
+          const int64_t cols = cb > 1 ? 16 : live;
+          store(rows_of[0], 16, rows, cols, g, it.row + r, c + 16 * ci);
+        }
+      }
+    }
+    c += cb > 1 ? 16 * cb : live;
+  }
+}
+
 }  // namespace
 
 bool amx_forward_available(const RowGroupedGemm& g) {
@@ -279,9 +429,23 @@ bool amx_forward_takes(const RowGroupedGemm& g) {
 
 void set_amx_for_test(bool allowed) { amx_allowed = allowed; }
 
+bool amx_dot_available(const RowGroupedGemm& g) {
+  return g.in_type == DType::kBF16 && g.b_s0 == 1 && g.b_s1 != 1 && amx_allowed.load() &&
+         amx_granted();
+}
+
+bool amx_dot_takes(const RowGroupedGemm& g) {
+  if (!amx_dot_available(g)) return false;
+  for (int64_t j = 0; j < g.groups.num_local; ++j) {
+    if (g.groups.sizes[g.groups.offset + j] >= kAmxMinRows) return true;
+  }
+  return false;
+}
+
 void row_grouped_gemm_amx(const RowGroupedGemm& g) {
-  // Items: each group with rows in slabs of whole kBlockCols columns whose sums fit kSumsBytes,
-  // and where that leaves fewer items than threads, in as many slabs as threads.
+  // Items: each group with rows in slabs of whole kBlockCols columns (the output-contiguous form:
+  // whose sums fit kSumsBytes; the other keeps no sums), and where that leaves fewer items than
+  // threads, in as many slabs as threads.
   const int64_t threads = omp_get_max_threads();
   std::vector<Item> items;
   int64_t busy = 0, most = 0;
@@ -291,8 +455,9 @@ void row_grouped_gemm_amx(const RowGroupedGemm& g) {
     most = std::max(most, rows);
   }
   const int64_t blocks = (g.n + kBlockCols - 1) / kBlockCols;
+  const bool dot = g.b_s1 != 1;
   const int64_t fit =
-      std::max<int64_t>(kMinSlabCols, kSumsBytes / (4 * std::max<int64_t>(most, 1)));
+      dot ? g.n : std::max<int64_t>(kMinSlabCols, kSumsBytes / (4 * std::max<int64_t>(most, 1)));
   int64_t slabs = (g.n + fit - 1) / fit;
   if (busy * slabs < threads) slabs = (threads + busy - 1) / std::max<int64_t>(busy, 1);
   slabs = std::min(slabs, blocks);
@@ -310,7 +475,13 @@ void row_grouped_gemm_amx(const RowGroupedGemm& g) {
 #pragma omp parallel
   {
     const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
-    for (int64_t i = count * t / n; i < count * (t + 1) / n; ++i) run_item(g, items[i]);
+    for (int64_t i = count * t / n; i < count * (t + 1) / n; ++i) {
+      if (dot) {
+        run_dot_item(g, items[i]);
+      } else {
+        run_item(g, items[i]);
+      }
+    }
   }
 }
 

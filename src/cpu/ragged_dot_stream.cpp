@@ -1883,7 +1883,17 @@ HWY_EXPORT(Run);
 // -27-3/stream-vs-onednn-dlhs.txt) 1.11 / 1.14 / 1.08 / 0.99 / 0.95x at 128 / 192 / 256 / 384 /
 // 512 rows on average, so 384 in the largest group (about 307 on average); f32 1.00 / 0.94 / 1.01
 // / 1.00 / 0.99x at 32 / 48 / 64 / 96 / 128 (level: the bound stays).
-// Where oneDNN runs AMX (onednn_runs_amx; an Intel Xeon, 2 cores,
+// f32 forward 1.01 / 0.87x at 16 / 32 (-27-2/), then with f32 weights in chunks of 6 rows
+// (kF32NarrowChunks; -27-6/stream-vs-onednn-f32.txt) 1.26 / 1.19 / 1.12 / 1.09 / 1.01 / 0.94 /
+// 0.91x at 16 / 20 / 24 / 28 / 32 / 40 / 48 rows on average (the largest group about 1.25x that),
+// so 40 in the largest group; input gradient 1.28 / 1.17 / 1.05 / 0.99 / 0.94x at 16 / 20 / 24 / 28
+// / 32 (the bound 32; -27-2/). The choice follows the sizes of the call's local groups, not how
+// many of them have rows: an expert-parallel rank (a few local groups) then chooses as the one-rank
+// layer (every group) does unless another rank's expert has more than `most` rows, and its experts'
+// gradients keep the one-rank layer's bits (LayerEp tests; a count rule broke them). A choice per
+// group would close that gap, and would let oneDNN take the calls of few groups of one chunk each,
+// where threading inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or
+// gpt-oss-20b). Where oneDNN runs AMX (onednn_runs_amx; an Intel Xeon, 2 cores,
 // ragged_dot_small-cpu-2026-11-27-7/, `moekit bench ragged_dot --impl stream` and `--impl onednn`,
 // qwen3-30b-a3b, the largest group about 1.25x the average): its bf16 matmuls run at ~1.4 TFLOP/s
 // against the pair kernels' ~0.2, and the pair kernels' lead ends at 18 rows per group on average
@@ -1895,17 +1905,9 @@ HWY_EXPORT(Run);
 // at 128 rows on average). The AMX kernel (amx_forward_available: bf16 against [K, n] weights)
 // against oneDNN, forced both ways (-7/presets-amx.txt, amx-vs-onednn-large.txt): 1.4-3.0x at 128
 // tokens, 1.2-2.1x at 1024, 1.2-1.5x at 4096 on every preset, qwen3-30b-a3b 1.47 / 1.29 / 1.14x at
-// 4096 / 8192 / 16384 (256 / 512 / 1024 rows a group): no bound. f32 forward 1.01 / 0.87x at 16 /
-// 32 (-27-2/), then with f32 weights in chunks of 6 rows (kF32NarrowChunks;
-// -27-6/stream-vs-onednn-f32.txt) 1.26 / 1.19 / 1.12 / 1.09 / 1.01 / 0.94 / 0.91x at 16 / 20 / 24 /
-// 28 / 32 / 40 / 48 rows on average (the largest group about 1.25x that), so 40 in the largest
-// group; input gradient 1.28 / 1.17 / 1.05 / 0.99 / 0.94x at 16 / 20 / 24 / 28 / 32 (the bound 32;
-// -27-2/). The choice follows the sizes of the call's local groups, not how many of them have rows:
-// an expert-parallel rank (a few local groups) then chooses as the one-rank layer (every group)
-// does unless another rank's expert has more than `most` rows, and its experts' gradients keep the
-// one-rank layer's bits (LayerEp tests; a count rule broke them). A choice per group would close
-// that gap, and would let oneDNN take the calls of few groups of one chunk each, where threading
-// inside each matmul ran 3-26% faster (a token or two on mixtral-8x7b or gpt-oss-20b).
+// 4096 / 8192 / 16384 (256 / 512 / 1024 rows a group): no bound. Its input gradient
+// (amx_dot_available: the contraction-contiguous form), qwen3-30b-a3b (-7/dlhs-amx-vs-onednn.txt):
+// 1.53-1.69 / 1.27-1.29 / 1.16-1.21x at 1024 / 4096 / 8192 tokens: no bound either.
 namespace {
 // Whether the f32 kernels run on AVX2: the CPU has no AVX-512.
 bool runs_avx2() {
@@ -1915,8 +1917,8 @@ bool runs_avx2() {
 }
 int64_t stream_most_rows(const RowGroupedGemm& g) {
   const bool amx = onednn_runs_amx();
-  // The AMX kernel's forward (ragged_dot_amx.cpp) leads oneDNN at every size measured.
-  if (amx_forward_available(g)) return std::numeric_limits<int64_t>::max();
+  // The AMX kernels (ragged_dot_amx.cpp) lead oneDNN at every size measured.
+  if (amx_forward_available(g) || amx_dot_available(g)) return std::numeric_limits<int64_t>::max();
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return amx ? 24 : 256;
   if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 384 : 256;
   if (runs_avx2()) return g.b_s1 != 1 ? 32 : 40;
@@ -1934,7 +1936,7 @@ bool stream_picks(const RowGroupedGemm& g) {
 
 Status row_grouped_gemm_stream(const RowGroupedGemm& g) {
   if (!row_edges_done(g)) return {};
-  if (amx_forward_takes(g)) {
+  if (amx_forward_takes(g) || amx_dot_takes(g)) {
     row_grouped_gemm_amx(g);
     return {};
   }

@@ -543,11 +543,15 @@ TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16Forward) {
   }
 }
 
-// The bf16 input gradient against [K, n] weights: with AVX512-BF16 256 rows, through the dot
-// products (a contraction of up to 4 KiB) or past 32 rows the transposed pairs (longer), and 24
-// where oneDNN runs AMX; on AVX2 384; otherwise the f32 dot products' 160.
+// The bf16 input gradient against [K, n] weights: with AMX no bound (the AMX kernel); with
+// AVX512-BF16 256 rows, through the dot products (a contraction of up to 4 KiB) or past 32 rows the
+// transposed pairs (longer), and 24 where oneDNN runs AMX; on AVX2 384; otherwise the f32 dot
+// products' 160.
 TEST(RaggedDotStream, AutoPicksByTheLargestLocalGroupBf16InputGradient) {
-  const int64_t most = has_bf16_pairs() ? (amx() ? 24 : 256) : avx2_only() ? 384 : 160;
+  const int32_t most = cpu_has_amx()      ? -1
+                       : has_bf16_pairs() ? (amx() ? 24 : 256)
+                       : avx2_only()      ? 384
+                                          : 160;
   for (const int64_t n : {1000, 2050}) {
     SCOPED_TRACE(fmt::format("n = {} ({} bytes a weight row)", n, 2 * n));
     ExpectAutoPicksByTheLargestLocalGroup(72, n, most, DlhsPass{}, DType::kBF16);
@@ -812,63 +816,73 @@ TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
   omp_set_num_threads(before);
 }
 
-// The AMX forward (ragged_dot_amx.cpp) at its edges, against the reference: contractions around
-// its 32-element steps and 256-row chunks (1, 31, 33, 255, 256, 257, 600: the last step's A from
-// a zero-padded copy, the last pairs half zero), widths around its 64-column blocks and 16-column
-// tiles (1, 17, 64, 65, 700), groups of 8 rows (its least), 1 (beside larger ones), 16, 17, 32, 33
-// and 70 rows (one tile of rows, two, several blocks, a partial block) and empty ones, on a shard
-// (group_offset 1, rows outside it zero), one thread and two, into f32 and bf16 and accumulating.
-// Where the CPU has AMX, amx_forward_takes must say so for these calls.
-TEST(RaggedDotStream, AmxForwardEdgesAgainstTheReference) {
+// The AMX kernels (ragged_dot_amx.cpp) at their edges, against the reference, in both forms: the
+// forward against [K, n] weights (pairs of weight rows repacked) and the input gradient against
+// them (the weights as they lie, C's transpose in the tiles). K and n around the 32-element steps,
+// the forward's 256-row chunks and the 16-row tiles (1, 17, 31, 33, 64, 65, 255, 256, 257, 600,
+// 700: a last step from a zero-padded copy, half-zero last pairs, partial column blocks), groups of
+// 8 rows (their least), 1 (beside larger ones), 16, 17, 32, 33 and 70 rows (one tile of rows, two,
+// several blocks, partial ones) and empty ones, on a shard (group_offset 1; rows outside it
+// zero), one thread and two, into f32 and bf16 and accumulating. Where the CPU has AMX,
+// amx_forward_takes / amx_dot_takes must say so for these calls.
+TEST(RaggedDotStream, AmxEdgesAgainstTheReference) {
   const int before = omp_get_max_threads();
   std::mt19937 rng(17);
   const std::vector<int32_t> sizes{3, 8, 1, 0, 16, 17, 32, 33, 70, 5};
   const int32_t offset = 1;
   const int64_t E_loc = 8, m = 185;
-  for (const int64_t K : {1, 31, 33, 255, 256, 257, 600}) {
-    for (const int64_t n : {1, 17, 64, 65, 700}) {
-      for (const int threads : {1, 2}) {
-        for (const DType out_type : {DType::kF32, DType::kBF16}) {
-          for (const bool accumulate : {false, true}) {
-            SCOPED_TRACE(fmt::format("K {} n {} threads {} out {} accumulate {}", K, n, threads,
-                                     dtype_name(out_type), accumulate));
-            omp_set_num_threads(threads);
-            HostTensor a(DType::kBF16, {m, K}), w(DType::kBF16, {E_loc, K, n}),
-                held(out_type, {m, n});
-            a.fill_random(rng);
-            w.fill_random(rng);
-            held.fill_random(rng);
-            auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-              RaggedDotOptions o;
-              o.impl = impl, o.accumulate = accumulate;
-              HostTensor out = held;
-              const Status st =
-                  ragged_dot(x.in(), y.in(), RaggedDotGroups(sizes, offset), out.mut(), o);
-              EXPECT_TRUE(st.ok()) << st.message();
-              return out;
-            };
-            if (cpu_has_amx()) {
-              detail::RowGroupedGemm g{};
-              g.in_type = DType::kBF16, g.b_s1 = 1, g.groups.sizes = sizes.data();
-              g.groups.count = static_cast<int64_t>(sizes.size()), g.groups.offset = offset;
-              g.groups.num_local = E_loc;
-              ASSERT_TRUE(detail::amx_forward_takes(g));
-            }
-            HostTensor a_abs = a, w_abs = w, zero = held;
-            for (int64_t i = 0; i < a.span(); ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
-            for (int64_t i = 0; i < w.span(); ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
-            zero.fill(0.f);
-            std::swap(held, zero);
-            const HostTensor bound = run(a_abs, w_abs, RaggedDotImpl::kReference);
-            std::swap(held, zero);
-            const HostTensor want = run(a, w, RaggedDotImpl::kReference),
-                             got = run(a, w, RaggedDotImpl::kCpuStream);
-            const double rounding = out_type == DType::kBF16 ? 1.0 / 128 : 0.0;
-            for (int64_t i = 0; i < got.span(); ++i) {
-              ASSERT_NEAR(got.get_flat(i), want.get_flat(i),
-                          (K + 4) * 1.2e-7 * (bound.get_flat(i) + 1) +
-                              rounding * std::abs(want.get_flat(i)))
-                  << "element " << i;
+  for (const bool dlhs : {false, true}) {
+    for (const int64_t K : {1, 31, 33, 255, 256, 257, 600}) {
+      for (const int64_t n : {1, 17, 64, 65, 700}) {
+        for (const int threads : {1, 2}) {
+          for (const DType out_type : {DType::kF32, DType::kBF16}) {
+            for (const bool accumulate : {false, true}) {
+              SCOPED_TRACE(fmt::format("{} K {} n {} threads {} out {} accumulate {}",
+                                       dlhs ? "dlhs" : "fwd", K, n, threads, dtype_name(out_type),
+                                       accumulate));
+              omp_set_num_threads(threads);
+              const int64_t kc = dlhs ? n : K, cols = dlhs ? K : n;
+              HostTensor a(DType::kBF16, {m, kc}), w(DType::kBF16, {E_loc, K, n}),
+                  held(out_type, {m, cols});
+              a.fill_random(rng);
+              w.fill_random(rng);
+              held.fill_random(rng);
+              auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+                RaggedDotOptions o;
+                o.impl = impl, o.accumulate = accumulate;
+                HostTensor out = held;
+                const RaggedDotGroups groups(sizes, offset);
+                const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), groups, out.mut(), o)
+                                       : ragged_dot(x.in(), y.in(), groups, out.mut(), o);
+                EXPECT_TRUE(st.ok()) << st.message();
+                return out;
+              };
+              if (cpu_has_amx()) {
+                detail::RowGroupedGemm g{};
+                g.in_type = DType::kBF16, g.groups.sizes = sizes.data();
+                g.groups.count = static_cast<int64_t>(sizes.size()), g.groups.offset = offset;
+                g.groups.num_local = E_loc;
+                g.b_s0 = dlhs ? 1 : n, g.b_s1 = dlhs ? n : 1;
+                // (The input gradient with n = 1 has both strides 1: the forward's form.)
+                ASSERT_TRUE(dlhs && n > 1 ? detail::amx_dot_takes(g)
+                                          : detail::amx_forward_takes(g));
+              }
+              HostTensor a_abs = a, w_abs = w, zero = held;
+              for (int64_t i = 0; i < a.span(); ++i) a_abs.set_flat(i, std::abs(a.get_flat(i)));
+              for (int64_t i = 0; i < w.span(); ++i) w_abs.set_flat(i, std::abs(w.get_flat(i)));
+              zero.fill(0.f);
+              std::swap(held, zero);
+              const HostTensor bound = run(a_abs, w_abs, RaggedDotImpl::kReference);
+              std::swap(held, zero);
+              const HostTensor want = run(a, w, RaggedDotImpl::kReference),
+                               got = run(a, w, RaggedDotImpl::kCpuStream);
+              const double rounding = out_type == DType::kBF16 ? 1.0 / 128 : 0.0;
+              for (int64_t i = 0; i < got.span(); ++i) {
+                ASSERT_NEAR(got.get_flat(i), want.get_flat(i),
+                            (kc + 4) * 1.2e-7 * (bound.get_flat(i) + 1) +
+                                rounding * std::abs(want.get_flat(i)))
+                    << "element " << i;
+              }
             }
           }
         }
