@@ -35,7 +35,11 @@
 namespace moekit::detail {
 namespace {
 
-constexpr int64_t kChunkRows = 256;        // weight rows repacked at a time (a multiple of 32)
+constexpr int64_t kChunkRows = 256;  // weight rows repacked at a time (a multiple of 32)
+// ... fewer where a chunk's pairs would pass kPairsBytes (wide rows), so that they stay in L2: on
+// gpt-oss-20b's and mixtral-8x7b's forward (5.6 and 28 KiB rows) at 64 tokens 1.10-1.15x, at 512
+// level (bench/results/ragged_dot_small-cpu-2026-11-27-7/amx-pairs-bytes.txt).
+constexpr int64_t kPairsBytes = int64_t{1} << 20;
 constexpr int64_t kBlockCols = 64;         // the columns of one A tile's four C tiles
 constexpr int64_t kSumsBytes = 512 << 10;  // an item's f32 sums at most (its columns fit them)
 constexpr int64_t kMinSlabCols = 256;
@@ -232,11 +236,13 @@ MOEKIT_AMX_TARGET void run_item(const RowGroupedGemm& g, const Item& it) {
   auto* sums = static_cast<float*>(thread_buffer<0>(static_cast<size_t>(it.rows * width) * 4));
   auto* vnni =
       static_cast<uint32_t*>(thread_buffer<1>(static_cast<size_t>(kChunkRows / 2 * width) * 4));
+  const int64_t chunk_rows =
+      std::clamp<int64_t>(kPairsBytes / (2 * width) / 32 * 32, 32, kChunkRows);
   const int64_t blocks = (it.rows + 31) / 32;
   uint16_t* tails = nullptr;  // the last step's A, zero-padded to 32 columns, per row block
   int config = -1;            // the rows of the configured row block
-  for (int64_t k0 = 0; k0 < g.kc; k0 += kChunkRows) {
-    const int64_t kc = std::min(kChunkRows, g.kc - k0), steps = (kc + 31) / 32;
+  for (int64_t k0 = 0; k0 < g.kc; k0 += chunk_rows) {
+    const int64_t kc = std::min(chunk_rows, g.kc - k0), steps = (kc + 31) / 32;
     repack(b + k0 * g.b_s0, g.b_s0, kc, it.cols, width, vnni);
     if (kc % 32 != 0) {
       tails = static_cast<uint16_t*>(thread_buffer<2>(static_cast<size_t>(blocks * 32 * 32) * 2));

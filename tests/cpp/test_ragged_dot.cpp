@@ -892,6 +892,25 @@ TEST(RaggedDotStream, AmxEdgesAgainstTheReference) {
   omp_set_num_threads(before);
 }
 
+// The AMX forward on wide weight rows (n 4100: its chunks of 96 contraction rows, so that their
+// pairs fit kPairsBytes; K 300: three whole chunks and one of 12), against the reference.
+TEST(RaggedDotStream, AmxForwardWideRowsAgainstTheReference) {
+  const int64_t K = 300, n = 4100, m = 29;
+  const std::vector<int32_t> sizes{9, 0, 20};
+  std::mt19937 rng(23);
+  HostTensor a(DType::kBF16, {m, K}), w(DType::kBF16, {3, K, n});
+  a.fill_random(rng);
+  w.fill_random(rng);
+  auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+    RaggedDotOptions o;
+    o.impl = impl;
+    HostTensor out(DType::kF32, {m, n});
+    EXPECT_TRUE(ragged_dot(x.in(), y.in(), sizes, out.mut(), o).ok());
+    return out;
+  };
+  StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
+}
+
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
 // else, it says so.
 TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
