@@ -1,9 +1,12 @@
-// kCpuStream's forward on AMX (Intel Xeon with AMX-BF16): bf16 rows against [K, n] bf16 weights,
-// each group's weights streamed once. A chunk of kChunkRows weight rows is repacked into the
+// kCpuStream's bf16 calls on AMX (Intel Xeon with AMX-BF16), each group's weights streamed once.
+// The forward against [K, n] weights (the output-contiguous form): a chunk of kChunkRows weight
+// rows is repacked into the
 // tiles' pair layout (two consecutive weight rows interleaved: vnni[kp][c] = (w[2kp][c],
 // w[2kp + 1][c])), then every row block of the group multiplies it from L2: a tile of 16 rows x 32
 // contraction elements times a tile of 16 pairs x 16 columns into a 16 x 16 f32 tile
-// (tdpbf16ps), the sums kept in an f32 buffer across chunks and written once at the end.
+// (tdpbf16ps), the sums kept in an f32 buffer across chunks and written once at the end. The input
+// gradient against them (the contraction-contiguous form, run_dot_item) computes C's transpose,
+// so that the weights load as they lie.
 //
 // By hand first (bench/results/ragged_dot_small-cpu-2026-11-27-7/by-hand/amx.cpp; qwen3-30b-a3b's
 // forward, K 2048, n 768, 128 groups on two threads, weights cold), share of a plain read of the
@@ -56,13 +59,18 @@ std::atomic<bool> amx_allowed{true};  // set_amx_for_test
 
 #define MOEKIT_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 
-// The CPU has AMX-BF16 (CPUID.(7,0):EDX bits 22 and 24) and Linux grants this process the tile
-// data (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), asked once.
+// The CPU has AMX-BF16 (CPUID.(7,0):EDX bits 22 and 24) and the AVX-512 the repacking and the
+// stores use, and Linux grants this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA), asked once.
 bool amx_granted() {
   static const bool granted = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
     if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl")) {
+      return false;
+    }
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
@@ -226,6 +234,14 @@ void* thread_buffer(size_t bytes) {
 struct Item {
   int64_t j, row, rows, col, cols;
 };
+
+// Whether a local group has `rows` rows or more.
+bool has_group_of(const RowGroupedGemm& g, int64_t rows) {
+  for (int64_t j = 0; j < g.groups.num_local; ++j) {
+    if (g.groups.sizes[g.groups.offset + j] >= rows) return true;
+  }
+  return false;
+}
 
 // One item: rows [row, row + rows) of group j (local j) against its weights' columns [col, col +
 // cols).
@@ -426,11 +442,7 @@ bool amx_forward_available(const RowGroupedGemm& g) {
 }
 
 bool amx_forward_takes(const RowGroupedGemm& g) {
-  if (!amx_forward_available(g)) return false;
-  for (int64_t j = 0; j < g.groups.num_local; ++j) {
-    if (g.groups.sizes[g.groups.offset + j] >= kAmxMinRows) return true;
-  }
-  return false;
+  return amx_forward_available(g) && has_group_of(g, kAmxMinRows);
 }
 
 void set_amx_for_test(bool allowed) { amx_allowed = allowed; }
@@ -441,11 +453,7 @@ bool amx_dot_available(const RowGroupedGemm& g) {
 }
 
 bool amx_dot_takes(const RowGroupedGemm& g) {
-  if (!amx_dot_available(g)) return false;
-  for (int64_t j = 0; j < g.groups.num_local; ++j) {
-    if (g.groups.sizes[g.groups.offset + j] >= kAmxMinRows) return true;
-  }
-  return false;
+  return amx_dot_available(g) && has_group_of(g, kAmxMinRows);
 }
 
 void row_grouped_gemm_amx(const RowGroupedGemm& g) {

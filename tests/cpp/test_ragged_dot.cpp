@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -504,12 +506,12 @@ bool has_bf16_pairs() {
          __builtin_cpu_supports("avx512f");
 }
 bool avx2_only() { return __builtin_cpu_supports("avx2") && !__builtin_cpu_supports("avx512f"); }
-// The CPU has AMX-BF16 and AMX-TILE (CPUID.(7,0):EDX bits 22, 24) and Linux 5.16 or later, which
-// grants the tiles to a process that asks: then the AMX kernel must take bf16 forward calls.
+// The CPU has AMX-BF16 and AMX-TILE (CPUID.(7,0):EDX bits 22, 24) and Linux grants the tiles
+// (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, 18): then the AMX kernels must take bf16 calls.
 bool cpu_has_amx() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (d & (1u << 22)) != 0 &&
-         (d & (1u << 24)) != 0;
+         (d & (1u << 24)) != 0 && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
 // oneDNN's matmuls run on AMX (the bounds measured on an Intel Xeon with AMX).
