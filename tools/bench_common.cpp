@@ -52,6 +52,7 @@ void hold_bytes(size_t bytes) {
   g_held += bytes;
 }
 void release_bytes(size_t bytes) { g_held -= bytes; }
+size_t held_bytes() { return g_held.load(); }
 
 Buffer::Buffer(size_t bytes) : bytes_(bytes) {
   const size_t align = g_huge_pages && bytes >= kHugePage ? kHugePage : 64;

@@ -78,6 +78,8 @@ bool huge_pages();
 // when they would pass it; release_bytes gives them back.
 void hold_bytes(size_t bytes);
 void release_bytes(size_t bytes);
+// The bytes counted against the limit now (live Buffers and held_bytes).
+size_t held_bytes();
 
 // n values uniform in [-1, 1), rounded to bf16 so that f32 and bf16 runs see the same numbers.
 // Deterministic for a seed whatever the thread count.

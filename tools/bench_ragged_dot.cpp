@@ -255,8 +255,9 @@ Weights make_weights(BenchDevice& dev, const Options& o, const RaggedDotProblem&
   }
   if (o.cache == "cold" && dev.has_read()) {
     w.copies = cold_copies(static_cast<double>(w.touched * w.expert_bytes));
-    // Within the memory limit, leaving a GiB for everything else.
-    const double room = (o.mem_limit_gib - 1) * (1ull << 30) -
+    // Within the memory limit, beside what is held already (the read probe), leaving a GiB for
+    // everything else.
+    const double room = (o.mem_limit_gib - 1) * (1ull << 30) - static_cast<double>(held_bytes()) -
                         static_cast<double>(pr.E * w.expert_bytes) - 4.0 * pr.m * (pr.K + pr.n);
     const auto fit = static_cast<int64_t>(room / std::max<double>(1, w.span * w.expert_bytes)) + 1;
     if (fit < w.copies) {
