@@ -913,6 +913,34 @@ TEST(RaggedDotStream, AmxForwardWideRowsAgainstTheReference) {
   StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
 }
 
+// One group holding every row (40) on two threads: the AMX kernels cut it into column slabs, one
+// a thread, in both forms; against the reference.
+TEST(RaggedDotStream, AmxLoneGroupAgainstTheReference) {
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  const int64_t K = 300, n = 200, m = 40;
+  const std::vector<int32_t> sizes{40};
+  std::mt19937 rng(29);
+  for (const bool dlhs : {false, true}) {
+    SCOPED_TRACE(dlhs ? "dlhs" : "fwd");
+    const int64_t kc = dlhs ? n : K, cols = dlhs ? K : n;
+    HostTensor a(DType::kBF16, {m, kc}), w(DType::kBF16, {1, K, n});
+    a.fill_random(rng);
+    w.fill_random(rng);
+    auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+      RaggedDotOptions o;
+      o.impl = impl;
+      HostTensor out(DType::kF32, {m, cols});
+      EXPECT_TRUE((dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
+                        : ragged_dot(x.in(), y.in(), sizes, out.mut(), o))
+                      .ok());
+      return out;
+    };
+    StreamChecker(run, a, w, kc)(run(a, w, RaggedDotImpl::kCpuStream));
+  }
+  omp_set_num_threads(before);
+}
+
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
 // else, it says so.
 TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
