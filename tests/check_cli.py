@@ -46,6 +46,7 @@ CASES = [
     (["bench", "layer", "--cache", "lukewarm"], "--cache: lukewarm not in {cold,warm}"),
     (["bench", "ragged_dot", "--passes", "fwd,bwd"], "--passes: bwd not in"),
     (["bench", "ragged_dot", "--impl", "cutlass"], "--impl: cutlass not in"),
+    (["bench", "ragged_dot", "--matmul", "gate"], "--matmul: gate not in {ffn,up,down}"),
     (["bench", "ragged_dot", "--baseline", "fastest"], "--baseline: fastest not in"),
     # Over the memory limit: refused before the buffer is allocated.
     (["bench", "router", "--tokens", "4096", "--mem-limit-gib", "0.001", "--reps", "1"],

@@ -1,5 +1,6 @@
 // moekit bench ragged_dot: times the forward, input gradient and weight gradient of ragged_dot
-// on a preset's real shapes (m = tokens * k routed rows, K = H, n = F, E groups), each beside a
+// on a preset's real shapes (m = tokens * k routed rows, E groups; K = H, n = F, or with --matmul
+// the layer's gate|up (K = H, n = 2F) or down (K = F, n = H) matmul), each beside a
 // dense matmul of the same FLOPs and operand layouts run in the same process (oneDNN, or cuBLAS
 // with --device cuda), and with --ep-shards S one shard's call (E/S local groups) beside the full
 // call. On the CPU each call is also set against its floor (roofline.h): the weight bytes it must
@@ -33,9 +34,20 @@ struct RaggedDotBenchOptions : BenchOptions {
   bool invariant = false;      // also time the batch-invariant mode (CPU)
   std::string cache = "cold";  // cold: cycle through copies of the weights (CPU); warm: one copy
   std::vector<std::string> passes{"fwd", "dlhs", "drhs"};
-  std::string impl = "auto";  // RaggedDotOptions::impl of the timed calls
-  std::string baseline;       // also time the full call with this impl, in the same loop
+  std::string impl = "auto";   // RaggedDotOptions::impl of the timed calls
+  std::string baseline;        // also time the full call with this impl, in the same loop
+  std::string matmul = "ffn";  // the shape: ffn (K = H, n = F), up (K = H, n = 2F), down (F, H)
 };
+
+// The contraction K and output width n of --matmul's shape on a preset.
+struct MatmulShape {
+  int64_t K, n;
+};
+MatmulShape matmul_shape(const Preset& p, const std::string& matmul) {
+  if (matmul == "up") return {p.H, 2 * p.F};
+  if (matmul == "down") return {p.F, p.H};
+  return {p.H, p.F};
+}
 
 // --impl and --baseline's choices, in RaggedDotImpl's order, by the library's impl_name.
 constexpr RaggedDotImpl kImpls[] = {
@@ -115,7 +127,7 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
   // Fit the weights (and their gradient) in memory: otherwise a stated subset of experts, with
   // the same rows per expert.
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
-  const int64_t K = p.H, n = p.F;
+  const auto [K, n] = matmul_shape(p, o.matmul);
   int64_t E = p.E, m = tokens * p.k;
   const bool drhs = std::find(o.passes.begin(), o.passes.end(), "drhs") != o.passes.end();
   const RatesBuffers rb = rates_buffers(K, n);
@@ -407,11 +419,12 @@ int run(const Options& o) {
   if (shard >= o.shards) throw CLI::ValidationError("--shard", "must be < --ep-shards");
 
   std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
+  const MatmulShape shape = matmul_shape(*p, o.matmul);
   fmt::print(text,
-             "moekit bench ragged_dot  preset={} (H={} F={} E={} k={})  dtype={} out={}  "
-             "device={}  impl={}  cache={}  {}\n",
-             p->name, p->H, p->F, p->E, p->k, dtype_name(in), dtype_name(out), o.device, o.impl,
-             o.cache, today_iso());
+             "moekit bench ragged_dot  preset={} (H={} F={} E={} k={})  matmul={} (K={} n={})  "
+             "dtype={} out={}  device={}  impl={}  cache={}  {}\n",
+             p->name, p->H, p->F, p->E, p->k, o.matmul, shape.K, shape.n, dtype_name(in),
+             dtype_name(out), o.device, o.impl, o.cache, today_iso());
   fmt::print(text,
              "groups: expert e gets rows in proportion to 1 + {}*u_e, u_e ~ U(-1,1), seed {}\n",
              o.imbalance, o.seed);
@@ -530,8 +543,9 @@ int run(const Options& o) {
                        {"E_loc", r.e_loc},
                        {"m", r.m},
                        {"local_rows", r.local_rows},
-                       {"K", p->H},
-                       {"n", p->F},
+                       {"matmul", o.matmul},
+                       {"K", shape.K},
+                       {"n", shape.n},
                        {"ms", r.t.median_ms},
                        {"min_ms", r.t.min_ms},
                        {"tflops", r.flops / (r.t.median_ms * 1e9)},
@@ -606,6 +620,11 @@ void register_bench_ragged_dot(CLI::App& bench) {
   cmd->add_option("--baseline", opts->baseline,
                   "Also time the full call with this implementation, in the same loop")
       ->check(CLI::IsMember(impl_names()));
+  cmd->add_option("--matmul", opts->matmul,
+                  "The shape: ffn (K = H, n = F: the gate's or the up projection's alone), up (K = "
+                  "H, n = 2F: the layer's gate|up matmul), down (K = F, n = H: its down matmul)")
+      ->check(CLI::IsMember({"ffn", "up", "down"}))
+      ->capture_default_str();
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
