@@ -285,24 +285,69 @@ MOEKIT_AMX_TARGET void run_item(const RowGroupedGemm& g, const Item& it) {
   store(sums, width, it.rows, it.cols, g, it.row, it.col);
 }
 
+// The 64-bit halves of a and b's 128-bit lanes interleaved: the low ones (lo), the high (hi).
+MOEKIT_AMX_TARGET inline __m512 lo(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+MOEKIT_AMX_TARGET inline __m512 hi(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+
+// out[j][i] = in[i][j] for i, j < 16: 32-bit elements, the rows of `in` ld_in_bytes apart (any
+// alignment), those of `out` ld_out elements apart; in registers (four rounds of 16 shuffles).
+MOEKIT_AMX_TARGET inline void transpose16(const void* in, int64_t ld_in_bytes, void* out,
+                                          int64_t ld_out) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) {
+    r[i] = _mm512_loadu_ps(static_cast<const char*>(in) + i * ld_in_bytes);
+  }
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = lo(t[i], t[i + 2]);
+    r[i + 1] = hi(t[i], t[i + 2]);
+    r[i + 2] = lo(t[i + 1], t[i + 3]);
+    r[i + 3] = hi(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  auto* o = static_cast<float*>(out);
+  for (int i = 0; i < 8; ++i) {
+    _mm512_storeu_ps(o + i * ld_out, _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88));
+    _mm512_storeu_ps(o + (i + 8) * ld_out, _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd));
+  }
+}
+
 // The contraction-contiguous form (the input gradient against [K, n] weights): C[r][c] =
 // sum_k A[r][k] B[c][k], B's rows (weight rows, one per output column) contiguous along the
 // contraction. The tiles compute C's transpose, so that the weights load straight from memory
 // as the A tiles (16 weight rows x 32 contraction elements) and the group's rows are the ones
 // repacked: y[kp][r] = (A[r][2kp], A[r][2kp + 1]), zero past kc and past the rows (ld_y columns,
-// a multiple of 16).
+// a multiple of 16); 16 rows x 16 pairs at a time in registers, the rest one by one.
 MOEKIT_AMX_TARGET void repack_rows(const uint16_t* a, int64_t lda, int64_t rows, int64_t kc,
                                    int64_t ld_y, uint32_t* y) {
-  const int64_t pairs = (kc + 31) / 32 * 16;
+  const int64_t pairs = (kc + 31) / 32 * 16, whole = kc / 2, blocked = whole / 16 * 16;
   std::memset(y, 0, static_cast<size_t>(pairs * ld_y) * 4);
+  const int64_t blocked_rows = rows / 16 * 16;
+  for (int64_t r = 0; r < blocked_rows; r += 16) {
+    for (int64_t kp = 0; kp < blocked; kp += 16) {
+      transpose16(a + r * lda + 2 * kp, lda * 2, y + kp * ld_y + r, ld_y);
+    }
+  }
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* row = a + r * lda;
-    for (int64_t kp = 0; kp < kc / 2; ++kp) {
+    for (int64_t kp = r < blocked_rows ? blocked : 0; kp < whole; ++kp) {
       uint32_t v;
       std::memcpy(&v, row + 2 * kp, 4);
       y[kp * ld_y + r] = v;
     }
-    if (kc % 2 != 0) y[(kc / 2) * ld_y + r] = row[kc - 1];
+    if (kc % 2 != 0) y[whole * ld_y + r] = row[kc - 1];
   }
 }
 
@@ -389,10 +434,7 @@ MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
   auto* tail = rem != 0 ? static_cast<uint16_t*>(thread_buffer<4>(3 * 16 * 32 * 2)) : nullptr;
   alignas(64) float sums[4][16][16];
   alignas(64) float rows_of[16][16];  // one sum tile transposed: [r][c]
-  const __m512i down =
-      _mm512_mullo_epi32(_mm512_set1_epi32(16),
-                         _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
-  int config = -1;  // cb * 32 + live of the configured blocks
+  int config = -1;                    // cb * 32 + live of the configured blocks
   const int64_t end = it.col + it.cols;
   for (int64_t c = it.col; c < end;) {
     const int cb = end - c >= 16 * most_cb ? most_cb : 1;
@@ -422,10 +464,7 @@ MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
         for (int ri = 0; ri < rb; ++ri) {
           const int64_t r = r0 + 16 * ri, rows = std::min<int64_t>(16, it.rows - r);
           if (rows <= 0) continue;
-          const float* t = sums[ci * rb + ri][0];
-          for (int64_t i = 0; i < rows; ++i) {
-            _mm512_store_ps(rows_of[i], _mm512_i32gather_ps(down, t + i, 4));
-          }
+          transpose16(sums[ci * rb + ri][0], 64, rows_of[0], 16);
           const int64_t cols = cb > 1 ? 16 : live;
           store(rows_of[0], 16, rows, cols, g, it.row + r, c + 16 * ci);
         }
