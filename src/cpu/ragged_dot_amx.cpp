@@ -46,6 +46,13 @@ constexpr int64_t kPairsBytes = int64_t{1} << 20;
 constexpr int64_t kBlockCols = 64;         // the columns of one A tile's four C tiles
 constexpr int64_t kSumsBytes = 512 << 10;  // an item's f32 sums at most (its columns fit them)
 constexpr int64_t kMinSlabCols = 256;
+// The input gradient's parts of the contraction, in 32-element steps (run_dot_item): a part of a
+// column block's weights (16 KiB for two blocks of 16 weight rows) stays in L1 while every row
+// block multiplies it. qwen3-30b-a3b's input gradient (24 steps), against oneDNN beside it, at
+// 1024 / 2048 / 4096 tokens: one part 1.58-1.60 / 1.36-1.38 / 1.25x, parts of 8 steps 1.73-1.75 /
+// 1.42-1.46 / 1.25-1.28x, of 4 or 12 steps between (bench/results/
+// ragged_dot_small-cpu-2026-11-28/dlhs-parts.txt).
+constexpr int64_t kDotPartSteps = 8;
 
 // The AMX kernel takes a call whose largest local group has kAmxMinRows rows or more; the pair
 // kernels the rest. `moekit bench ragged_dot --preset qwen3-30b-a3b --dtype bf16 --passes fwd
@@ -352,22 +359,30 @@ MOEKIT_AMX_TARGET void repack_rows(const uint16_t* a, int64_t lda, int64_t rows,
 }
 
 // Tiles of C's transpose: rows [c0, c0 + 16 * kCb) of B (weight rows, `live` of the last block's
-// 16 configured) against the rows [r0, r0 + 16 * kRb) of y, over the whole contraction; each
-// 16 x 16 sum tile then written to C transposed (store_transposed). `tail`: the last step's
-// weights, zero-padded to 32 elements, 64 bytes a row, kCb blocks of 16 rows.
+// 16 configured) against the rows [r0, r0 + 16 * kRb) of y, over `steps` steps of the contraction
+// from b and y: out (+)= their products (added to out's tiles where `add`, else written). `tail`
+// (if not null): the last step's weights, zero-padded to 32 elements, 64 bytes a row, kCb blocks
+// of 16 rows.
 template <int kCb, int kRb>
 MOEKIT_AMX_TARGET void dot_tiles(const uint16_t* b, int64_t ldb, int64_t steps,
                                  const uint16_t* tail, const uint32_t* y, int64_t ld_y,
-                                 float (*out)[16][16]) {
+                                 float (*out)[16][16], bool add) {
   // The tiles (the intrinsics take literal numbers): sums first (c-block major), then the weight
   // tiles, then the row tiles. 3 x 1: sums 0-2, weights 3-5, rows 6; 1 x 1: 0, 1, 2; 2 x 2: sums
   // 0-3, weights 4-5, rows 6-7; 1 x 2: sums 0-1, weights 2, rows 3-4.
   static_assert((kCb == 3 && kRb == 1) || (kCb == 1 && kRb == 1) || (kCb == 2 && kRb == 2) ||
                 (kCb == 1 && kRb == 2));
-  _tile_zero(0);
-  if constexpr (kCb * kRb > 1) _tile_zero(1);
-  if constexpr (kCb * kRb > 2) _tile_zero(2);
-  if constexpr (kCb * kRb > 3) _tile_zero(3);
+  if (add) {
+    _tile_loadd(0, out[0], 64);
+    if constexpr (kCb * kRb > 1) _tile_loadd(1, out[1], 64);
+    if constexpr (kCb * kRb > 2) _tile_loadd(2, out[2], 64);
+    if constexpr (kCb * kRb > 3) _tile_loadd(3, out[3], 64);
+  } else {
+    _tile_zero(0);
+    if constexpr (kCb * kRb > 1) _tile_zero(1);
+    if constexpr (kCb * kRb > 2) _tile_zero(2);
+    if constexpr (kCb * kRb > 3) _tile_zero(3);
+  }
   const int64_t ldb_b = ldb * 2, ldy_b = ld_y * 4;
   for (int64_t k = 0; k < steps; ++k) {
     const bool last = tail != nullptr && k == steps - 1;
@@ -432,7 +447,13 @@ MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
   auto* y = static_cast<uint32_t*>(thread_buffer<3>(static_cast<size_t>(steps * 16 * ld_y) * 4));
   repack_rows(a, g.lda, it.rows, g.kc, ld_y, y);
   auto* tail = rem != 0 ? static_cast<uint16_t*>(thread_buffer<4>(3 * 16 * 32 * 2)) : nullptr;
-  alignas(64) float sums[4][16][16];
+  // With several row blocks, the contraction goes in parts of kDotPartSteps steps, outermost
+  // (each row block's sum tiles kept in `sums` between them), so that a part of the column block's
+  // weights stays in L1 while every row block multiplies it.
+  const int64_t blocks = (it.rows + 16 * rb - 1) / (16 * rb);
+  const int64_t part = blocks > 1 ? kDotPartSteps : steps;
+  auto* sums = static_cast<float(*)[16][16]>(
+      thread_buffer<5>(static_cast<size_t>(blocks * 4) * sizeof(float[16][16])));
   alignas(64) float rows_of[16][16];  // one sum tile transposed: [r][c]
   int config = -1;                    // cb * 32 + live of the configured blocks
   const int64_t end = it.col + it.cols;
@@ -451,22 +472,30 @@ MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
                     static_cast<size_t>(rem) * 2);
       }
     }
-    const uint16_t* bc = b + c * g.b_s1;
-    for (int64_t r0 = 0; r0 < it.rows; r0 += 16 * rb) {
-      if (rb == 1) {
-        if (cb == 3) dot_tiles<3, 1>(bc, g.b_s1, steps, tail, y + r0, ld_y, sums);
-        if (cb == 1) dot_tiles<1, 1>(bc, g.b_s1, steps, tail, y + r0, ld_y, sums);
-      } else {
-        if (cb == 2) dot_tiles<2, 2>(bc, g.b_s1, steps, tail, y + r0, ld_y, sums);
-        if (cb == 1) dot_tiles<1, 2>(bc, g.b_s1, steps, tail, y + r0, ld_y, sums);
-      }
-      for (int ci = 0; ci < cb; ++ci) {
-        for (int ri = 0; ri < rb; ++ri) {
-          const int64_t r = r0 + 16 * ri, rows = std::min<int64_t>(16, it.rows - r);
-          if (rows <= 0) continue;
-          transpose16(sums[ci * rb + ri][0], 64, rows_of[0], 16);
-          const int64_t cols = cb > 1 ? 16 : live;
-          store(rows_of[0], 16, rows, cols, g, it.row + r, c + 16 * ci);
+    for (int64_t k0 = 0; k0 < steps; k0 += part) {
+      const int64_t k1 = std::min(steps, k0 + part);
+      const uint16_t* bc = b + c * g.b_s1 + 32 * k0;
+      const uint16_t* last = k1 == steps ? tail : nullptr;
+      const uint32_t* yk = y + 16 * k0 * ld_y;
+      for (int64_t r0 = 0; r0 < it.rows; r0 += 16 * rb) {
+        float(*s)[16][16] = sums + r0 / (16 * rb) * 4;
+        const bool add = k0 > 0;
+        if (rb == 1) {
+          if (cb == 3) dot_tiles<3, 1>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+          if (cb == 1) dot_tiles<1, 1>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+        } else {
+          if (cb == 2) dot_tiles<2, 2>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+          if (cb == 1) dot_tiles<1, 2>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+        }
+        if (k1 < steps) continue;
+        for (int ci = 0; ci < cb; ++ci) {
+          for (int ri = 0; ri < rb; ++ri) {
+            const int64_t r = r0 + 16 * ri, rows = std::min<int64_t>(16, it.rows - r);
+            if (rows <= 0) continue;
+            transpose16(s[ci * rb + ri][0], 64, rows_of[0], 16);
+            const int64_t cols = cb > 1 ? 16 : live;
+            store(rows_of[0], 16, rows, cols, g, it.row + r, c + 16 * ci);
+          }
         }
       }
     }
