@@ -292,11 +292,11 @@ MOEKIT_AMX_TARGET void run_item(const RowGroupedGemm& g, const Item& it) {
   store(sums, width, it.rows, it.cols, g, it.row, it.col);
 }
 
-// The 64-bit halves of a and b's 128-bit lanes interleaved: the low ones (lo), the high (hi).
-MOEKIT_AMX_TARGET inline __m512 lo(__m512 a, __m512 b) {
+// The 64-bit halves of a and b's 128-bit lanes interleaved: the low ones (lo64), the high (hi64).
+MOEKIT_AMX_TARGET inline __m512 lo64(__m512 a, __m512 b) {
   return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
 }
-MOEKIT_AMX_TARGET inline __m512 hi(__m512 a, __m512 b) {
+MOEKIT_AMX_TARGET inline __m512 hi64(__m512 a, __m512 b) {
   return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
 }
 
@@ -313,10 +313,10 @@ MOEKIT_AMX_TARGET inline void transpose16(const void* in, int64_t ld_in_bytes, v
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   }
   for (int i = 0; i < 16; i += 4) {
-    r[i] = lo(t[i], t[i + 2]);
-    r[i + 1] = hi(t[i], t[i + 2]);
-    r[i + 2] = lo(t[i + 1], t[i + 3]);
-    r[i + 3] = hi(t[i + 1], t[i + 3]);
+    r[i] = lo64(t[i], t[i + 2]);
+    r[i + 1] = hi64(t[i], t[i + 2]);
+    r[i + 2] = lo64(t[i + 1], t[i + 3]);
+    r[i + 3] = hi64(t[i + 1], t[i + 3]);
   }
   for (int i = 0; i < 4; ++i) {
     t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
