@@ -2,7 +2,7 @@
 
 Usage: bench/check_json.py OP COUNT [invariant] [floor] [subset]
 (invariant: each case must carry the --invariant keys too; floor: each ragged_dot case, and each
-layer forward, its floor on the CPU: issue 35; subset: each layer case ran a subset of the
+layer forward, its floor on the CPU (and the layer's weight-reading steps each theirs): issue 35; subset: each layer case ran a subset of the
 preset's experts at fewer tokens than it stands for, as --mem-limit-gib makes it; without it, the
 tokens it stands for are its own)
 """
@@ -67,6 +67,10 @@ def main() -> int:
                         "share_of_floor"):
                 assert c[key] > 0, (key, c)
             assert c["bound"] in ("memory", "compute"), c
+            if op == "layer":  # each weight-reading step against its own floor
+                shares = c["steps_share_of_floor"]
+                assert {"router_gemm", "gmm_up", "gmm_down"} <= shares.keys(), c
+                assert all(v > 0 for v in shares.values()), c
     print(f"ok: {len(cases)} {op} cases")
     return 0
 

@@ -38,6 +38,9 @@ struct Result {
   std::array<double, kMoeSteps> fwd_steps{}, bwd_steps{};          // medians, ms
   std::array<double, kMoeSteps> fwd_steps_inv{}, bwd_steps_inv{};  // the mode's, with --invariant
   std::array<double, kMoeSteps> step_flops{}, step_bytes{};  // forward; backward twice the flops
+  // The weight bytes each forward step reads (the router's, the touched experts' of each grouped
+  // matmul, the shared expert's): with its FLOPs, the step's own floor.
+  std::array<double, kMoeSteps> step_weight_bytes{};
   double gmm_flops_fwd = 0, dense_tflops = 0, dense_ms_fwd = 0;
   std::string dense_impl;
   // The forward's floor (CPU): the weight bytes it reads and its FLOPs, the rates measured in the
@@ -48,6 +51,11 @@ struct Result {
   int64_t copies = 1;
   bool has_floor() const { return roof.read_gbps > 0; }
   double fwd_floor_ms() const { return roof.floor_ms(fwd_weight_bytes, fwd_flops); }
+  // A forward step's share of its own floor (0 where it reads no weights or has no time).
+  double step_share_of_floor(int s) const {
+    if (step_weight_bytes[s] <= 0 || fwd_steps[s] <= 0) return 0;
+    return roof.floor_ms(step_weight_bytes[s], step_flops[s]) / fwd_steps[s];
+  }
   // The grouped matmuls' FLOPs (forward, then twice that backward) at the dense rate, over the
   // layer's forward plus backward.
   double ratio() const { return 3 * dense_ms_fwd / (fwd.median_ms + bwd.median_ms); }
@@ -258,6 +266,10 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
   r.step_flops[at(MoeStep::kGmmUp)] = up_flops;
   r.step_flops[at(MoeStep::kGmmDown)] = down_flops;
   r.step_flops[at(MoeStep::kSharedExpert)] = 2.0 * T * H * 3 * Fs;
+  r.step_weight_bytes[at(MoeStep::kRouterGemm)] = static_cast<double>(H * E * es);
+  r.step_weight_bytes[at(MoeStep::kGmmUp)] = static_cast<double>(touched * H * W * es);
+  r.step_weight_bytes[at(MoeStep::kGmmDown)] = static_cast<double>(touched * F * H * es);
+  r.step_weight_bytes[at(MoeStep::kSharedExpert)] = static_cast<double>(3 * H * Fs * es);
   r.step_bytes[at(MoeStep::kPermute)] = static_cast<double>((T + rows) * H * es);
   r.step_bytes[at(MoeStep::kUnpermute)] = static_cast<double>((T + rows) * H * es);
   r.step_bytes[at(MoeStep::kActivation)] = static_cast<double>(rows * (W + F) * es);
@@ -375,6 +387,17 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
                r.fwd_weight_bytes / (r.roof.read_gbps * 1e6), r.fwd_flops / 1e9,
                r.roof.dense_tflops, r.fwd_flops / (r.roof.dense_tflops * 1e9), r.copies,
                100 * r.fwd_floor_ms() / r.fwd.median_ms);
+    std::string steps;
+    for (int s = 0; s < kMoeSteps; ++s) {
+      const double share = r.step_share_of_floor(s);
+      if (share <= 0) continue;
+      steps += fmt::format("{}{} {:.1f}%", steps.empty() ? "" : ", ",
+                           moe_step_name(static_cast<MoeStep>(s)), 100 * share);
+    }
+    fmt::print(f,
+               "forward steps against their own floor (their weights or FLOPs, the same rates): "
+               "{}\n",
+               steps);
   }
 }
 
@@ -412,6 +435,13 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
   if (!backward && r.has_floor()) {
     j.update(
         floor_json(r.roof, r.fwd_weight_bytes, r.fwd_flops, r.fwd.median_ms, o.cache, r.copies));
+    nlohmann::json shares = nlohmann::json::object();
+    for (int s = 0; s < kMoeSteps; ++s) {
+      if (r.step_share_of_floor(s) > 0) {
+        shares[moe_step_name(static_cast<MoeStep>(s))] = r.step_share_of_floor(s);
+      }
+    }
+    j["steps_share_of_floor"] = shares;
   }
   return j;
 }
