@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cpu/grouped_gemm.h"
+#include "cpu/transpose16.h"
 
 // GCC 12 warns that the AVX-512 intrinsics' own headers may use an uninitialised value
 // (_mm512_undefined_*, by design): not this file's code.
@@ -292,43 +293,18 @@ MOEKIT_AMX_TARGET void run_item(const RowGroupedGemm& g, const Item& it) {
   store(sums, width, it.rows, it.cols, g, it.row, it.col);
 }
 
-// The 64-bit halves of a and b's 128-bit lanes interleaved: the low ones (lo64), the high (hi64).
-MOEKIT_AMX_TARGET inline __m512 lo64(__m512 a, __m512 b) {
-  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
-}
-MOEKIT_AMX_TARGET inline __m512 hi64(__m512 a, __m512 b) {
-  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
-}
-
 // out[j][i] = in[i][j] for i, j < 16: 32-bit elements, the rows of `in` ld_in_bytes apart (any
-// alignment), those of `out` ld_out elements apart; in registers (four rounds of 16 shuffles).
+// alignment), those of `out` ld_out elements apart.
 MOEKIT_AMX_TARGET inline void transpose16(const void* in, int64_t ld_in_bytes, void* out,
                                           int64_t ld_out) {
-  __m512 r[16], t[16];
+  __m512i r[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) {
-    r[i] = _mm512_loadu_ps(static_cast<const char*>(in) + i * ld_in_bytes);
+    r[i] = _mm512_loadu_si512(static_cast<const char*>(in) + i * ld_in_bytes);
   }
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = lo64(t[i], t[i + 2]);
-    r[i + 1] = hi64(t[i], t[i + 2]);
-    r[i + 2] = lo64(t[i + 1], t[i + 3]);
-    r[i + 3] = hi64(t[i + 1], t[i + 3]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
-    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
-  }
-  auto* o = static_cast<float*>(out);
-  for (int i = 0; i < 8; ++i) {
-    _mm512_storeu_ps(o + i * ld_out, _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88));
-    _mm512_storeu_ps(o + (i + 8) * ld_out, _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd));
-  }
+  transpose16x16(r);
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) _mm512_storeu_si512(static_cast<uint32_t*>(out) + i * ld_out, r[i]);
 }
 
 // The contraction-contiguous form (the input gradient against [K, n] weights): C[r][c] =

@@ -71,6 +71,7 @@
 #include "cpu/convert.h"
 #include "cpu/grouped_gemm.h"
 #include "cpu/lanes-inl.h"
+#include "cpu/transpose16.h"
 
 #ifndef MOEKIT_RAGGED_DOT_STREAM_DECL
 #define MOEKIT_RAGGED_DOT_STREAM_DECL
@@ -1781,42 +1782,18 @@ MOEKIT_AVX512_BF16 void transpose_pairs(const uint16_t* w, int64_t ldw, int64_t 
     const int64_t elems = std::min<int64_t>(32, kc - 2 * kp0), tile_pairs = (elems + 1) / 2;
     const __mmask32 m = elems == 32 ? ~__mmask32{0} : __mmask32((1u << elems) - 1);
     for (int g = 0; g < 4; ++g) {
-      // r[i]: 16 pairs of weight row 16g + i; t, u: the transpose's first two steps, within
-      // 128-bit lanes (u[4q + j], lane L: column 4L + j of rows 4q..4q + 3); then the lanes.
-      __m512i r[16], t[16], u[16];
+      // r[i]: 16 pairs of weight row 16g + i; transposed, r[k]: pair kp0 + k of the 16 rows.
+      __m512i r[16];
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) {
         const int64_t c = 16 * g + i;
         r[i] =
             c < rows ? _mm512_maskz_loadu_epi16(m, w + c * ldw + 2 * kp0) : _mm512_setzero_si512();
       }
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-      }
-#pragma GCC unroll 4
-      for (int q = 0; q < 4; ++q) {
-        u[4 * q + 0] = _mm512_unpacklo_epi64(t[4 * q], t[4 * q + 2]);
-        u[4 * q + 1] = _mm512_unpackhi_epi64(t[4 * q], t[4 * q + 2]);
-        u[4 * q + 2] = _mm512_unpacklo_epi64(t[4 * q + 1], t[4 * q + 3]);
-        u[4 * q + 3] = _mm512_unpackhi_epi64(t[4 * q + 1], t[4 * q + 3]);
-      }
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
-        const __m512i p0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44),
-                      p1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xee),
-                      p2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44),
-                      p3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xee);
-        const __m512i col[4] = {
-            _mm512_shuffle_i32x4(p0, p2, 0x88), _mm512_shuffle_i32x4(p0, p2, 0xdd),
-            _mm512_shuffle_i32x4(p1, p3, 0x88), _mm512_shuffle_i32x4(p1, p3, 0xdd)};
-        // col[L] is pair 4L + j of the 16 rows.
-#pragma GCC unroll 4
-        for (int L = 0; L < 4; ++L) {
-          if (4 * L + j < tile_pairs)
-            _mm512_store_si512(panel + (kp0 + 4 * L + j) * kPanel + 16 * g, col[L]);
-        }
+      transpose16x16(r);
+#pragma GCC unroll 16
+      for (int k = 0; k < 16; ++k) {
+        if (k < tile_pairs) _mm512_store_si512(panel + (kp0 + k) * kPanel + 16 * g, r[k]);
       }
     }
   }
