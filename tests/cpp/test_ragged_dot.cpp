@@ -398,6 +398,21 @@ auto StreamChecker(Run run, HostTensor& a, HostTensor& w, int64_t kc) {
   };
 }
 
+// StreamChecker's `run` for a call of m rows into a fresh f32 [m, cols]: ragged_dot of x against
+// y over `groups` (their sizes must outlive it), or with dlhs ragged_dot_dlhs, rhs_transposed as
+// given.
+auto f32_run(RaggedDotGroups groups, int64_t m, int64_t cols, bool dlhs, bool transposed = false) {
+  return [=](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
+    RaggedDotOptions o;
+    o.impl = impl, o.rhs_transposed = transposed;
+    HostTensor out(DType::kF32, {m, cols});
+    const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), groups, out.mut(), o)
+                           : ragged_dot(x.in(), y.in(), groups, out.mut(), o);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return out;
+  };
+}
+
 // kCpuStream on every Highway target this CPU runs (the bf16-pair kernel needs AVX512-BF16 and
 // an AVX-512 target; the others take the f32 kernel, bf16 widened), against the reference: each
 // element within f32 accumulation error of the reference's, the error bound taken from the
@@ -420,15 +435,7 @@ TEST(RaggedDotStream, EveryTargetAgainstTheReference) {
             w(in, transposed ? std::vector<int64_t>{G, n, K} : std::vector<int64_t>{G, K, n});
         a.fill_random(rng);
         w.fill_random(rng);
-        auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-          RaggedDotOptions o;
-          o.rhs_transposed = transposed, o.impl = impl;
-          HostTensor out(DType::kF32, {m, cols});
-          const Status s = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
-                                : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
-          EXPECT_TRUE(s.ok()) << s.message();
-          return out;
-        };
+        const auto run = f32_run(sizes, m, cols, dlhs, transposed);
         const auto check = StreamChecker(run, a, w, kc);
         const auto targets = hwy::SupportedAndGeneratedTargets();
         ASSERT_GE(targets.size(), 2u);
@@ -575,15 +582,7 @@ TEST(RaggedDotStream, TransposedPairsAgainstTheReference) {
     HostTensor a(DType::kBF16, {m, kc}), w(DType::kBF16, {G, cols, kc});
     a.fill_random(rng);
     w.fill_random(rng);
-    auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-      RaggedDotOptions o;
-      o.impl = impl, o.rhs_transposed = !dlhs;
-      HostTensor out(DType::kF32, {m, cols});
-      const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
-                             : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
-      EXPECT_TRUE(st.ok()) << st.message();
-      return out;
-    };
+    const auto run = f32_run(sizes, m, cols, dlhs, !dlhs);
     StreamChecker(run, a, w, kc)(run(a, w, RaggedDotImpl::kCpuStream));
   }
 }
@@ -619,14 +618,7 @@ TEST(RaggedDotStream, DotShapesAgainstTheReference) {
         HostTensor d_out(dtype, {p.m, kc}), w(dtype, {p.local, K, kc});
         d_out.fill_random(rng);
         w.fill_random(rng);
-        auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-          RaggedDotOptions o;
-          o.impl = impl;
-          HostTensor out(DType::kF32, {p.m, K});
-          const Status st = ragged_dot_dlhs(x.in(), y.in(), {p.sizes, p.offset}, out.mut(), o);
-          EXPECT_TRUE(st.ok()) << st.message();
-          return out;
-        };
+        const auto run = f32_run({p.sizes, p.offset}, p.m, K, /*dlhs=*/true);
         StreamChecker(run, d_out, w, kc)(run(d_out, w, RaggedDotImpl::kCpuStream));
       }
     }
@@ -647,15 +639,7 @@ void CheckOutputContiguous(const std::vector<int32_t>& sizes, int64_t K, int64_t
     HostTensor a(dtype, {m, K}), w(dtype, {G, K, n});
     a.fill_random(rng);
     w.fill_random(rng);
-    auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-      RaggedDotOptions o;
-      o.impl = impl, o.rhs_transposed = dlhs;
-      HostTensor out(DType::kF32, {m, n});
-      const Status st = dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
-                             : ragged_dot(x.in(), y.in(), sizes, out.mut(), o);
-      EXPECT_TRUE(st.ok()) << st.message();
-      return out;
-    };
+    const auto run = f32_run(sizes, m, n, dlhs, dlhs);
     StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
   }
 }
@@ -903,22 +887,17 @@ TEST(RaggedDotStream, AmxForwardWideRowsAgainstTheReference) {
   HostTensor a(DType::kBF16, {m, K}), w(DType::kBF16, {3, K, n});
   a.fill_random(rng);
   w.fill_random(rng);
-  auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-    RaggedDotOptions o;
-    o.impl = impl;
-    HostTensor out(DType::kF32, {m, n});
-    EXPECT_TRUE(ragged_dot(x.in(), y.in(), sizes, out.mut(), o).ok());
-    return out;
-  };
+  const auto run = f32_run(sizes, m, n, /*dlhs=*/false);
   StreamChecker(run, a, w, K)(run(a, w, RaggedDotImpl::kCpuStream));
 }
 
 // One group holding every row (40) on two threads: the AMX kernels cut it into column slabs, one
-// a thread, in both forms; against the reference.
+// a thread, in both forms; against the reference. The input gradient's contraction (n 512) is two
+// whole parts of kDotPartSteps steps over two row blocks, with no zero-padded last step.
 TEST(RaggedDotStream, AmxLoneGroupAgainstTheReference) {
   const int before = omp_get_max_threads();
   omp_set_num_threads(2);
-  const int64_t K = 300, n = 200, m = 40;
+  const int64_t K = 300, n = 512, m = 40;
   const std::vector<int32_t> sizes{40};
   std::mt19937 rng(29);
   for (const bool dlhs : {false, true}) {
@@ -927,15 +906,7 @@ TEST(RaggedDotStream, AmxLoneGroupAgainstTheReference) {
     HostTensor a(DType::kBF16, {m, kc}), w(DType::kBF16, {1, K, n});
     a.fill_random(rng);
     w.fill_random(rng);
-    auto run = [&](HostTensor& x, HostTensor& y, RaggedDotImpl impl) {
-      RaggedDotOptions o;
-      o.impl = impl;
-      HostTensor out(DType::kF32, {m, cols});
-      EXPECT_TRUE((dlhs ? ragged_dot_dlhs(x.in(), y.in(), sizes, out.mut(), o)
-                        : ragged_dot(x.in(), y.in(), sizes, out.mut(), o))
-                      .ok());
-      return out;
-    };
+    const auto run = f32_run(sizes, m, cols, dlhs);
     StreamChecker(run, a, w, kc)(run(a, w, RaggedDotImpl::kCpuStream));
   }
   omp_set_num_threads(before);
