@@ -437,9 +437,8 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
         floor_json(r.roof, r.fwd_weight_bytes, r.fwd_flops, r.fwd.median_ms, o.cache, r.copies));
     nlohmann::json shares = nlohmann::json::object();
     for (int s = 0; s < kMoeSteps; ++s) {
-      if (r.step_share_of_floor(s) > 0) {
-        shares[moe_step_name(static_cast<MoeStep>(s))] = r.step_share_of_floor(s);
-      }
+      const double share = r.step_share_of_floor(s);
+      if (share > 0) shares[moe_step_name(static_cast<MoeStep>(s))] = share;
     }
     j["steps_share_of_floor"] = shares;
   }
