@@ -71,6 +71,9 @@ def main() -> int:
                 shares = c["steps_share_of_floor"]
                 assert {"router_gemm", "gmm_up", "gmm_down"} <= shares.keys(), c
                 assert all(v > 0 for v in shares.values()), c
+                # the steps' weights are the forward's, split by step
+                assert abs(sum(c["steps_weight_bytes"].values()) - c["weight_bytes"]) \
+                    <= 1e-9 * c["weight_bytes"], c
     print(f"ok: {len(cases)} {op} cases")
     return 0
 

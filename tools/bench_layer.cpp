@@ -435,12 +435,15 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
   if (!backward && r.has_floor()) {
     j.update(
         floor_json(r.roof, r.fwd_weight_bytes, r.fwd_flops, r.fwd.median_ms, o.cache, r.copies));
-    nlohmann::json shares = nlohmann::json::object();
+    nlohmann::json shares = nlohmann::json::object(), bytes = nlohmann::json::object();
     for (int s = 0; s < kMoeSteps; ++s) {
       const double share = r.step_share_of_floor(s);
-      if (share > 0) shares[moe_step_name(static_cast<MoeStep>(s))] = share;
+      if (share <= 0) continue;
+      shares[moe_step_name(static_cast<MoeStep>(s))] = share;
+      bytes[moe_step_name(static_cast<MoeStep>(s))] = r.step_weight_bytes[s];
     }
     j["steps_share_of_floor"] = shares;
+    j["steps_weight_bytes"] = bytes;
   }
   return j;
 }

@@ -6,8 +6,9 @@
 // (from the repository root, after `make build`). Its figures: ../router-first-call.txt.
 #include <chrono>
 #include <cstdio>
-#include <vector>
 #include <cstring>
+#include <vector>
+
 #include "moekit/ragged_dot.h"
 using namespace moekit;
 int main(int argc, char** argv) {
@@ -18,25 +19,39 @@ int main(int argc, char** argv) {
   const int32_t rows[1] = {int32_t(T)};
   for (int rep = 0; rep < 25; ++rep) {
     bool flush = rep % 2;
-    int mode = rep % 5; flush = mode; (void)flush;
-    if (mode == 1) { for (size_t i = 0; i < junk.size(); i += 64) junk[i]++; }
+    int mode = rep % 5;
+    flush = mode;
+    (void)flush;
+    if (mode == 1) {
+      for (size_t i = 0; i < junk.size(); i += 64) junk[i]++;
+    }
     if (mode == 2) {
 #pragma omp parallel for
-      for (size_t i = 0; i < junk.size(); i += 64) junk[i]++; }
+      for (size_t i = 0; i < junk.size(); i += 64) junk[i]++;
+    }
     if (mode == 4) {
       static std::vector<uint16_t> A(4096 * 2048, 0x3f80), B(2048 * 1536, 0x3c00), C(4096 * 1536);
       const int32_t r4[1] = {4096};
-      RaggedDotOptions oo; oo.impl = RaggedDotImpl::kOneDnn;
-      (void)ragged_dot(ConstTensorView(A.data(), DType::kBF16, {4096, 2048}), ConstTensorView(B.data(), DType::kBF16, {1, 2048, 1536}), r4, TensorView(C.data(), DType::kBF16, {4096, 1536}), oo);
+      RaggedDotOptions oo;
+      oo.impl = RaggedDotImpl::kOneDnn;
+      (void)ragged_dot(ConstTensorView(A.data(), DType::kBF16, {4096, 2048}),
+                       ConstTensorView(B.data(), DType::kBF16, {1, 2048, 1536}), r4,
+                       TensorView(C.data(), DType::kBF16, {4096, 1536}), oo);
     }
-    if (mode == 3) { auto e = std::chrono::steady_clock::now() + std::chrono::milliseconds(20); while (std::chrono::steady_clock::now() < e) {} }
+    if (mode == 3) {
+      auto e = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+      while (std::chrono::steady_clock::now() < e) {
+      }
+    }
     RaggedDotImpl ran;
-    RaggedDotOptions o; o.ran = &ran;
+    RaggedDotOptions o;
+    o.ran = &ran;
     auto t0 = std::chrono::steady_clock::now();
     Status s = ragged_dot(ConstTensorView(x.data(), DType::kBF16, {T, H}),
                           ConstTensorView(w.data(), DType::kBF16, {1, H, E}), rows,
                           TensorView(out.data(), DType::kF32, {T, E}), o);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     printf("%s mode=%d %.3f ms ran=%s\n", s.ok() ? "ok" : "ERR", mode, ms, impl_name(ran));
   }
 }
