@@ -40,6 +40,11 @@ bool amx_dot_takes(const RowGroupedGemm& g);
 // Either form, as its b_s1 says.
 void row_grouped_gemm_amx(const RowGroupedGemm& g);
 void set_amx_for_test(bool allowed);
+// The AMX input gradient's cache budgets (ragged_dot_amx.cpp: kDotRowsBytes, kDotMinPieceRows,
+// kDotSpanPieceRows, kDotSumsBytes), smaller in tests so that small calls take its pieces and
+// spans; 0 restores one.
+void set_amx_dot_budgets_for_test(int64_t rows_bytes, int64_t min_piece_rows,
+                                  int64_t span_piece_rows, int64_t sums_bytes);
 // kCpuStream's output-contiguous form (the forward against [K, n] weights), groups of one chunk of
 // rows: each is cut into `slabs` slabs of columns and `parts` parts of the contraction (one of
 // them 1), for `busy` groups with rows on `threads` threads, weight rows of `row_bytes` and a

@@ -54,6 +54,32 @@ constexpr int64_t kMinSlabCols = 256;
 // 1.42-1.46 / 1.25-1.28x, of 4 or 12 steps between (bench/results/
 // ragged_dot_small-cpu-2026-11-28/dlhs-parts.txt).
 constexpr int64_t kDotPartSteps = 8;
+// The input gradient's tiles: 3 column blocks (48 weight rows) by a row block of 16 rows, a row
+// tile loaded per 3 products; where the weight rows lie a multiple of kDotAliasBytes apart, 2 x 2
+// (a weight tile and a row tile per 2 products): there a weight tile's 16 rows share one L1 set,
+// so a part of the weights does not stay in L1 and the weight tiles load from L2. Against oneDNN
+// beside it (bench/results/ragged_dot_small-cpu-2026-11-28-2/dlhs-shape.txt), 2 x 2 -> 3 x 1 at
+// 4096 tokens: qwen3-30b-a3b (rows 1536 bytes apart) 1.27-1.33 -> 1.38-1.41x, olmoe-1b-7b (2048)
+// at 2048 tokens 1.46-1.50 -> 1.66-1.67x, deepseek-v2-lite (2816) level; deepseek-v3 (4096)
+// 1.69-1.96 -> 1.56-1.62x.
+constexpr int64_t kDotAliasBytes = 4096;
+// A group whose repacked rows pass kDotRowsBytes (they no longer stay in L2 while every column
+// block multiplies them) is cut into pieces, each reading the weights again: pieces whose rows fit
+// half of it, where those hold kDotMinPieceRows rows or more; else (a long contraction) pieces of
+// kDotSpanPieceRows rows that take their columns in spans whose sums fit kDotSumsBytes, the parts
+// outermost within a span, so that a part of the repacked rows stays in L2 while every column
+// block of the span multiplies it (their rows are read again once a span, the weights once a
+// piece: for pieces of R rows and sums of S bytes the two reads are equal at R = sqrt(S / 4), 362
+// rows). Against oneDNN beside it (bench/results/ragged_dot_small-cpu-2026-11-28-2/
+// dlhs-pieces.txt), at 4096 tokens: gpt-oss-20b (512 rows a group, 2.9 MB of repacked rows;
+// pieces of 176 rows) 0.75-0.78 -> 1.29-1.38x; mixtral-8x7b (1024 rows, 29 MB; spans) 0.67-0.68
+// -> 0.97x, at 1024 tokens 0.82-0.86 -> 1.04-1.07x; the others' rows fit. Spans for every group
+// past 1.5 MiB ran slower where the rows only just pass L2 (mixtral-8x7b at 256 tokens, 64 rows a
+// group, 1.8 MB: 1.22-1.26 -> 1.01-1.13x; dlhs-spans-first-cut.txt).
+constexpr int64_t kDotRowsBytes = int64_t{2} << 20;
+constexpr int64_t kDotMinPieceRows = 128;
+constexpr int64_t kDotSpanPieceRows = 384;
+constexpr int64_t kDotSumsBytes = 512 << 10;
 
 // The AMX kernel takes a call whose largest local group has kAmxMinRows rows or more; the pair
 // kernels the rest. `moekit bench ragged_dot --preset qwen3-30b-a3b --dtype bf16 --passes fwd
@@ -64,6 +90,23 @@ constexpr int64_t kDotPartSteps = 8;
 constexpr int32_t kAmxMinRows = 8;
 
 std::atomic<bool> amx_allowed{true};  // set_amx_for_test
+// The input gradient's budgets as run (set_amx_dot_budgets_for_test).
+std::atomic<int64_t> dot_rows_bytes{kDotRowsBytes}, dot_min_piece_rows{kDotMinPieceRows},
+    dot_span_piece_rows{kDotSpanPieceRows}, dot_sums_bytes{kDotSumsBytes};
+
+// How the input gradient cuts a group of `rows` rows (repacked, `row_bytes` each): into `pieces`,
+// whose columns go in spans or not.
+struct DotCut {
+  int64_t pieces;
+  bool spans;
+};
+DotCut dot_cut(int64_t rows, int64_t row_bytes) {
+  if (rows * row_bytes <= dot_rows_bytes.load()) return {1, false};
+  const int64_t fit = dot_rows_bytes.load() / 2 / row_bytes / 16 * 16;
+  if (fit >= dot_min_piece_rows.load()) return {(rows + fit - 1) / fit, false};
+  const int64_t most = dot_span_piece_rows.load();
+  return {(rows + most - 1) / most, true};
+}
 
 #define MOEKIT_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 
@@ -416,66 +459,80 @@ MOEKIT_AMX_TARGET void configure_dot(int cb, int rb, int live) {
 MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
   const auto* a = static_cast<const uint16_t*>(g.a) + it.row * g.lda;
   const auto* b = static_cast<const uint16_t*>(g.b) + it.j * g.b_batch;
-  const bool wide = it.rows > 16;
+  const bool wide = it.rows > 16 && g.b_s1 * 2 % kDotAliasBytes == 0;
   const int rb = wide ? 2 : 1, most_cb = wide ? 2 : 3;
   const int64_t ld_y = (it.rows + 16 * rb - 1) / (16 * rb) * (16 * rb);
   const int64_t steps = (g.kc + 31) / 32, rem = g.kc % 32;
   auto* y = static_cast<uint32_t*>(thread_buffer<3>(static_cast<size_t>(steps * 16 * ld_y) * 4));
   repack_rows(a, g.lda, it.rows, g.kc, ld_y, y);
   auto* tail = rem != 0 ? static_cast<uint16_t*>(thread_buffer<4>(3 * 16 * 32 * 2)) : nullptr;
-  // With several row blocks, the contraction goes in parts of kDotPartSteps steps, outermost
-  // (each row block's sum tiles kept in `sums` between them), so that a part of the column block's
-  // weights stays in L1 while every row block multiplies it.
-  const int64_t blocks = (it.rows + 16 * rb - 1) / (16 * rb);
-  const int64_t part = blocks > 1 ? kDotPartSteps : steps;
+  // With several row blocks, the contraction goes in parts of kDotPartSteps steps (each row
+  // block's sum tiles kept in `sums` between them), so that a part of the column block's weights
+  // stays in L1 while every row block multiplies it. The columns go in spans: one column block
+  // each (the parts outermost within it), or, where the repacked rows pass kDotRowsBytes, as many
+  // as kDotSumsBytes of sums hold. One row block: the whole contraction at once, no span.
+  const int64_t blocks = ld_y / (16 * rb);
+  const bool parts = blocks > 1;
+  const int64_t part = parts ? kDotPartSteps : steps;
+  const int64_t unit = 16 * most_cb;  // the columns of a whole column block
+  const int64_t span = !parts ? it.cols
+                       : !dot_cut(it.rows, g.kc * 2).spans
+                           ? unit
+                           : std::max(unit, dot_sums_bytes.load() / (ld_y * 4) / unit * unit);
+  const int64_t span_tiles = parts ? (std::min(span, it.cols) + 15) / 16 : most_cb;
   auto* sums = static_cast<float(*)[16][16]>(
-      thread_buffer<5>(static_cast<size_t>(blocks * 4) * sizeof(float[16][16])));
+      thread_buffer<5>(static_cast<size_t>(blocks * span_tiles * rb) * sizeof(float[16][16])));
   alignas(64) float rows_of[16][16];  // one sum tile transposed: [r][c]
   int config = -1;                    // cb * 32 + live of the configured blocks
   const int64_t end = it.col + it.cols;
-  for (int64_t c = it.col; c < end;) {
-    const int cb = end - c >= 16 * most_cb ? most_cb : 1;
-    const int live = static_cast<int>(std::min<int64_t>(16, end - c));
-    if (cb * 32 + live != config) {
-      configure_dot(cb, rb, live);
-      config = cb * 32 + live;
-    }
-    if (tail != nullptr) {  // the last step's weights, zero-padded
-      std::memset(tail, 0, 3 * 16 * 32 * 2);
-      const int64_t w_rows = cb > 1 ? 16 * cb : live;
-      for (int64_t i = 0; i < w_rows; ++i) {
-        std::memcpy(tail + i * 32, b + (c + i) * g.b_s1 + (steps - 1) * 32,
-                    static_cast<size_t>(rem) * 2);
-      }
-    }
+  for (int64_t c0 = it.col; c0 < end; c0 += span) {
+    const int64_t c1 = std::min(end, c0 + span);
     for (int64_t k0 = 0; k0 < steps; k0 += part) {
       const int64_t k1 = std::min(steps, k0 + part);
-      const uint16_t* bc = b + c * g.b_s1 + 32 * k0;
-      const uint16_t* last = k1 == steps ? tail : nullptr;
       const uint32_t* yk = y + 16 * k0 * ld_y;
-      for (int64_t r0 = 0; r0 < it.rows; r0 += 16 * rb) {
-        float(*s)[16][16] = sums + r0 / (16 * rb) * 4;
-        const bool add = k0 > 0;
-        if (rb == 1) {
-          if (cb == 3) dot_tiles<3, 1>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
-          if (cb == 1) dot_tiles<1, 1>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
-        } else {
-          if (cb == 2) dot_tiles<2, 2>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
-          if (cb == 1) dot_tiles<1, 2>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+      for (int64_t c = c0; c < c1;) {
+        const int cb = c1 - c >= unit ? most_cb : 1;
+        const int live = static_cast<int>(std::min<int64_t>(16, c1 - c));
+        if (cb * 32 + live != config) {
+          configure_dot(cb, rb, live);
+          config = cb * 32 + live;
         }
-        if (k1 < steps) continue;
-        for (int ci = 0; ci < cb; ++ci) {
-          for (int ri = 0; ri < rb; ++ri) {
-            const int64_t r = r0 + 16 * ri, rows = std::min<int64_t>(16, it.rows - r);
-            if (rows <= 0) continue;
-            transpose16(s[ci * rb + ri][0], 64, rows_of[0], 16);
-            const int64_t cols = cb > 1 ? 16 : live;
-            store(rows_of[0], 16, rows, cols, g, it.row + r, c + 16 * ci);
+        const uint16_t* last = nullptr;
+        if (tail != nullptr && k1 == steps) {  // the last step's weights, zero-padded
+          std::memset(tail, 0, 3 * 16 * 32 * 2);
+          const int64_t w_rows = cb > 1 ? 16 * cb : live;
+          for (int64_t i = 0; i < w_rows; ++i) {
+            std::memcpy(tail + i * 32, b + (c + i) * g.b_s1 + (steps - 1) * 32,
+                        static_cast<size_t>(rem) * 2);
+          }
+          last = tail;
+        }
+        const uint16_t* bc = b + c * g.b_s1 + 32 * k0;
+        const int64_t tile0 = parts ? (c - c0) / 16 : 0;  // the column block's first sum tile
+        for (int64_t r0 = 0; r0 < it.rows; r0 += 16 * rb) {
+          float(*s)[16][16] = sums + (r0 / (16 * rb) * span_tiles + tile0) * rb;
+          const bool add = k0 > 0;
+          if (rb == 1) {
+            if (cb == 3) dot_tiles<3, 1>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+            if (cb == 1) dot_tiles<1, 1>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+          } else {
+            if (cb == 2) dot_tiles<2, 2>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+            if (cb == 1) dot_tiles<1, 2>(bc, g.b_s1, k1 - k0, last, yk + r0, ld_y, s, add);
+          }
+          if (k1 < steps) continue;
+          for (int ci = 0; ci < cb; ++ci) {
+            for (int ri = 0; ri < rb; ++ri) {
+              const int64_t r = r0 + 16 * ri, rows = std::min<int64_t>(16, it.rows - r);
+              if (rows <= 0) continue;
+              transpose16(s[ci * rb + ri][0], 64, rows_of[0], 16);
+              const int64_t cols = cb > 1 ? 16 : live;
+              store(rows_of[0], 16, rows, cols, g, it.row + r, c + 16 * ci);
+            }
           }
         }
+        c += cb > 1 ? 16 * cb : live;
       }
     }
-    c += cb > 1 ? 16 * cb : live;
   }
 }
 
@@ -490,6 +547,14 @@ bool amx_forward_takes(const RowGroupedGemm& g) {
 }
 
 void set_amx_for_test(bool allowed) { amx_allowed = allowed; }
+
+void set_amx_dot_budgets_for_test(int64_t rows_bytes, int64_t min_piece_rows,
+                                  int64_t span_piece_rows, int64_t sums_bytes) {
+  dot_rows_bytes = rows_bytes > 0 ? rows_bytes : kDotRowsBytes;
+  dot_min_piece_rows = min_piece_rows > 0 ? min_piece_rows : kDotMinPieceRows;
+  dot_span_piece_rows = span_piece_rows > 0 ? span_piece_rows : kDotSpanPieceRows;
+  dot_sums_bytes = sums_bytes > 0 ? sums_bytes : kDotSumsBytes;
+}
 
 bool amx_dot_available(const RowGroupedGemm& g) {
   return g.in_type == DType::kBF16 && g.b_s0 == 1 && g.b_s1 != 1 && amx_allowed.load() &&
@@ -522,10 +587,14 @@ void row_grouped_gemm_amx(const RowGroupedGemm& g) {
   int64_t row = local_rows(g.groups).begin;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     const int64_t rows = g.groups.sizes[g.groups.offset + j];
-    for (int64_t s = 0; s < slabs && rows > 0; ++s) {
-      const int64_t c0 = blocks * s / slabs * kBlockCols;
-      const int64_t c1 = std::min(g.n, blocks * (s + 1) / slabs * kBlockCols);
-      if (c1 > c0) items.push_back({j, row, rows, c0, c1 - c0});
+    const int64_t pieces = dot ? dot_cut(rows, g.kc * 2).pieces : 1;
+    for (int64_t p = 0; p < pieces; ++p) {
+      const int64_t r0 = rows * p / pieces, r1 = rows * (p + 1) / pieces;
+      for (int64_t s = 0; s < slabs && r1 > r0; ++s) {
+        const int64_t c0 = blocks * s / slabs * kBlockCols;
+        const int64_t c1 = std::min(g.n, blocks * (s + 1) / slabs * kBlockCols);
+        if (c1 > c0) items.push_back({j, row + r0, r1 - r0, c0, c1 - c0});
+      }
     }
     row += rows;
   }

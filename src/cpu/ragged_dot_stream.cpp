@@ -1884,7 +1884,10 @@ HWY_EXPORT(Run);
 // tokens, 1.2-2.1x at 1024, 1.2-1.5x at 4096 on every preset, qwen3-30b-a3b 1.47 / 1.29 / 1.14x at
 // 4096 / 8192 / 16384 (256 / 512 / 1024 rows a group): no bound. Its input gradient
 // (amx_dot_available: the contraction-contiguous form), qwen3-30b-a3b (-7/dlhs-amx-vs-onednn.txt):
-// 1.53-1.69 / 1.27-1.29 / 1.16-1.21x at 1024 / 4096 / 8192 tokens: no bound either.
+// 1.53-1.69 / 1.27-1.29 / 1.16-1.21x at 1024 / 4096 / 8192 tokens: no bound either. (It trailed
+// oneDNN where a group's repacked rows pass L2, gpt-oss-20b and mixtral-8x7b at 4096 tokens
+// 0.67-0.78x, until it cut those groups into pieces (kDotRowsBytes): 0.97-1.38x;
+// ragged_dot_small-cpu-2026-11-28-2/.)
 namespace {
 // Whether the f32 kernels run on AVX2: the CPU has no AVX-512.
 bool runs_avx2() {

@@ -912,6 +912,52 @@ TEST(RaggedDotStream, AmxLoneGroupAgainstTheReference) {
   omp_set_num_threads(before);
 }
 
+// The AMX input gradient's other loops, against the reference, its budgets shrunk
+// (set_amx_dot_budgets_for_test) so that these small groups take them: pieces whose repacked rows
+// fit half of 64 rows' (the 100-row group in 4 pieces of 25, the 60 rows in one); or spans (no
+// piece "fits": pieces of at most 40 rows, 100 in 3 and 60 in 2), K = 200 columns in spans of 48
+// (sums of 16 KiB; the last span 8 columns) or in one span (64 KiB), the parts outermost within
+// it; and the defaults (neither). A contraction of 2048 puts the weight rows 4 KiB apart: the 2 x
+// 2 tiles (spans of 64 columns at 16 KiB); 300 the 3 x 1 tiles.
+TEST(RaggedDotStream, AmxInputGradientPiecesSpansAndAliasedRows) {
+  const int before = omp_get_max_threads();
+  const std::vector<int32_t> sizes{100, 0, 37, 1, 60};
+  const int64_t m = 198, K = 200, G = 5;
+  struct Budgets {
+    int64_t rows_rows, min_piece_rows, span_piece_rows, sums_bytes;
+  };
+  const Budgets budgets[] = {{64, 16, 0, 0}, {1, 1000, 40, 16 << 10}, {1, 1000, 40, 64 << 10}};
+  std::mt19937 rng(31);
+  for (const int64_t n : {300, 2048}) {
+    HostTensor a(DType::kBF16, {m, n}), w(DType::kBF16, {G, K, n});
+    a.fill_random(rng);
+    w.fill_random(rng);
+    if (cpu_has_amx()) {
+      detail::RowGroupedGemm g{};
+      g.in_type = DType::kBF16, g.groups.sizes = sizes.data();
+      g.groups.count = g.groups.num_local = G;
+      g.b_s0 = 1, g.b_s1 = n;
+      ASSERT_TRUE(detail::amx_dot_takes(g));
+    }
+    const auto run = f32_run(sizes, m, K, /*dlhs=*/true);
+    const auto check = StreamChecker(run, a, w, n);
+    for (const Budgets& b : budgets) {
+      for (const int threads : {1, 2}) {
+        SCOPED_TRACE(fmt::format("n {} budgets {} {} {} {} threads {}", n, b.rows_rows,
+                                 b.min_piece_rows, b.span_piece_rows, b.sums_bytes, threads));
+        omp_set_num_threads(threads);
+        detail::set_amx_dot_budgets_for_test(b.rows_rows * n * 2, b.min_piece_rows,
+                                             b.span_piece_rows, b.sums_bytes);
+        check(run(a, w, RaggedDotImpl::kCpuStream));
+      }
+    }
+    detail::set_amx_dot_budgets_for_test(0, 0, 0, 0);
+    omp_set_num_threads(2);
+    check(run(a, w, RaggedDotImpl::kCpuStream));
+  }
+  omp_set_num_threads(before);
+}
+
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
 // else, it says so.
 TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
