@@ -468,9 +468,10 @@ MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
   auto* tail = rem != 0 ? static_cast<uint16_t*>(thread_buffer<4>(3 * 16 * 32 * 2)) : nullptr;
   // With several row blocks, the contraction goes in parts of kDotPartSteps steps (each row
   // block's sum tiles kept in `sums` between them), so that a part of the column block's weights
-  // stays in L1 while every row block multiplies it. The columns go in spans: one column block
-  // each (the parts outermost within it), or, where the repacked rows pass kDotRowsBytes, as many
-  // as kDotSumsBytes of sums hold. One row block: the whole contraction at once, no span.
+  // stays in L1 while every row block multiplies it. The columns go in spans, the parts outermost
+  // within each: one column block a span, or, where dot_cut says so (a long contraction whose
+  // rows pass kDotRowsBytes), as many as kDotSumsBytes of sums hold. One row block: the whole
+  // contraction at once, one span. `sums`: [row block][the span's 16-column tiles][rb] tiles.
   const int64_t blocks = ld_y / (16 * rb);
   const bool parts = blocks > 1;
   const int64_t part = parts ? kDotPartSteps : steps;
