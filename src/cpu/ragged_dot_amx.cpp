@@ -284,6 +284,7 @@ void* thread_buffer(size_t bytes) {
 
 struct Item {
   int64_t j, row, rows, col, cols;
+  bool spans = false;  // the input gradient: its columns in spans (dot_cut)
 };
 
 // Whether a local group has `rows` rows or more.
@@ -469,15 +470,16 @@ MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
   // With several row blocks, the contraction goes in parts of kDotPartSteps steps (each row
   // block's sum tiles kept in `sums` between them), so that a part of the column block's weights
   // stays in L1 while every row block multiplies it. The columns go in spans, the parts outermost
-  // within each: one column block a span, or, where dot_cut says so (a long contraction whose
-  // rows pass kDotRowsBytes), as many as kDotSumsBytes of sums hold. One row block: the whole
-  // contraction at once, one span. `sums`: [row block][the span's 16-column tiles][rb] tiles.
+  // within each: one column block a span, or, where its group's dot_cut said so (a long
+  // contraction whose rows pass kDotRowsBytes), as many as kDotSumsBytes of sums hold. One row
+  // block: the whole contraction at once, one span. `sums`: [row block][the span's 16-column
+  // tiles][rb] tiles.
   const int64_t blocks = ld_y / (16 * rb);
   const bool parts = blocks > 1;
   const int64_t part = parts ? kDotPartSteps : steps;
   const int64_t unit = 16 * most_cb;  // the columns of a whole column block
   const int64_t span = !parts ? it.cols
-                       : !dot_cut(it.rows, g.kc * 2).spans
+                       : !it.spans
                            ? unit
                            : std::max(unit, dot_sums_bytes.load() / (ld_y * 4) / unit * unit);
   const int64_t span_tiles = parts ? (std::min(span, it.cols) + 15) / 16 : most_cb;
@@ -588,13 +590,13 @@ void row_grouped_gemm_amx(const RowGroupedGemm& g) {
   int64_t row = local_rows(g.groups).begin;
   for (int64_t j = 0; j < g.groups.num_local; ++j) {
     const int64_t rows = g.groups.sizes[g.groups.offset + j];
-    const int64_t pieces = dot ? dot_cut(rows, g.kc * 2).pieces : 1;
-    for (int64_t p = 0; p < pieces; ++p) {
-      const int64_t r0 = rows * p / pieces, r1 = rows * (p + 1) / pieces;
+    const DotCut cut = dot ? dot_cut(rows, g.kc * 2) : DotCut{1, false};
+    for (int64_t p = 0; p < cut.pieces; ++p) {
+      const int64_t r0 = rows * p / cut.pieces, r1 = rows * (p + 1) / cut.pieces;
       for (int64_t s = 0; s < slabs && r1 > r0; ++s) {
         const int64_t c0 = blocks * s / slabs * kBlockCols;
         const int64_t c1 = std::min(g.n, blocks * (s + 1) / slabs * kBlockCols);
-        if (c1 > c0) items.push_back({j, row + r0, r1 - r0, c0, c1 - c0});
+        if (c1 > c0) items.push_back({j, row + r0, r1 - r0, c0, c1 - c0, cut.spans});
       }
     }
     row += rows;

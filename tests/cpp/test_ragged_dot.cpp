@@ -918,11 +918,12 @@ TEST(RaggedDotStream, AmxLoneGroupAgainstTheReference) {
 // piece "fits": pieces of at most 40 rows, 100 in 3 and 60 in 2), K = 200 columns in spans of 48
 // (sums of 16 KiB; the last span 8 columns) or in one span (64 KiB), the parts outermost within
 // it; and the defaults (neither). A contraction of 2048 puts the weight rows 4 KiB apart: the 2 x
-// 2 tiles (spans of 64 columns at 16 KiB); 300 the 3 x 1 tiles.
-TEST(RaggedDotStream, AmxInputGradientPiecesSpansAndAliasedRows) {
+// 2 tiles (spans of 64 columns at 16 KiB); 300 the 3 x 1 tiles. Then one group holding every row
+// (198): on two threads its pieces are cut into column slabs too, each slab's spans from its own
+// first column.
+void CheckDotPiecesAndSpans(const std::vector<int32_t>& sizes) {
   const int before = omp_get_max_threads();
-  const std::vector<int32_t> sizes{100, 0, 37, 1, 60};
-  const int64_t m = 198, K = 200, G = 5;
+  const int64_t m = 198, K = 200, G = static_cast<int64_t>(sizes.size());
   struct Budgets {
     int64_t rows_rows, min_piece_rows, span_piece_rows, sums_bytes;
   };
@@ -956,6 +957,11 @@ TEST(RaggedDotStream, AmxInputGradientPiecesSpansAndAliasedRows) {
     check(run(a, w, RaggedDotImpl::kCpuStream));
   }
   omp_set_num_threads(before);
+}
+
+TEST(RaggedDotStream, AmxInputGradientPiecesSpansAndAliasedRows) {
+  CheckDotPiecesAndSpans({100, 0, 37, 1, 60});
+  CheckDotPiecesAndSpans({198});
 }
 
 // kCpuStream computes the forward and the input gradient in the default mode; asked for anything
