@@ -61,14 +61,17 @@ constexpr const char* kSm90Bf16Needs =
 
 // Which sm90 schedule kAuto runs bf16 calls on. The weight gradient (each group's [K, n] output
 // in the tiles, whatever its rows) on cooperative 256x128: best or within 2% of the best in every
-// shape of the H100's sweep (bench/results/gpu-h100-2026-11-26/README.md, "Which schedule"). The
-// forward and input gradient by shape (cu::sm90_rows_on_cooperative256): cooperative 256x128 on
-// long groups, pingpong on short ones (256x128 tiles waste up to half a tile on groups of ~256
-// rows; cooperative 128x128 ran within 5% of pingpong on them, but for deepseek-v3's input
-// gradient at 16384 tokens, 1.21x faster: one shape of one run, not taken). f16 calls run
-// kCudaSm90.
+// shape of the H100's sweep (bench/results/gpu-h100-2026-11-26/README.md, "Which schedule"), 2.3%
+// behind the best on average over the H200's: there pingpong ran 1.04-1.20x faster on
+// mixtral-8x7b and gpt-oss-20b up to 24576 and 12288 tokens, slower on others at the same rows a
+// group (gpu-h200-2026-11-28/README.md; no rule for it yet). The forward and input gradient by
+// shape and card (cu::sm90_rows_on_cooperative256). f16 calls run kCudaSm90.
 bool sm90_rows_picks_cooperative256(const RowGroupedGemm& g) {
-  return cu::sm90_rows_on_cooperative256(g.m, g.groups.count, g.groups.num_local, g.kc, g.n);
+  cu::DeviceInfo info;
+  if (!cu::device_info(&info).ok()) return false;
+  return cu::sm90_rows_on_cooperative256(
+      {g.m, g.groups.count, g.groups.num_local, g.kc, g.n, g.b_s1 == 1},
+      cu::sm90_bandwidth_rich(info));
 }
 constexpr const char* kSm80Needs =
     "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability "

@@ -104,26 +104,33 @@ Status zero_uncovered(const char* op, const ContractionGroupedGemm& g, int64_t n
 }
 
 Status device_info(DeviceInfo* out) {
-  // Packed (arch << 32 | sm_count) per device; 0 until read.
+  // Packed (arch << 48 | sm_count << 32 | mem_gbps) per device; 0 until read.
   static std::array<std::atomic<uint64_t>, kMaxCachedDevices> cache{};
   int device = 0;
   MOEKIT_RETURN_IF_ERROR(cuda_status("ragged_dot", "cudaGetDevice", cudaGetDevice(&device)));
   uint64_t packed = device < kMaxCachedDevices ? cache[device].load(std::memory_order_relaxed) : 0;
   if (packed == 0) {
-    int major = 0, minor = 0, sms = 0;
-    MOEKIT_RETURN_IF_ERROR(
-        cuda_status("ragged_dot", "cudaDeviceGetAttribute",
-                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)));
-    MOEKIT_RETURN_IF_ERROR(
-        cuda_status("ragged_dot", "cudaDeviceGetAttribute",
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)));
-    MOEKIT_RETURN_IF_ERROR(
-        cuda_status("ragged_dot", "cudaDeviceGetAttribute",
-                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)));
-    packed = (static_cast<uint64_t>(major * 10 + minor) << 32) | static_cast<uint32_t>(sms);
+    const auto attribute = [device](cudaDeviceAttr what, int* value) {
+      return cuda_status("ragged_dot", "cudaDeviceGetAttribute",
+                         cudaDeviceGetAttribute(value, what, device));
+    };
+    int major = 0, minor = 0, sms = 0, mem_khz = 0, bus_bits = 0;
+    MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrComputeCapabilityMajor, &major));
+    MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrComputeCapabilityMinor, &minor));
+    MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrMultiProcessorCount, &sms));
+    MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrMemoryClockRate, &mem_khz));
+    MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrGlobalMemoryBusWidth, &bus_bits));
+    // Double data rate: two transfers of bus_bits a clock.
+    const uint64_t gbps =
+        2 * static_cast<uint64_t>(mem_khz) * static_cast<uint64_t>(bus_bits) / 8 / 1000000;
+    packed = (static_cast<uint64_t>(major * 10 + minor) << 48) |
+             (static_cast<uint64_t>(static_cast<uint16_t>(sms)) << 32) |
+             static_cast<uint32_t>(gbps);
     if (device < kMaxCachedDevices) cache[device].store(packed, std::memory_order_relaxed);
   }
-  *out = DeviceInfo{device, static_cast<int>(packed >> 32), static_cast<int>(packed & 0xffffffffu)};
+  *out =
+      DeviceInfo{device, static_cast<int>(packed >> 48), static_cast<int>((packed >> 32) & 0xffffu),
+                 static_cast<int>(packed & 0xffffffffu)};
   return {};
 }
 

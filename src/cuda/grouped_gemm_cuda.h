@@ -22,10 +22,11 @@
 
 namespace moekit::detail::cuda {
 
-// The device's compute capability (major * 10 + minor) and multiprocessor count, read once per
-// device and cached; the current device's when device < 0.
+// The current device's compute capability (major * 10 + minor), multiprocessor count and peak
+// memory bandwidth (GB/s, from its memory clock and bus width; 0 where the device reports
+// neither), read once per device and cached.
 struct DeviceInfo {
-  int device, arch, sm_count;
+  int device, arch, sm_count, mem_gbps;
 };
 Status device_info(DeviceInfo* out);
 
@@ -65,20 +66,52 @@ Status contraction_grouped_portable(const ContractionGroupedGemm& g);
   inline size_t arch##_workspace_size(int64_t, const DeviceInfo&) { return 0; } \
   MOEKIT_CUDA_STUB_SCHEDULE(arch, arch)
 
+// Whether an sm90 device has an H200's memory bandwidth per multiprocessor (4.8 TB/s over 132
+// SMs, 36 GB/s each) rather than an H100 SXM's (3.35 TB/s, 25 GB/s): the two cards kAuto's sm90
+// schedules were measured on (both 132 SMs at up to 1980 MHz), which rank the schedules
+// differently (bench/results/gpu-h200-2026-11-28/README.md). Cards between or beyond those two
+// were not measured; they take the nearer card's rule.
+inline bool sm90_bandwidth_rich(const DeviceInfo& info) {
+  return info.sm_count > 0 && info.mem_gbps >= 31 * int64_t{info.sm_count};
+}
+
+// A row-grouped call's shape as kAuto's sm90 rule sees it (the group sizes are in device memory):
+// m rows over `groups` groups, `local_groups` of them on this shard, contraction kc, output
+// width n, and whether B's columns are contiguous (b_row_major: rhs [E, K, n] in the forward;
+// the input gradient reads it with the contraction contiguous).
+struct Sm90RowShape {
+  int64_t m, groups, local_groups, kc, n;
+  bool b_row_major;
+};
+
 // Which sm90 bf16 schedule kAuto runs a row-grouped call (forward, input gradient) on: cooperative
-// 256x128 tiles, or pingpong 128x128. From the call's shape only (the group sizes are in device
-// memory): rows per group expected r = m / groups, and r * local_groups rows in the local ones.
-// Cooperative 256x128 where the groups are long and the call has rows enough to fill the SMs with
-// its larger tiles (r >= 1024, 16384 rows at least), or on a long contraction to few columns
-// (kc >= 7168, n <= 2048, r >= 256: deepseek-v3's forward, 1.05x and 1.53x pingpong's rate at 256
-// and 512 rows a group; why so much more there than elsewhere was not measured); pingpong
-// otherwise. From one sweep of the three schedules over every preset, 2048-16384 tokens, on an
-// H100 (bench/results/gpu-h100-2026-11-26/README.md, "Which schedule").
-inline bool sm90_rows_on_cooperative256(int64_t m, int64_t groups, int64_t local_groups, int64_t kc,
-                                        int64_t n) {
-  if (groups <= 0) return false;
-  const int64_t r = m / groups;
-  return (r >= 1024 && r * local_groups >= 16384) || (kc >= 7168 && n <= 2048 && r >= 256);
+// 256x128 tiles, or pingpong 128x128. r = m / groups is the rows per group expected; the larger
+// tiles need the local groups to hold 16384 rows or more (mixtral-8x7b's 8 groups at 4096 tokens
+// lost 5-12% on them on an H100). Pingpong otherwise. Each sweep of the three schedules chose its
+// card's clauses, over every preset (bench/results/gpu-h100-2026-11-26/README.md and
+// gpu-h200-2026-11-28/README.md, "Which schedule"):
+//   H100 SXM: r >= 1024 on either layout, or a long contraction to few columns (kc >= 7168,
+//     n <= 2048, r >= 256: deepseek-v3's forward, 1.05x and 1.53x pingpong's rate at 256 and 512
+//     rows a group).
+//   H200, B row-major (the forward): r >= 1024 below 8192 columns, or r >= 6144 (mixtral-8x7b,
+//     n = 14336, ran pingpong faster up to 4096 rows a group, cooperative 256x128 1.23x faster at
+//     6144). The H100's deepseek-v3 clause ran 1.19x and 1.55x slower than the 128x128 tiles here.
+//   H200, B column-major (the input gradient): r >= 4096 and kc > 2048 only (mixtral-8x7b,
+//     gpt-oss-20b); with a contraction of 768-2048 pingpong ran 1.13-1.27x faster than
+//     cooperative 256x128 at up to 8192 rows a group.
+// On the H200 its choice took 1.007-1.010x the best schedule's time on average over each of three
+// runs (132 forward and input-gradient shapes, 2048-65536 tokens; the H100's clauses there
+// 1.02-1.05x; gpu-h200-2026-11-28/rules.py).
+inline bool sm90_rows_on_cooperative256(const Sm90RowShape& s, bool bandwidth_rich) {
+  if (s.groups <= 0) return false;
+  const int64_t r = s.m / s.groups;
+  const bool rows_fill = r * s.local_groups >= 16384;
+  if (!bandwidth_rich) {
+    return (r >= 1024 && rows_fill) || (s.kc >= 7168 && s.n <= 2048 && r >= 256);
+  }
+  if (!rows_fill) return false;
+  if (s.b_row_major) return (r >= 1024 && s.n < 8192) || r >= 6144;
+  return r >= 4096 && s.kc > 2048;
 }
 
 #if MOEKIT_CUDA_SM80

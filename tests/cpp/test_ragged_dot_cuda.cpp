@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -59,23 +60,80 @@ TEST(CudaPlanRules, RowsAreClippedToM) {
 }
 
 // kAuto's sm90 schedule for the forward and input gradient, at each edge of the rule: m rows over
-// `groups` groups, `local` of them on this shard, contraction kc, output width n.
-TEST(CudaScheduleRules, RowsGoToCooperative256OnLongGroupsOrLongContractions) {
+// `groups` groups, `local` of them on this shard, contraction kc, output width n, B row-major (the
+// forward) or not (the input gradient); on an H100's memory bandwidth per SM and an H200's.
+TEST(CudaScheduleRules, RowsGoToCooperative256ByShapeAndCard) {
+  using detail::cuda::Sm90RowShape;
   const auto coop256 = detail::cuda::sm90_rows_on_cooperative256;
-  // Long groups, rows enough: 1024 rows per group expected, 16384 rows in the local groups.
-  EXPECT_TRUE(coop256(131072, 128, 128, 2048, 768));   // qwen3-30b-a3b, 16384 tokens
-  EXPECT_FALSE(coop256(130944, 128, 128, 2048, 768));  // 1023 rows per group
-  EXPECT_TRUE(coop256(16384, 16, 16, 2048, 768));
-  EXPECT_FALSE(coop256(8192, 8, 8, 4096, 14336));     // mixtral-8x7b, 4096 tokens: 8192 rows
-  EXPECT_TRUE(coop256(131072, 128, 16, 2048, 768));   // a shard of 16 groups: 16384 local rows
-  EXPECT_FALSE(coop256(131072, 128, 15, 2048, 768));  // of 15: 15360
-  // A long contraction to few columns: from 256 rows per group.
-  EXPECT_TRUE(coop256(65536, 256, 64, 7168, 2048));  // deepseek-v3's forward, 8192 tokens
-  EXPECT_FALSE(coop256(65280, 256, 64, 7168, 2048));
-  EXPECT_FALSE(coop256(65536, 256, 64, 7167, 2048));
-  EXPECT_FALSE(coop256(65536, 256, 64, 7168, 2056));
-  EXPECT_FALSE(coop256(65536, 256, 64, 2048, 7168));  // its input gradient
-  EXPECT_FALSE(coop256(1 << 20, 0, 0, 7168, 2048));   // no groups
+  const bool h100 = false, h200 = true;
+  const auto fwd = [](int64_t m, int64_t groups, int64_t local, int64_t kc, int64_t n) {
+    return Sm90RowShape{m, groups, local, kc, n, true};
+  };
+  const auto dlhs = [](int64_t m, int64_t groups, int64_t local, int64_t kc, int64_t n) {
+    return Sm90RowShape{m, groups, local, kc, n, false};
+  };
+  // H100: long groups with rows enough (1024 rows per group expected, 16384 local rows), either
+  // layout.
+  EXPECT_TRUE(coop256(fwd(131072, 128, 128, 2048, 768), h100));  // qwen3-30b-a3b, 16384 tokens
+  EXPECT_TRUE(coop256(dlhs(131072, 128, 128, 768, 2048), h100));
+  EXPECT_FALSE(coop256(fwd(130944, 128, 128, 2048, 768), h100));  // 1023 rows per group
+  EXPECT_TRUE(coop256(fwd(16384, 16, 16, 2048, 768), h100));
+  EXPECT_FALSE(coop256(fwd(8192, 8, 8, 4096, 14336), h100));     // mixtral-8x7b, 4096 tokens
+  EXPECT_TRUE(coop256(fwd(131072, 128, 16, 2048, 768), h100));   // a shard of 16 groups
+  EXPECT_FALSE(coop256(fwd(131072, 128, 15, 2048, 768), h100));  // of 15: 15360 rows
+  // H100: a long contraction to few columns, from 256 rows per group.
+  EXPECT_TRUE(coop256(fwd(65536, 256, 64, 7168, 2048), h100));  // deepseek-v3, 8192 tokens
+  EXPECT_FALSE(coop256(fwd(65280, 256, 64, 7168, 2048), h100));
+  EXPECT_FALSE(coop256(fwd(65536, 256, 64, 7167, 2048), h100));
+  EXPECT_FALSE(coop256(fwd(65536, 256, 64, 7168, 2056), h100));
+  EXPECT_FALSE(coop256(dlhs(65536, 256, 64, 2048, 7168), h100));  // its input gradient
+  // H200, B row-major: 1024 rows per group below 8192 columns, or 6144 rows per group.
+  EXPECT_TRUE(coop256(fwd(131072, 128, 128, 2048, 768), h200));    // qwen3, 1024 rows a group
+  EXPECT_FALSE(coop256(fwd(130944, 128, 128, 2048, 768), h200));   // 1023
+  EXPECT_FALSE(coop256(fwd(131072, 256, 256, 7168, 2048), h200));  // deepseek-v3, 512
+  EXPECT_FALSE(coop256(fwd(65536, 256, 64, 7168, 2048), h200));    // the H100's clause
+  EXPECT_TRUE(coop256(fwd(131072, 128, 128, 2048, 8184), h200));
+  EXPECT_FALSE(coop256(fwd(131072, 128, 128, 2048, 8192), h200));  // 8192 columns
+  EXPECT_FALSE(coop256(fwd(32768, 8, 8, 4096, 14336), h200));      // mixtral, 4096 rows a group
+  EXPECT_FALSE(coop256(fwd(49144, 8, 8, 4096, 14336), h200));      // 6143
+  EXPECT_TRUE(coop256(fwd(49152, 8, 8, 4096, 14336), h200));       // 6144
+  EXPECT_FALSE(coop256(fwd(262144, 128, 7, 2048, 768), h200));     // 14336 local rows
+  // H200, B column-major: 4096 rows per group and a contraction past 2048.
+  EXPECT_TRUE(coop256(dlhs(32768, 8, 8, 14336, 4096), h200));   // mixtral, 4096 rows a group
+  EXPECT_FALSE(coop256(dlhs(16384, 8, 8, 14336, 4096), h200));  // 2048
+  EXPECT_TRUE(coop256(dlhs(131072, 32, 32, 2056, 2880), h200));
+  EXPECT_FALSE(coop256(dlhs(131072, 32, 32, 2048, 2880), h200));
+  EXPECT_FALSE(coop256(dlhs(1048576, 128, 128, 768, 2048), h200));  // qwen3, 8192 rows a group
+  // No groups.
+  EXPECT_FALSE(coop256(fwd(1 << 20, 0, 0, 7168, 2048), h100));
+  EXPECT_FALSE(coop256(fwd(1 << 20, 0, 0, 7168, 2048), h200));
+}
+
+// Which card's rule a device takes: 31 GB/s of memory bandwidth per SM and up are an H200's.
+TEST(CudaScheduleRules, BandwidthPerSmTellsTheCards) {
+  using detail::cuda::DeviceInfo;
+  const auto rich = detail::cuda::sm90_bandwidth_rich;
+  EXPECT_FALSE(rich(DeviceInfo{0, 90, 132, 3352}));  // H100 SXM
+  EXPECT_TRUE(rich(DeviceInfo{0, 90, 132, 4915}));   // H200
+  EXPECT_TRUE(rich(DeviceInfo{0, 90, 132, 31 * 132}));
+  EXPECT_FALSE(rich(DeviceInfo{0, 90, 132, 31 * 132 - 1}));
+  EXPECT_FALSE(rich(DeviceInfo{0, 90, 0, 4915}));
+  EXPECT_FALSE(rich(DeviceInfo{0, 90, 132, 0}));  // bandwidth not reported
+}
+
+// The device's own figures: a compute capability, SMs, and a memory bandwidth a GPU could have
+// (printed, to say which rule this card takes).
+TEST(CudaScheduleRules, DeviceInfoReadsTheBandwidth) {
+  MOEKIT_REQUIRE_GPU();
+  detail::cuda::DeviceInfo info{};
+  ASSERT_TRUE(detail::cuda::device_info(&info).ok());
+  std::printf("device %d: compute capability %d, %d SMs, %d GB/s (%s's sm90 rule)\n", info.device,
+              info.arch, info.sm_count, info.mem_gbps,
+              detail::cuda::sm90_bandwidth_rich(info) ? "the H200" : "the H100");
+  EXPECT_GE(info.arch, 50);
+  EXPECT_GT(info.sm_count, 0);
+  EXPECT_GT(info.mem_gbps, 100);
+  EXPECT_LT(info.mem_gbps, 100000);
 }
 
 // --- The calls as these tests make them -----------------------------------------------------
@@ -648,14 +706,21 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
   }
 }
 
-// kAuto on long groups (1024 rows each, 16384 rows, bf16): cooperative 256x128 on an sm90 build and
-// device, the forward and the input gradient both, with the reference's results; elsewhere
-// whatever takes the call, the same results.
+// kAuto on long groups (8192 rows each, 16384 rows, bf16): on an sm90 build and device, the
+// forward on cooperative 256x128 on either card's rule and the input gradient where this card's
+// rule says (cooperative 256x128 on an H100, pingpong on an H200: its contraction is short),
+// with the reference's results; elsewhere whatever takes the call, the same results.
 TEST(RaggedDotCudaDispatch, LongGroupsRunOnCooperative256) {
   MOEKIT_REQUIRE_GPU();
   const bool sm90 = MOEKIT_CUDA_SM90 && current_arch() == 90;
-  const int64_t G = 16, m = 1024 * G, K = 64, n = 72;
-  const std::vector<int32_t> host_sizes(G, 1024);
+  const int64_t G = 2, m = 8192 * G, K = 64, n = 72;
+  detail::cuda::DeviceInfo info{};
+  ASSERT_TRUE(detail::cuda::device_info(&info).ok());
+  const char* dlhs_impl = detail::cuda::sm90_rows_on_cooperative256(
+                              {m, G, G, n, K, false}, detail::cuda::sm90_bandwidth_rich(info))
+                              ? "sm90-cooperative-256"
+                              : "sm90-pingpong";
+  const std::vector<int32_t> host_sizes(G, 8192);
   DeviceTensor sizes(host_sizes.size() * sizeof(int32_t));
   sizes.upload(host_sizes.data(), host_sizes.size() * sizeof(int32_t));
   const RaggedDotGroups groups = device_groups(static_cast<const int32_t*>(sizes.ptr), G, nullptr);
@@ -682,7 +747,7 @@ TEST(RaggedDotCudaDispatch, LongGroupsRunOnCooperative256) {
   ASSERT_TRUE(ragged_dot_dlhs(dd.view_as<ConstTensorView>(d_out), dr.view_as<ConstTensorView>(rhs),
                               groups, dx.view_as<TensorView>(d_lhs), opt, exec)
                   .ok());
-  if (sm90) EXPECT_STREQ(impl_name(ran), "sm90-cooperative-256");
+  if (sm90) EXPECT_STREQ(impl_name(ran), dlhs_impl);
   CUDA_OK(cudaDeviceSynchronize());
   dy.download(out), dx.download(d_lhs);
   HostTensor want(DType::kF32, {m, n}), want_dx(DType::kF32, {m, K});
