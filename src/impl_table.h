@@ -21,11 +21,6 @@ template <class Problem>
 bool on_cuda(const Problem& p) {
   return p.exec.device == Device::kCuda;
 }
-// For `picks`: an implementation that runs only when asked for by name.
-template <class Problem>
-bool never(const Problem&) {
-  return false;
-}
 inline constexpr const char* kCpuNeeds = "host buffers (Exec::device = kCpu)";
 inline constexpr const char* kCudaNeeds = "CUDA buffers (Exec::device = kCuda)";
 

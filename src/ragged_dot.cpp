@@ -59,19 +59,20 @@ constexpr const char* kSm90Bf16Needs =
     "CUDA buffers, bf16 inputs aligned for tensor cores, a device of compute capability 9.0 and a "
     "build with sm_90a";
 
-// Which sm90 schedule kAuto runs bf16 calls on. The weight gradient (each group's [K, n] output
-// in the tiles, whatever its rows) on cooperative 256x128: best or within 2% of the best in every
-// shape of the H100's sweep (bench/results/gpu-h100-2026-11-26/README.md, "Which schedule"), 2.3%
-// behind the best on average over the H200's: there pingpong ran 1.04-1.20x faster on
-// mixtral-8x7b and gpt-oss-20b up to 24576 and 12288 tokens, slower on others at the same rows a
-// group (gpu-h200-2026-11-28/README.md; no rule for it yet). The forward and input gradient by
-// shape and card (cu::sm90_rows_on_cooperative256). f16 calls run kCudaSm90.
-bool sm90_rows_picks_cooperative256(const RowGroupedGemm& g) {
+// Which sm90 schedule kAuto runs bf16 calls on, by shape and card: the weight gradient by
+// cu::sm90_contraction_on_pingpong (cooperative 256x128 but for few groups of few rows on an
+// H200), the forward and input gradient by cu::sm90_rows_on_cooperative256. f16 calls run
+// kCudaSm90.
+bool card_is_bandwidth_rich() {
   cu::DeviceInfo info;
-  if (!cu::device_info(&info).ok()) return false;
+  return cu::device_info(&info).ok() && cu::sm90_bandwidth_rich(info);
+}
+bool sm90_contraction_picks_cooperative256(const ContractionGroupedGemm& g) {
+  return !cu::sm90_contraction_on_pingpong(g.m, g.groups.count, card_is_bandwidth_rich());
+}
+bool sm90_rows_picks_cooperative256(const RowGroupedGemm& g) {
   return cu::sm90_rows_on_cooperative256(
-      {g.m, g.groups.count, g.groups.num_local, g.kc, g.n, g.b_s1 == 1},
-      cu::sm90_bandwidth_rich(info));
+      {g.m, g.groups.count, g.groups.num_local, g.kc, g.n, g.b_s1 == 1}, card_is_bandwidth_rich());
 }
 constexpr const char* kSm80Needs =
     "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability "
@@ -103,9 +104,9 @@ constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
 constexpr Implementation<RaggedDotImpl, ContractionGroupedGemm> kContractionImpls[] = {
 #if MOEKIT_HAS_CUDA
     {RaggedDotImpl::kCudaSm90Cooperative256, cu::contraction_grouped_sm90_coop256, on_sm90_bf16,
-     kSm90Bf16Needs},
+     kSm90Bf16Needs, sm90_contraction_picks_cooperative256},
     {RaggedDotImpl::kCudaSm90Pingpong, cu::contraction_grouped_sm90_pingpong, on_sm90_bf16,
-     kSm90Bf16Needs, detail::never},
+     kSm90Bf16Needs},
     {RaggedDotImpl::kCudaSm90, cu::contraction_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::contraction_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::contraction_grouped_portable, on_cuda, kCudaNeeds},

@@ -114,6 +114,19 @@ inline bool sm90_rows_on_cooperative256(const Sm90RowShape& s, bool bandwidth_ri
   return r >= 4096 && s.kc > 2048;
 }
 
+// Which sm90 bf16 schedule kAuto runs a contraction-grouped call (the weight gradient: each
+// group's [p, q] output in the tiles) on: pingpong on a card with an H200's bandwidth where the
+// call has at most 32 groups and fewer than 65536 rows (m), cooperative 256x128 otherwise. On the
+// H200 pingpong ran 1.02-1.20x faster there (mixtral-8x7b's 8 groups below 32768 tokens,
+// gpt-oss-20b's 32 below 16384), level or slower past it (mixtral 1.07x slower at 65536 rows), and
+// with more groups anywhere from 1.12x faster to 1.37x slower (qwen3-30b-a3b's 128 groups,
+// deepseek-v3's 256), no clause found that holds over both runs; on the H100 cooperative 256x128
+// was the best or within 2% of it at every shape (bench/results/gpu-h200-2026-11-28/rules.py,
+// gpu-h100-2026-11-26/README.md).
+inline bool sm90_contraction_on_pingpong(int64_t m, int64_t groups, bool bandwidth_rich) {
+  return bandwidth_rich && groups > 0 && groups <= 32 && m < 65536;
+}
+
 #if MOEKIT_CUDA_SM80
 MOEKIT_CUDA_DECLARE_TC(sm80)
 #else

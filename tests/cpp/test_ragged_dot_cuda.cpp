@@ -109,6 +109,21 @@ TEST(CudaScheduleRules, RowsGoToCooperative256ByShapeAndCard) {
   EXPECT_FALSE(coop256(fwd(1 << 20, 0, 0, 7168, 2048), h200));
 }
 
+// kAuto's sm90 schedule for the weight gradient: pingpong on an H200 for 32 groups or fewer and
+// fewer than 65536 rows, cooperative 256x128 otherwise and on an H100.
+TEST(CudaScheduleRules, WeightGradientGoesToPingpongOnFewGroupsOfFewRows) {
+  const auto pingpong = detail::cuda::sm90_contraction_on_pingpong;
+  const bool h100 = false, h200 = true;
+  EXPECT_TRUE(pingpong(8192, 8, h200));  // mixtral-8x7b, 4096 tokens
+  EXPECT_TRUE(pingpong(65535, 8, h200));
+  EXPECT_FALSE(pingpong(65536, 8, h200));  // mixtral, 32768 tokens
+  EXPECT_TRUE(pingpong(16384, 32, h200));  // gpt-oss-20b, 4096 tokens
+  EXPECT_FALSE(pingpong(16384, 33, h200));
+  EXPECT_FALSE(pingpong(32768, 128, h200));  // qwen3-30b-a3b, 4096 tokens
+  EXPECT_FALSE(pingpong(8192, 8, h100));
+  EXPECT_FALSE(pingpong(8192, 0, h200));  // no groups
+}
+
 // Which card's rule a device takes: 31 GB/s of memory bandwidth per SM and up are an H200's.
 TEST(CudaScheduleRules, BandwidthPerSmTellsTheCards) {
   using detail::cuda::DeviceInfo;
@@ -706,11 +721,12 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
   }
 }
 
-// kAuto on long groups (8192 rows each, 16384 rows, bf16): on an sm90 build and device, the
-// forward on cooperative 256x128 on either card's rule and the input gradient where this card's
-// rule says (cooperative 256x128 on an H100, pingpong on an H200: its contraction is short),
-// with the reference's results; elsewhere whatever takes the call, the same results.
-TEST(RaggedDotCudaDispatch, LongGroupsRunOnCooperative256) {
+// kAuto on long groups (8192 rows each, 16384 rows in 2 groups, bf16): on an sm90 build and
+// device, the forward on cooperative 256x128 on either card's rule, the input gradient (its
+// contraction short) and the weight gradient (few groups of few rows) where this card's rule says
+// (cooperative 256x128 on an H100, pingpong on an H200), with the reference's results; elsewhere
+// whatever takes the call, the same results.
+TEST(RaggedDotCudaDispatch, LongGroupsRunWhereTheCardsRuleSays) {
   MOEKIT_REQUIRE_GPU();
   const bool sm90 = MOEKIT_CUDA_SM90 && current_arch() == 90;
   const int64_t G = 2, m = 8192 * G, K = 64, n = 72;
@@ -720,6 +736,10 @@ TEST(RaggedDotCudaDispatch, LongGroupsRunOnCooperative256) {
                               {m, G, G, n, K, false}, detail::cuda::sm90_bandwidth_rich(info))
                               ? "sm90-cooperative-256"
                               : "sm90-pingpong";
+  const char* drhs_impl =
+      detail::cuda::sm90_contraction_on_pingpong(m, G, detail::cuda::sm90_bandwidth_rich(info))
+          ? "sm90-pingpong"
+          : "sm90-cooperative-256";
   const std::vector<int32_t> host_sizes(G, 8192);
   DeviceTensor sizes(host_sizes.size() * sizeof(int32_t));
   sizes.upload(host_sizes.data(), host_sizes.size() * sizeof(int32_t));
@@ -731,9 +751,9 @@ TEST(RaggedDotCudaDispatch, LongGroupsRunOnCooperative256) {
   fill_sixty_fourths(lhs, rng);
   fill_sixty_fourths(rhs, rng);
   fill_sixty_fourths(d_out, rng);
-  HostTensor out(DType::kBF16, {m, n}), d_lhs(DType::kBF16, {m, K});
+  HostTensor out(DType::kBF16, {m, n}), d_lhs(DType::kBF16, {m, K}), d_rhs(DType::kBF16, {G, K, n});
   DeviceTensor dl(lhs.bytes.size()), dr(rhs.bytes.size()), dd(d_out.bytes.size()),
-      dy(out.bytes.size()), dx(d_lhs.bytes.size());
+      dy(out.bytes.size()), dx(d_lhs.bytes.size()), dw(d_rhs.bytes.size());
   dl.upload(lhs), dr.upload(rhs), dd.upload(d_out);
   RaggedDotImpl ran = RaggedDotImpl::kAuto;
   RaggedDotOptions opt;
@@ -748,16 +768,24 @@ TEST(RaggedDotCudaDispatch, LongGroupsRunOnCooperative256) {
                               groups, dx.view_as<TensorView>(d_lhs), opt, exec)
                   .ok());
   if (sm90) EXPECT_STREQ(impl_name(ran), dlhs_impl);
+  ran = RaggedDotImpl::kAuto;
+  ASSERT_TRUE(ragged_dot_drhs(dl.view_as<ConstTensorView>(lhs), dd.view_as<ConstTensorView>(d_out),
+                              groups, dw.view_as<TensorView>(d_rhs), opt, exec)
+                  .ok());
+  if (sm90) EXPECT_STREQ(impl_name(ran), drhs_impl);
   CUDA_OK(cudaDeviceSynchronize());
-  dy.download(out), dx.download(d_lhs);
-  HostTensor want(DType::kF32, {m, n}), want_dx(DType::kF32, {m, K});
+  dy.download(out), dx.download(d_lhs), dw.download(d_rhs);
+  HostTensor want(DType::kF32, {m, n}), want_dx(DType::kF32, {m, K}),
+      want_dw(DType::kF32, {G, K, n});
   HostTensor lhs32 = as_f32(lhs), rhs32 = as_f32(rhs), d_out32 = as_f32(d_out);
   RaggedDotOptions ref;
   ref.impl = RaggedDotImpl::kReference;
   ASSERT_TRUE(ragged_dot(lhs32.in(), rhs32.in(), host_sizes, want.mut(), ref).ok());
   ASSERT_TRUE(ragged_dot_dlhs(d_out32.in(), rhs32.in(), host_sizes, want_dx.mut(), ref).ok());
+  ASSERT_TRUE(ragged_dot_drhs(lhs32.in(), d_out32.in(), host_sizes, want_dw.mut(), ref).ok());
   expect_equal(out, want, "out");
   expect_equal(d_lhs, want_dx, "d_lhs");
+  expect_equal(d_rhs, want_dw, "d_rhs");
 }
 
 #endif  // MOEKIT_HAS_CUDA

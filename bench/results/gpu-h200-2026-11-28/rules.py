@@ -1,4 +1,4 @@
-"""kAuto's sm90 rule for the forward and input gradient, scored on this H200's three runs of each
+"""kAuto's sm90 rules for the forward and input gradient, and for the weight gradient, scored on this H200's three runs of each
 schedule by name beside kAuto (schedules/: the H100's rule ran as kAuto; check/schedules/: the
 first H200 rule, "A"; final/schedules-24576/: the rule in the code, "B"). A rule's score on a shape
 is its pick's time over the best schedule's, every time taken against the same kAuto run; kAuto's
@@ -15,10 +15,11 @@ def load(folder):
     rows = collections.defaultdict(dict)
     for path in glob.glob(f"{folder}/schedules-*.json"):
         for r in json.load(open(path)):
-            if r["pass"] == "drhs":
-                continue
             key = (r["preset"], r["tokens"], r["pass"])
             rows[key][NAMES[r["impl"]]] = r["ms"] / r["baseline_ms"]
+            if r["pass"] == "drhs":
+                rows[key]["shape"] = (r["m"], r["E"])
+                continue
             kc, n = (r["K"], r["n"]) if r["pass"] == "fwd" else (r["n"], r["K"])
             rows[key]["shape"] = (r["m"] // r["E"], r["E"], kc, n, r["pass"] == "fwd")
     return rows
@@ -63,3 +64,24 @@ for name, rule in RULES.items():
             g = math.exp(sum(math.log(s) for s, _ in scores) / len(scores))
             w = max(scores)
             print(f"{name:16}{folder:24}{'+'.join(passes):>9}{g:9.3f}{w[0]:7.3f}  {w[1][0]} {w[1][1]}")
+
+
+# The weight gradient: kAuto ran cooperative 256x128 in all three runs.
+def drhs_pingpong(m, groups):  # cu::sm90_contraction_on_pingpong on an H200
+    return groups <= 32 and m < 65536
+
+
+print(f"\n{'weight gradient':16}{'run':24}{'geomean':>9}{'worst':>7}  worst shape")
+for name, rule in (("cooperative 256", lambda m, groups: False), ("the code's", drhs_pingpong)):
+    for folder, _ in RUNS:
+        scores = []
+        for key, v in sorted(load(folder).items()):
+            if key[2] != "drhs":
+                continue
+            t = {s: v[s] for s in NAMES.values()}
+            t["coop256"] = 1.0
+            pick = "pingpong" if rule(*v["shape"]) else "coop256"
+            scores.append((t[pick] / min(t.values()), key))
+        g = math.exp(sum(math.log(s) for s, _ in scores) / len(scores))
+        w = max(scores)
+        print(f"{name:16}{folder:24}{g:9.3f}{w[0]:7.3f}  {w[1][0]} {w[1][1]}")
