@@ -1,14 +1,17 @@
 """Each sm90 bf16 schedule by name against kAuto's choice in the same loop (`--baseline auto`), every
 preset, 2048-65536 tokens, on this H200. For each shape: each schedule's time over kAuto's (from
 its own run, so that the three runs' drift cancels), the best, and the best's share of the dense
-cuBLAS matmul. Run in this folder: python3 table.py"""
+cuBLAS matmul. Run here: python3 schedules_table.py FOLDER (schedules, check/schedules,
+final/schedules-24576), as FOLDER/table.txt was made."""
 import collections
 import glob
 import json
+import os
+import sys
 
 names = {"sm90": "coop128", "sm90-pingpong": "pingpong", "sm90-cooperative-256": "coop256"}
 rows = collections.defaultdict(dict)
-for path in glob.glob("schedules-*.json"):
+for path in glob.glob(os.path.join(sys.argv[1], "schedules-*.json")):
     for r in json.load(open(path)):
         rows[(r["preset"], r["tokens"], r["pass"])][names[r["impl"]]] = r
 order = ["pingpong", "coop128", "coop256"]
