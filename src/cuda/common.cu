@@ -118,8 +118,13 @@ Status device_info(DeviceInfo* out) {
     MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrComputeCapabilityMajor, &major));
     MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrComputeCapabilityMinor, &minor));
     MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrMultiProcessorCount, &sms));
-    MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrMemoryClockRate, &mem_khz));
-    MOEKIT_RETURN_IF_ERROR(attribute(cudaDevAttrGlobalMemoryBusWidth, &bus_bits));
+    // The bandwidth only steers kAuto's schedule: a device that does not report it reads 0 (and
+    // the error is cleared, not left for the next launch's check).
+    if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      mem_khz = bus_bits = 0;
+    }
     // Double data rate: two transfers of bus_bits a clock.
     const uint64_t gbps =
         2 * static_cast<uint64_t>(mem_khz) * static_cast<uint64_t>(bus_bits) / 8 / 1000000;

@@ -86,10 +86,11 @@ struct Sm90RowShape {
 
 // Which sm90 bf16 schedule kAuto runs a row-grouped call (forward, input gradient) on: cooperative
 // 256x128 tiles, or pingpong 128x128. r = m / groups is the rows per group expected; the larger
-// tiles need the local groups to hold 16384 rows or more (mixtral-8x7b's 8 groups at 4096 tokens
-// lost 5-12% on them on an H100). Pingpong otherwise. Each sweep of the three schedules chose its
-// card's clauses, over every preset (bench/results/gpu-h100-2026-11-26/README.md and
-// gpu-h200-2026-11-28/README.md, "Which schedule"):
+// tiles on long groups need the local groups to hold 16384 rows or more (mixtral-8x7b's 8 groups
+// at 4096 tokens lost 5-12% on them on an H100). Pingpong otherwise. Each sweep of the three
+// schedules chose its card's clauses, over every preset
+// (bench/results/gpu-h100-2026-11-26/README.md and gpu-h200-2026-11-28/README.md, "Which
+// schedule"):
 //   H100 SXM: r >= 1024 on either layout, or a long contraction to few columns (kc >= 7168,
 //     n <= 2048, r >= 256: deepseek-v3's forward, 1.05x and 1.53x pingpong's rate at 256 and 512
 //     rows a group).
