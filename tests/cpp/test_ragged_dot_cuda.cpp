@@ -136,21 +136,6 @@ TEST(CudaScheduleRules, BandwidthPerSmTellsTheCards) {
   EXPECT_FALSE(rich(DeviceInfo{0, 90, 132, 0}));  // bandwidth not reported
 }
 
-// The device's own figures: a compute capability, SMs, and a memory bandwidth a GPU could have
-// (printed, to say which rule this card takes).
-TEST(CudaScheduleRules, DeviceInfoReadsTheBandwidth) {
-  MOEKIT_REQUIRE_GPU();
-  detail::cuda::DeviceInfo info{};
-  ASSERT_TRUE(detail::cuda::device_info(&info).ok());
-  std::printf("device %d: compute capability %d, %d SMs, %d GB/s (%s's sm90 rule)\n", info.device,
-              info.arch, info.sm_count, info.mem_gbps,
-              detail::cuda::sm90_bandwidth_rich(info) ? "the H200" : "the H100");
-  EXPECT_GE(info.arch, 50);
-  EXPECT_GT(info.sm_count, 0);
-  EXPECT_GT(info.mem_gbps, 100);
-  EXPECT_LT(info.mem_gbps, 100000);
-}
-
 // --- The calls as these tests make them -----------------------------------------------------
 
 // Groups whose sizes (and offset, where `device_offset` is set) live on the device.
@@ -247,6 +232,21 @@ TEST(CudaBadInput, BuiltWithoutCudaSaysSo) {
 #if MOEKIT_HAS_CUDA
 
 // --- On the GPU ---------------------------------------------------------------------------------
+
+// The device's own figures: a compute capability, SMs, and a memory bandwidth a GPU could have
+// (printed, to say which rule this card takes).
+TEST(CudaScheduleRules, DeviceInfoReadsTheBandwidth) {
+  MOEKIT_REQUIRE_GPU();
+  detail::cuda::DeviceInfo info{};
+  ASSERT_TRUE(detail::cuda::device_info(&info).ok());
+  std::printf("device %d: compute capability %d, %d SMs, %d GB/s (%s's sm90 rule)\n", info.device,
+              info.arch, info.sm_count, info.mem_gbps,
+              detail::cuda::sm90_bandwidth_rich(info) ? "the H200" : "the H100");
+  EXPECT_GE(info.arch, 50);
+  EXPECT_GT(info.sm_count, 0);
+  EXPECT_GT(info.mem_gbps, 100);
+  EXPECT_LT(info.mem_gbps, 100000);
+}
 
 // The current device's compute capability, major * 10 + minor.
 int current_arch() {
