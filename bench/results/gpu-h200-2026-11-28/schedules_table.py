@@ -1,5 +1,5 @@
 """Each sm90 bf16 schedule by name against kAuto's choice in the same loop (`--baseline auto`), every
-preset, 2048-65536 tokens, on this H200. For each shape: each schedule's time over kAuto's (from
+preset, at each run's tokens (2048-65536, 3072-24576, 24576), on this H200. For each shape: each schedule's time over kAuto's (from
 its own run, so that the three runs' drift cancels), the best, and the best's share of the dense
 cuBLAS matmul. Run here: python3 schedules_table.py FOLDER (schedules, check/schedules,
 final/schedules-24576), as FOLDER/table.txt was made."""
