@@ -50,7 +50,7 @@ constexpr const char* kSm90Needs =
     "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability 9.0 "
     "and a build with sm_90a";
 
-// The pingpong and cooperative 256x128 schedules are built for bf16 only.
+// The pingpong (128x128 and 64x256) and cooperative 256x128 schedules are built for bf16 only.
 template <class Problem>
 bool on_sm90_bf16(const Problem& g) {
   return g.in_type == DType::kBF16 && on_sm90(g);
@@ -92,6 +92,9 @@ constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
     {RaggedDotImpl::kCudaSm90Cooperative256, cu::row_grouped_sm90_coop256, on_sm90_bf16,
      kSm90Bf16Needs, sm90_rows_picks_cooperative256},
     {RaggedDotImpl::kCudaSm90Pingpong, cu::row_grouped_sm90_pingpong, on_sm90_bf16, kSm90Bf16Needs},
+    // By name only (pingpong above takes every call it takes) until a GPU has measured it.
+    {RaggedDotImpl::kCudaSm90Pingpong64x256, cu::row_grouped_sm90_pingpong64, on_sm90_bf16,
+     kSm90Bf16Needs},
     {RaggedDotImpl::kCudaSm90, cu::row_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::row_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, kCudaNeeds},
@@ -106,6 +109,8 @@ constexpr Implementation<RaggedDotImpl, ContractionGroupedGemm> kContractionImpl
     {RaggedDotImpl::kCudaSm90Cooperative256, cu::contraction_grouped_sm90_coop256, on_sm90_bf16,
      kSm90Bf16Needs, sm90_contraction_picks_cooperative256},
     {RaggedDotImpl::kCudaSm90Pingpong, cu::contraction_grouped_sm90_pingpong, on_sm90_bf16,
+     kSm90Bf16Needs},
+    {RaggedDotImpl::kCudaSm90Pingpong64x256, cu::contraction_grouped_sm90_pingpong64, on_sm90_bf16,
      kSm90Bf16Needs},
     {RaggedDotImpl::kCudaSm90, cu::contraction_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::contraction_grouped_sm80, on_sm80, kSm80Needs},
@@ -225,6 +230,8 @@ const char* impl_name(RaggedDotImpl impl) {
       return "sm90-pingpong";
     case RaggedDotImpl::kCudaSm90Cooperative256:
       return "sm90-cooperative-256";
+    case RaggedDotImpl::kCudaSm90Pingpong64x256:
+      return "sm90-pingpong-64x256";
   }
   return "unknown";
 }

@@ -60,13 +60,17 @@ struct RaggedDotGroups {
 // Which implementation runs. kAuto takes the first one in order of preference that takes the
 // call: on CUDA the CUTLASS grouped GEMMs on tensor cores (sm90a kernels on compute capability
 // 9.0, sm80 kernels on 8.x and later; bf16/f16 inputs with 16-byte aligned pointers and row
-// strides, K and n multiples of 8), then a portable kernel. The sm90 kernels come in three tile
+// strides, K and n multiples of 8), then a portable kernel. The sm90 kernels come in four tile
 // schedules: kCudaSm90 (cooperative, 128x128 tiles), kCudaSm90Pingpong (128x128, each consumer
-// warpgroup its own tile) and kCudaSm90Cooperative256 (256x128 tiles on clusters of 2), the last
-// two for bf16 only; kAuto runs bf16 weight gradients on cooperative 256x128, bf16 forward and
-// input gradients on cooperative 256x128 where the groups are long (about 1024 rows each and
-// 16384 in all, or a contraction of 7168+ to at most 2048 columns with 256 rows a group) and on
-// pingpong otherwise, as measured (src/ragged_dot.cpp), f16 on kCudaSm90. RaggedDotOptions::ran
+// warpgroup its own tile), kCudaSm90Pingpong64x256 (the same on 64x256 tiles: fewer wasted rows
+// in a group's last tile; kAuto does not run it yet, it awaits its measurement on a GPU) and
+// kCudaSm90Cooperative256 (256x128 tiles on clusters of 2), the last three for bf16 only. kAuto
+// picks a bf16 call's schedule by its shape and the card (an H100's rule and an H200's, told
+// apart by memory bandwidth per multiprocessor): cooperative 256x128 where the groups are long
+// (on an H100 about 1024 rows each and 16384 in all, or a contraction of 7168+ to at most 2048
+// columns with 256 rows a group; on an H200 longer, by layout), pingpong otherwise; the weight
+// gradient on cooperative 256x128 but for few groups of few rows on an H200 (pingpong), as measured
+// (src/cuda/grouped_gemm_cuda.h); f16 on kCudaSm90. RaggedDotOptions::ran
 // says which one ran. On the CPU, for the forward and input gradient with few rows in every local
 // group (outside the batch-invariant mode; the bound
 // depends on the dtype and the layout, as measured), kCpuStream, which streams each group's
@@ -84,10 +88,11 @@ enum class RaggedDotImpl {
   kCpuStream,  // forward and input gradient only
   kCudaSm90Pingpong,
   kCudaSm90Cooperative256,
+  kCudaSm90Pingpong64x256,
 };
 // The implementation's name, as moekit bench's --impl takes it and the errors say it ("auto",
 // "onednn", "reference", "sm90", "sm80", "portable", "stream", "sm90-pingpong",
-// "sm90-cooperative-256"); "unknown" for a value outside the enum.
+// "sm90-cooperative-256", "sm90-pingpong-64x256"); "unknown" for a value outside the enum.
 const char* impl_name(RaggedDotImpl impl);
 
 struct RaggedDotOptions {

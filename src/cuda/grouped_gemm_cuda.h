@@ -44,9 +44,10 @@ Status contraction_grouped_portable(const ContractionGroupedGemm& g);
 
 // CUTLASS 2.x grouped GEMM (sm80 kernels; run on any device of compute capability >= 8.0).
 // CUTLASS 3.x grouped GEMM with TMA and wgmma (sm90a kernels; compute capability 9.0 only), in
-// three tile schedules, each its own RaggedDotImpl: sm90 (cooperative, 128x128 tiles; bf16 and
-// f16), sm90_pingpong (128x128, one tile per consumer warpgroup) and sm90_coop256 (cooperative,
-// 256x128 tiles on 2x1 clusters), the last two bf16 only; sm90_workspace_size covers all three.
+// four tile schedules, each its own RaggedDotImpl: sm90 (cooperative, 128x128 tiles; bf16 and
+// f16), sm90_pingpong (128x128, one tile per consumer warpgroup), sm90_pingpong64 (the same,
+// 64x256) and sm90_coop256 (cooperative, 256x128 tiles on 2x1 clusters), the last three bf16
+// only; sm90_workspace_size covers all four.
 // Each architecture is compiled when CMAKE_CUDA_ARCHITECTURES names it (MOEKIT_CUDA_SM80,
 // MOEKIT_CUDA_SM90 = 1); otherwise the stubs below say so.
 #define MOEKIT_CUDA_DECLARE_SCHEDULE(name)            \
@@ -136,10 +137,12 @@ MOEKIT_CUDA_STUB_TC(sm80)
 #if MOEKIT_CUDA_SM90
 MOEKIT_CUDA_DECLARE_TC(sm90)
 MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_pingpong)
+MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_pingpong64)
 MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_coop256)
 #else
 MOEKIT_CUDA_STUB_TC(sm90)
 MOEKIT_CUDA_STUB_SCHEDULE(sm90_pingpong, sm90)
+MOEKIT_CUDA_STUB_SCHEDULE(sm90_pingpong64, sm90)
 MOEKIT_CUDA_STUB_SCHEDULE(sm90_coop256, sm90)
 #endif
 

@@ -1,7 +1,8 @@
-// The sm90 entry points of grouped_gemm_cuda.h: three tile schedules of one CUTLASS 3.x kernel
+// The sm90 entry points of grouped_gemm_cuda.h: four tile schedules of one CUTLASS 3.x kernel
 // (sm90_grouped_gemm.cuh), each a RaggedDotImpl of its own. The cooperative 128x128 kernels are
-// instantiated for bf16 and f16 (sm90_grouped_gemm_bf16.cu, _f16.cu), the pingpong and the
-// cooperative 256x128 ones for bf16 only (sm90_grouped_gemm_bf16_pingpong.cu, _coop256.cu);
+// instantiated for bf16 and f16 (sm90_grouped_gemm_bf16.cu, _f16.cu), the pingpong (128x128 and
+// 64x256) and the cooperative 256x128 ones for bf16 only (sm90_grouped_gemm_bf16_pingpong.cu,
+// _pingpong64.cu, _coop256.cu);
 // ragged_dot.cpp's tables say which one kAuto runs for which call.
 #include <algorithm>
 #include <type_traits>
@@ -15,6 +16,7 @@ MOEKIT_TC_EXTERN(sm90::Kernel, cutlass::bfloat16_t)
 MOEKIT_TC_EXTERN(sm90::Kernel, cutlass::half_t)
 MOEKIT_TC_EXTERN(sm90::KernelCoop256, cutlass::bfloat16_t)
 MOEKIT_TC_EXTERN(sm90::KernelPingpong, cutlass::bfloat16_t)
+MOEKIT_TC_EXTERN(sm90::KernelPingpong64, cutlass::bfloat16_t)
 }  // namespace tc
 
 namespace {
@@ -43,7 +45,8 @@ Status run_bf16(const Problem& g) {
 size_t sm90_workspace_size(int64_t num_local, const DeviceInfo& info) {
   return std::max({tc::workspace_size_any<sm90::Kernel>(num_local, info),
                    tc::workspace_size<sm90::KernelCoop256, BF16>(num_local, info),
-                   tc::workspace_size<sm90::KernelPingpong, BF16>(num_local, info)});
+                   tc::workspace_size<sm90::KernelPingpong, BF16>(num_local, info),
+                   tc::workspace_size<sm90::KernelPingpong64, BF16>(num_local, info)});
 }
 
 Status row_grouped_sm90(const RowGroupedGemm& g) {
@@ -63,6 +66,12 @@ Status row_grouped_sm90_pingpong(const RowGroupedGemm& g) {
 }
 Status contraction_grouped_sm90_pingpong(const ContractionGroupedGemm& g) {
   return run_bf16<sm90::KernelPingpong>(g);
+}
+Status row_grouped_sm90_pingpong64(const RowGroupedGemm& g) {
+  return run_bf16<sm90::KernelPingpong64>(g);
+}
+Status contraction_grouped_sm90_pingpong64(const ContractionGroupedGemm& g) {
+  return run_bf16<sm90::KernelPingpong64>(g);
 }
 Status row_grouped_sm90_coop256(const RowGroupedGemm& g) {
   return run_bf16<sm90::KernelCoop256>(g);

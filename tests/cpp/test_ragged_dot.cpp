@@ -1026,7 +1026,7 @@ TEST(RaggedDot, RanSaysWhichImplementationRan) {
 // "unknown" past the enum.
 TEST(RaggedDot, ImplNames) {
   std::vector<std::string> names;
-  for (int i = 0; i <= static_cast<int>(RaggedDotImpl::kCudaSm90Cooperative256); ++i)
+  for (int i = 0; i <= static_cast<int>(RaggedDotImpl::kCudaSm90Pingpong64x256); ++i)
     names.emplace_back(impl_name(static_cast<RaggedDotImpl>(i)));
   std::vector<std::string> unique = names;
   std::sort(unique.begin(), unique.end());

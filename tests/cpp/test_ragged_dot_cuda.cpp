@@ -536,6 +536,7 @@ std::string impl_tag(RaggedDotImpl impl) {
 constexpr RaggedDotImpl kCudaImpls[] = {RaggedDotImpl::kAuto,
                                         RaggedDotImpl::kCudaSm90,
                                         RaggedDotImpl::kCudaSm90Pingpong,
+                                        RaggedDotImpl::kCudaSm90Pingpong64x256,
                                         RaggedDotImpl::kCudaSm90Cooperative256,
                                         RaggedDotImpl::kCudaSm80,
                                         RaggedDotImpl::kCudaPortable};
@@ -673,10 +674,12 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
     for (int64_t K : {64, 70}) {  // 70: not a multiple of 8, no tensor-core kernel takes it
       for (RaggedDotImpl impl :
            {RaggedDotImpl::kCudaSm90, RaggedDotImpl::kCudaSm90Pingpong,
-            RaggedDotImpl::kCudaSm90Cooperative256, RaggedDotImpl::kCudaSm80}) {
+            RaggedDotImpl::kCudaSm90Pingpong64x256, RaggedDotImpl::kCudaSm90Cooperative256,
+            RaggedDotImpl::kCudaSm80}) {
         SCOPED_TRACE(fmt::format("{} K={} {}", dtype_name(in), K, impl_tag(impl)));
         const bool sm80 = impl == RaggedDotImpl::kCudaSm80;
         const bool bf16_only = impl == RaggedDotImpl::kCudaSm90Pingpong ||
+                               impl == RaggedDotImpl::kCudaSm90Pingpong64x256 ||
                                impl == RaggedDotImpl::kCudaSm90Cooperative256;
         const bool built = sm80 ? MOEKIT_CUDA_SM80 : MOEKIT_CUDA_SM90;
         const bool takes = built && K % 8 == 0 && (sm80 ? arch >= 80 : arch == 90) &&
