@@ -7,7 +7,10 @@
 //           time; 66 clusters of 2 for 256x128), as if every tile took the same time;
 //   both%:  the two multiplied, an upper bound on the share of the tensor cores' rate left.
 // fwd: [rows, K=H] x [H, n=F]; dlhs: [rows, F] x [F, H] (the bench's default matmul, "ffn").
+// Then the weight gradient's ([H, rows] x [rows, F] a group): its output tiles and their
+// contraction, which is what a split of the contraction (split-K) would be for.
 // g++ -O2 -std=c++20 tiles.cpp -o tiles && ./tiles > tiles.txt
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -72,6 +75,29 @@ int main() {
         }
         std::printf("\n");
       }
+    }
+  }
+  std::printf(
+      "\nweight gradient, 128x128 tiles: output tiles a group, in all, and SM waves (132); "
+      "contraction steps of 64 rows a tile (the group's rows / 64: mean, least); its bf16 output "
+      "(every group's [H, F]) written at an H200's 4.8 TB/s, against the dense matmul of the same "
+      "FLOPs at 720 TFLOP/s (about the H200's measured cuBLAS rate): the share of the dense rate "
+      "left if the write overlapped the products fully (max) or not at all (sum)\n");
+  std::printf("%-17s %6s %7s %7s %7s %9s %9s %9s %9s %7s %7s\n", "preset", "tokens", "tiles/g",
+              "tiles", "waves", "steps", "least", "write us", "dense us", "max%", "sum%");
+  for (const Preset& p : presets) {
+    for (int64_t tokens : {512, 4096, 16384}) {
+      const std::vector<int64_t> sizes = bench_sizes(tokens * p.k, p.e);
+      const int64_t per_group = (p.h + 127) / 128 * ((p.f + 127) / 128), all = per_group * p.e;
+      int64_t least = sizes[0];
+      for (int64_t r : sizes) least = r < least ? r : least;
+      const double write_us = double(p.e * p.h * p.f * 2) / 4.8e12 * 1e6;
+      const double dense_us = 2.0 * double(tokens * p.k) * double(p.h * p.f) / 720e12 * 1e6;
+      std::printf("%-17s %6lld %7lld %7lld %7.1f %9.1f %9lld %9.1f %9.1f %7.1f %7.1f\n", p.name,
+                  (long long)tokens, (long long)per_group, (long long)all, double(all) / 132,
+                  double(tokens * p.k) / double(p.e) / 64, (long long)((least + 63) / 64), write_us,
+                  dense_us, 100 * dense_us / std::max(dense_us, write_us),
+                  100 * dense_us / (dense_us + write_us));
     }
   }
 }
