@@ -59,8 +59,10 @@
 #include <hwy/highway.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -138,16 +140,21 @@ constexpr int64_t kItemRows = 192;
 constexpr int64_t kSumsRows = 32;
 constexpr int64_t kSumsBytes = 64 << 10;
 // The output-contiguous form, bf16, groups of one chunk of rows on weight rows longer than
-// kWideRowBytes: slabs of columns whose f32 sums take at most kWideSumsBytes. Whole, a block of
-// such rows (16 of mixtral-8x7b's 56 KiB gate|up rows: 896 KiB) and the next one, prefetched as
-// it runs, do not fit L2 beside the sums (917 KB at 8 rows): the block's loads waited on memory
-// (a perf profile put a third of the kernel's samples on them). A/B in one loop, [4096, 28672]
-// weights, 8 groups routed from T tokens, k = 2 (bench/results/ragged_dot_small-cpu-2026-11-26-9/,
-// geometric means of 9 runs): 128 KiB of sums 0.99 / 1.05 / 1.04 / 1.08 / 1.19x at T = 2 / 4 /
-// 8 / 16 / 32 (at first 256 KiB 1.04-1.24x, 512 KiB 1.02-1.11x); on 28 KiB rows ([4096, 14336])
-// the same cut ran 0.97-1.05x, so not there.
+// kWideRowBytes: slabs of columns whose f32 sums take at most wide_sums_bytes(), a quarter of a
+// core's L2 (wide_sums_budget). Whole, a block of such rows (16 of mixtral-8x7b's 56 KiB gate|up
+// rows: 896 KiB) and the next one, prefetched as it runs, do not fit L2 beside the sums (917 KB at
+// 8 rows): the block's loads waited on memory (a perf profile put a third of the kernel's samples
+// on them). On an AMD EPYC with 512 KiB of L2, A/B in one loop, [4096, 28672] weights, 8 groups
+// routed from T tokens, k = 2 (bench/results/ragged_dot_small-cpu-2026-11-26-9/, geometric means
+// of 9 runs): 128 KiB of sums 0.99 / 1.05 / 1.04 / 1.08 / 1.19x at T = 2 / 4 / 8 / 16 / 32 (at
+// first 256 KiB 1.04-1.24x, 512 KiB 1.02-1.11x); on 28 KiB rows ([4096, 14336]) the same cut ran
+// 0.97-1.05x, so not there. On an Intel Xeon with 2 MiB of L2, 512 KiB against 128 KiB in one
+// loop, twice (bench/results/ragged_dot_small-cpu-2026-11-28-4/wide-sums.txt), share of the floor
+// at 8 / 16 / 24 tokens: rows spread evenly 85 / 73-75 / 69-76% -> 92-95 / 83-89 / 73-74%,
+// unevenly (--imbalance 0.99) 80-85 / 75-76 / 77-78% -> 83-86 / 79-80 / 78-83%.
 constexpr int64_t kWideRowBytes = 32 << 10;
-constexpr int64_t kWideSumsBytes = 128 << 10;
+constexpr int64_t kMinWideSumsBytes = 128 << 10, kMaxWideSumsBytes = 1 << 20;
+int64_t wide_sums_bytes();  // this machine's wide_sums_budget, or the test's
 
 // A group's rows [row, row + rows) and output columns [col, col + cols), over the contraction's
 // rows [k0, k1). partial >= 0: the item is one of several parts of its group's contraction, whose
@@ -1437,7 +1444,24 @@ OneChunkSplit one_chunk_split(int64_t busy, int64_t threads, int64_t row_bytes, 
           1};
 }
 
+int64_t wide_sums_budget(int64_t l2_bytes) {
+  return std::clamp(l2_bytes > 0 ? l2_bytes / 4 : stream::kMinWideSumsBytes,
+                    stream::kMinWideSumsBytes, stream::kMaxWideSumsBytes);
+}
+
+namespace {
+std::atomic<int64_t> wide_sums_for_test{0};  // set_stream_wide_sums_for_test; 0: the machine's
+}  // namespace
+
+void set_stream_wide_sums_for_test(int64_t bytes) { wide_sums_for_test = bytes; }
+
 namespace stream {
+
+int64_t wide_sums_bytes() {
+  if (const int64_t bytes = wide_sums_for_test.load(); bytes > 0) return bytes;
+  static const int64_t machine = wide_sums_budget(sysconf(_SC_LEVEL2_CACHE_SIZE));
+  return machine;
+}
 
 std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, bool transposed,
                         int64_t whole_row_bytes) {
@@ -1450,6 +1474,7 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
   // one_chunk_split.
   const int64_t threads = omp_get_max_threads();
   const int64_t want = 4 * threads, panels = (g.n + panel - 1) / panel;
+  const int64_t sums_budget = wide_sums_bytes();
   const OneChunkSplit one_chunk =
       one_chunk_split(busy, threads, g.n * static_cast<int64_t>(dtype_size(g.in_type)), g.kc);
   int64_t partial = 0;  // the floats of the parts' sums so far
@@ -1471,7 +1496,7 @@ std::vector<Item> items(const RowGroupedGemm& g, int64_t panel, int64_t chunk, b
                             : 1;
     const bool one = g.b_s1 == 1 && rows <= chunk;
     const int64_t wide_sums = one && g.in_type == DType::kBF16 && g.n * 2 > kWideRowBytes
-                                  ? (rows * g.n * 4 + kWideSumsBytes - 1) / kWideSumsBytes
+                                  ? (rows * g.n * 4 + sums_budget - 1) / sums_budget
                                   : 1;
     const int64_t slabs = std::min(
         panels, one ? std::max(one_chunk.slabs, wide_sums)

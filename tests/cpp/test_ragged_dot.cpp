@@ -712,6 +712,19 @@ TEST(RaggedDotStream, OneChunkSplit) {
   EXPECT_EQ(split(0, 2, 1 << 20, 2048), P(1, 1));
 }
 
+// The slabs of bf16 weight rows past 32 KiB in groups of one chunk: their f32 sums take a quarter
+// of a core's L2 at most, within [128 KiB, 1 MiB]; 128 KiB where the machine does not say.
+TEST(RaggedDotStream, WideSumsBudgetIsAQuarterOfL2) {
+  EXPECT_EQ(detail::wide_sums_budget(int64_t{512} << 10), int64_t{128} << 10);  // AMD EPYC Zen 2
+  EXPECT_EQ(detail::wide_sums_budget(int64_t{1} << 20), int64_t{256} << 10);
+  EXPECT_EQ(detail::wide_sums_budget(int64_t{2} << 20), int64_t{512} << 10);  // this Xeon
+  EXPECT_EQ(detail::wide_sums_budget(int64_t{4} << 20), int64_t{1} << 20);
+  EXPECT_EQ(detail::wide_sums_budget(int64_t{64} << 20), int64_t{1} << 20);     // at most 1 MiB
+  EXPECT_EQ(detail::wide_sums_budget(int64_t{256} << 10), int64_t{128} << 10);  // at least 128 KiB
+  EXPECT_EQ(detail::wide_sums_budget(0), int64_t{128} << 10);
+  EXPECT_EQ(detail::wide_sums_budget(-1), int64_t{128} << 10);  // sysconf's "unknown"
+}
+
 // The forward's one-chunk groups split, against the reference: on two threads one group of 3 rows
 // (in two parts of the contraction; an odd contraction, so the second part ends on a lone row)
 // and 3 groups of 1, 2 and 1 rows of 16400 bytes or more beside an empty one (in 2 column slabs
@@ -722,6 +735,12 @@ TEST(RaggedDotStream, OneChunkSplit) {
 // and of the operands' dtype added to what it held (the parts' sum and the held value rounded
 // once).
 TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
+  // The wide rows' slabs at the 128 KiB of sums the shapes below were cut for, whatever this
+  // machine's L2 makes of them (wide_sums_budget).
+  struct WideSums {
+    WideSums() { detail::set_stream_wide_sums_for_test(int64_t{128} << 10); }
+    ~WideSums() { detail::set_stream_wide_sums_for_test(0); }
+  } const wide_sums;
   const int before = omp_get_max_threads();
   std::mt19937 rng(12);
   struct Shape {
