@@ -57,9 +57,9 @@ struct OneChunkSplit {
 };
 OneChunkSplit one_chunk_split(int64_t busy, int64_t threads, int64_t row_bytes, int64_t kc);
 // The same form's groups of one chunk on bf16 weight rows past 32 KiB go in slabs of columns whose
-// f32 sums take at most this many bytes: a quarter of a core's L2 of `l2_bytes` (a machine that
-// does not say: as 512 KiB), within [128 KiB, 1 MiB] (ragged_dot_stream.cpp gives the
-// measurements). set_stream_wide_sums_for_test sets the budget the calls use (0: the machine's).
+// f32 sums take at most this many bytes: a quarter of a core's L2 of `l2_bytes`, within [128 KiB,
+// 1 MiB]; 128 KiB where the machine does not say (l2_bytes <= 0). ragged_dot_stream.cpp gives the
+// measurements. set_stream_wide_sums_for_test sets the budget the calls use (0: the machine's).
 int64_t wide_sums_budget(int64_t l2_bytes);
 void set_stream_wide_sums_for_test(int64_t bytes);
 

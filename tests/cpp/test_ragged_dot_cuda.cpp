@@ -672,10 +672,8 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
   std::mt19937 rng(17);
   for (DType in : {DType::kBF16, DType::kF16}) {
     for (int64_t K : {64, 70}) {  // 70: not a multiple of 8, no tensor-core kernel takes it
-      for (RaggedDotImpl impl :
-           {RaggedDotImpl::kCudaSm90, RaggedDotImpl::kCudaSm90Pingpong,
-            RaggedDotImpl::kCudaSm90Pingpong64x256, RaggedDotImpl::kCudaSm90Cooperative256,
-            RaggedDotImpl::kCudaSm80}) {
+      for (RaggedDotImpl impl : kCudaImpls) {  // the tensor-core ones
+        if (impl == RaggedDotImpl::kAuto || impl == RaggedDotImpl::kCudaPortable) continue;
         SCOPED_TRACE(fmt::format("{} K={} {}", dtype_name(in), K, impl_tag(impl)));
         const bool sm80 = impl == RaggedDotImpl::kCudaSm80;
         const bool bf16_only = impl == RaggedDotImpl::kCudaSm90Pingpong ||
