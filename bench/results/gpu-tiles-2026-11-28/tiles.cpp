@@ -10,6 +10,9 @@
 // Then the weight gradient's ([H, rows] x [rows, F] a group): its output tiles and their
 // contraction, which is what a split of the contraction (split-K) would be for.
 // g++ -O2 -std=c++20 tiles.cpp -o tiles && ./tiles > tiles.txt
+// bench_sizes is a copy of tools/bench_common.cpp's imbalanced_group_sizes (the bench tool is an
+// executable, no library to link), and the presets are bench/presets.json's shapes, so that this
+// file builds alone.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
