@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 #include "bench_common.h"
@@ -34,9 +35,10 @@ struct RaggedDotBenchOptions : BenchOptions {
   bool invariant = false;      // also time the batch-invariant mode (CPU)
   std::string cache = "cold";  // cold: cycle through copies of the weights (CPU); warm: one copy
   std::vector<std::string> passes{"fwd", "dlhs", "drhs"};
-  std::string impl = "auto";   // RaggedDotOptions::impl of the timed calls
-  std::string baseline;        // also time the full call with this impl, in the same loop
-  std::string matmul = "ffn";  // the shape: ffn (K = H, n = F), up (K = H, n = 2F), down (F, H)
+  std::string impl = "auto";    // RaggedDotOptions::impl of the timed calls
+  std::string baseline;         // also time the full call with this impl, in the same loop
+  std::string matmul = "ffn";   // the shape: ffn (K = H, n = F), up (K = H, n = 2F), down (F, H)
+  bool rhs_transposed = false;  // the weights stored [E, n, K] (RaggedDotOptions::rhs_transposed)
 };
 
 // The contraction K and output width n of --matmul's shape on a preset.
@@ -110,14 +112,32 @@ using Options = RaggedDotBenchOptions;
 using Row = RaggedDotRow;
 
 // The elements of measure_rates' three buffers (the dense matmuls' A, B and C, kPeakRows rows)
-// for contraction K and output width n: A [M, max(K, n)] and B [M, n] of the input dtype, C of
-// the output's, large enough for every pass's product.
+// for contraction K and output width n: A [M, max(K, n)] and B [M, n] ([M, K] for the weights
+// [E, n, K]) of the input dtype, C of the output's, large enough for every pass's product.
 struct RatesBuffers {
   int64_t a, b, c;
 };
-RatesBuffers rates_buffers(int64_t K, int64_t n) {
+RatesBuffers rates_buffers(int64_t K, int64_t n, bool rhs_transposed) {
   const int64_t M = kPeakRows, wide = std::max(K, n);
-  return {M * wide, M * n, std::max(M * wide, K * n)};
+  return {M * wide, M * (rhs_transposed ? K : n), std::max(M * wide, K * n)};
+}
+
+// A pass's dense matmul of m rows with the pass's operand layouts: C [M, N] = op(A) [M, Kd] x
+// op(B) [Kd, N], A and B the operands `a_is` and `b_is` name ("lhs", "d_out", or "rhs": one
+// weight matrix, [K, n], or [n, K] when transposed).
+struct DenseLayout {
+  int64_t M, Kd, N;
+  bool a_transposed, b_transposed;
+  const char *a_is, *b_is;
+};
+DenseLayout dense_layout(const std::string& pass, bool rhs_transposed, int64_t m, int64_t K,
+                         int64_t n) {
+  const bool t = rhs_transposed;
+  if (pass == "fwd") return {m, K, n, false, t, "lhs", "rhs"};      // lhs @ rhs
+  if (pass == "dlhs") return {m, n, K, false, !t, "d_out", "rhs"};  // d_out @ rhs^T
+  // The weight gradient in the weights' layout: lhs^T @ d_out, or its transpose d_out^T @ lhs.
+  return t ? DenseLayout{n, m, K, true, false, "d_out", "lhs"}
+           : DenseLayout{K, m, n, true, false, "lhs", "d_out"};
 }
 
 // `floor_rates`: the buffers of the floor's rates are held beside the call's (CPU: a read probe
@@ -131,7 +151,7 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
   const auto [K, n] = matmul_shape(p, o.matmul);
   int64_t E = p.E, m = tokens * p.k;
   const bool drhs = std::find(o.passes.begin(), o.passes.end(), "drhs") != o.passes.end();
-  const RatesBuffers rb = rates_buffers(K, n);
+  const RatesBuffers rb = rates_buffers(K, n, o.rhs_transposed);
   const double rates_bytes =
       floor_rates ? static_cast<double>(read_probe_bytes() + in_es * (rb.a + rb.b) + out_es * rb.c)
                   : 0.0;
@@ -197,6 +217,7 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
                Progress& progress, std::vector<RaggedDotRow>& rows) {
   RaggedDotOptions plain, invariant;
   plain.impl = parse_impl(o.impl);
+  plain.rhs_transposed = invariant.rhs_transposed = o.rhs_transposed;
   plain.ran = &full.ran;
   invariant.batch_invariant = true;
   std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0, plain)); }, dense};
@@ -229,6 +250,7 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
   const size_t base_at = fns.size();
   RaggedDotOptions base;
   base.impl = parse_impl(o.baseline);
+  base.rhs_transposed = o.rhs_transposed;
   if (!o.baseline.empty()) fns.push_back([&] { check(call(pr.E, 0, base)); });
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
   const size_t per_call = o.invariant ? 2 : 1;  // timings per call: the default, the mode
@@ -296,7 +318,7 @@ Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& 
   Rates r;
   const int64_t M = kPeakRows, K = pr.K, n = pr.n;
   const size_t in_es = dtype_size(in), out_es = dtype_size(out);
-  const RatesBuffers rb = rates_buffers(K, n);
+  const RatesBuffers rb = rates_buffers(K, n, o.rhs_transposed);
   Mem a = dev.alloc(rb.a * in_es), b = dev.alloc(rb.b * in_es), c = dev.alloc(rb.c * out_es);
   dev.fill(a.data(), in, rb.a, o.seed + 4);
   dev.fill(b.data(), in, rb.b, o.seed + 5);
@@ -305,16 +327,10 @@ Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& 
   read.add_to(dev, fns);
   const size_t dense_at = fns.size();
   for (const std::string& pass : o.passes) {
-    if (pass == "fwd") {
-      dense.push_back(dev.dense(in, out, M, K, n));
-      fns.push_back([&, d = dense.back().get()] { d->run(a.data(), weights, c.data()); });
-    } else if (pass == "dlhs") {
-      dense.push_back(dev.dense(in, out, M, n, K, false, true));
-      fns.push_back([&, d = dense.back().get()] { d->run(a.data(), weights, c.data()); });
-    } else {
-      dense.push_back(dev.dense(in, out, K, M, n, true, false));
-      fns.push_back([&, d = dense.back().get()] { d->run(a.data(), b.data(), c.data()); });
-    }
+    const DenseLayout l = dense_layout(pass, o.rhs_transposed, M, K, n);
+    dense.push_back(dev.dense(in, out, l.M, l.Kd, l.N, l.a_transposed, l.b_transposed));
+    const void* b_data = std::string_view(l.b_is) == "rhs" ? weights : b.data();
+    fns.push_back([&, d = dense.back().get(), b_data] { d->run(a.data(), b_data, c.data()); });
   }
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
   r.read_gbps = read.bytes() / (t[0].median_ms * 1e6);
@@ -365,25 +381,25 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
       // the weights.
       auto call = [&](int64_t e_loc, int32_t offset, const RaggedDotOptions& opt) {
         const RaggedDotGroups groups{sizes_v, offset};
+        // A weight matrix's two dimensions as stored: [K, n], or [n, K] transposed.
+        const int64_t rows = o.rhs_transposed ? n : K, cols = o.rhs_transposed ? K : n;
         if (pass == "drhs") {
           return ragged_dot_drhs(lhs_v, d_out_v, groups,
-                                 TensorView(d_rhs.data(), out, {e_loc, K, n}), opt, exec);
+                                 TensorView(d_rhs.data(), out, {e_loc, rows, cols}), opt, exec);
         }
-        const ConstTensorView w(rhs.data(), in, {e_loc, K, n});
+        const ConstTensorView w(rhs.data(), in, {e_loc, rows, cols});
         if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
         return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, opt, exec);
       };
       // The dense matmul of all m rows with the pass's operand layouts (one weight matrix).
-      std::unique_ptr<DenseRef> dense = dev.dense(in, out, m, K, n);
-      const void *da = lhs.data(), *db = rhs.mem.data();
-      void* dc = y.data();
-      if (pass == "dlhs") {  // [m, n] @ rhs[0]^T, rhs[0] stored [K, n]
-        dense = dev.dense(in, out, m, n, K, false, true);
-        da = d_out.data(), dc = d_lhs.data();
-      } else if (pass == "drhs") {  // lhs^T [K, m] @ d_out [m, n], lhs stored [m, K]
-        dense = dev.dense(in, out, K, m, n, true, false);
-        db = d_out.data(), dc = d_rhs.data();
-      }
+      const DenseLayout l = dense_layout(pass, o.rhs_transposed, m, K, n);
+      const std::unique_ptr<DenseRef> dense =
+          dev.dense(in, out, l.M, l.Kd, l.N, l.a_transposed, l.b_transposed);
+      const auto operand = [&](std::string_view is) -> const void* {
+        return is == "lhs" ? lhs.data() : is == "d_out" ? d_out.data() : rhs.mem.data();
+      };
+      const void *da = operand(l.a_is), *db = operand(l.b_is);
+      void* dc = pass == "fwd" ? y.data() : pass == "dlhs" ? d_lhs.data() : d_rhs.data();
       RaggedDotRow full = full_row(pass, pr, dense->impl());
       // The floor: the weights of the groups with rows (the weight gradient writes them).
       full.weight_bytes = static_cast<double>(rhs.touched * rhs.expert_bytes) *
@@ -423,9 +439,10 @@ int run(const Options& o) {
   const MatmulShape shape = matmul_shape(*p, o.matmul);
   fmt::print(text,
              "moekit bench ragged_dot  preset={} (H={} F={} E={} k={})  matmul={} (K={} n={})  "
-             "dtype={} out={}  device={}  impl={}  cache={}  {}\n",
-             p->name, p->H, p->F, p->E, p->k, o.matmul, shape.K, shape.n, dtype_name(in),
-             dtype_name(out), o.device, o.impl, o.cache, today_iso());
+             "rhs={}  dtype={} out={}  device={}  impl={}  cache={}  {}\n",
+             p->name, p->H, p->F, p->E, p->k, o.matmul, shape.K, shape.n,
+             o.rhs_transposed ? "[E, n, K]" : "[E, K, n]", dtype_name(in), dtype_name(out),
+             o.device, o.impl, o.cache, today_iso());
   fmt::print(text,
              "groups: expert e gets rows in proportion to 1 + {}*u_e, u_e ~ U(-1,1), seed {}\n",
              o.imbalance, o.seed);
@@ -547,6 +564,7 @@ int run(const Options& o) {
                        {"matmul", o.matmul},
                        {"K", shape.K},
                        {"n", shape.n},
+                       {"rhs_transposed", o.rhs_transposed},
                        {"ms", r.t.median_ms},
                        {"min_ms", r.t.min_ms},
                        {"tflops", r.flops / (r.t.median_ms * 1e9)},
@@ -626,6 +644,9 @@ void register_bench_ragged_dot(CLI::App& bench) {
                   "H, n = 2F: the layer's gate|up matmul), down (K = F, n = H: its down matmul)")
       ->check(CLI::IsMember({"ffn", "up", "down"}))
       ->capture_default_str();
+  cmd->add_flag("--rhs-transposed", opts->rhs_transposed,
+                "The weights stored [E, n, K] (RaggedDotOptions::rhs_transposed), each pass and "
+                "its dense matmul in that layout");
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();
