@@ -36,32 +36,34 @@ namespace {
 // The one float of a scalar f32 buffer (a loss, or its cotangent).
 float scalar_of(ffi::Buffer<ffi::F32> b) { return b.typed_data()[0]; }
 
-// out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups.
+// out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups (rhs
+// [E_loc, n, K] with rhs_transposed, as every handler here).
 ffi::Error ragged_dot_fwd(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
                           ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> out,
-                          bool batch_invariant) {
+                          bool batch_invariant, bool rhs_transposed) {
   return call_ragged(ragged_dot, {"lhs", "rhs", "out"}, lhs, rhs, sizes, offset, *out,
-                     batch_invariant);
+                     {batch_invariant, rhs_transposed});
 }
 
 // d_lhs [m, K] = ragged_dot(d_out [m, n], rhs^T).
 ffi::Error ragged_dot_dlhs(ffi::AnyBuffer d_out, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
                            ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_lhs,
-                           bool batch_invariant) {
+                           bool batch_invariant, bool rhs_transposed) {
   return call_ragged(moekit::ragged_dot_dlhs, {"d_out", "rhs", "d_lhs"}, d_out, rhs, sizes, offset,
-                     *d_lhs, batch_invariant);
+                     *d_lhs, {batch_invariant, rhs_transposed});
 }
 
-// d_rhs [E_loc, K, n]: lhs[rows of j]^T @ d_out[rows of j] per local group.
+// d_rhs [E_loc, K, n] ([E_loc, n, K] transposed): lhs[rows of j]^T @ d_out[rows of j] per local
+// group.
 ffi::Error ragged_dot_drhs(ffi::AnyBuffer lhs, ffi::AnyBuffer d_out, ffi::Buffer<ffi::S32> sizes,
                            ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_rhs,
-                           bool batch_invariant) {
+                           bool batch_invariant, bool rhs_transposed) {
   return call_ragged(moekit::ragged_dot_drhs, {"lhs", "d_out", "d_rhs"}, lhs, d_out, sizes, offset,
-                     *d_rhs, batch_invariant);
+                     *d_rhs, {batch_invariant, rhs_transposed});
 }
 
 // The CPU handlers: the arguments and result, then the mode.
-auto cpu_binding() { return ragged_binding(ffi::Ffi::Bind()).Attr<bool>("batch_invariant"); }
+auto cpu_binding() { return ragged_attrs(ragged_binding(ffi::Ffi::Bind())); }
 
 XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, OnWorker<ragged_dot_fwd>::call, cpu_binding());
 XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, OnWorker<ragged_dot_dlhs>::call, cpu_binding());

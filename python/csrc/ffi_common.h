@@ -119,6 +119,14 @@ auto ragged_binding(Binding&& bind) {
       .template Ret<ffi::AnyBuffer>();
 }
 
+// The attributes every ragged_dot handler takes last, in the order XLA passes them (by name).
+template <class Binding>
+auto ragged_attrs(Binding&& bind) {
+  return std::forward<Binding>(bind)
+      .template Attr<bool>("batch_invariant")
+      .template Attr<bool>("rhs_transposed");
+}
+
 // Rows [from, N) of an [N, ...] buffer set to 0: what a handler leaves of a result whose static
 // shape is a worst case past the rows it computed.
 inline void zero_rows_from(ffi::AnyBuffer b, int64_t from) {
@@ -139,13 +147,20 @@ inline void zero_rows_from(ffi::AnyBuffer b, int64_t from) {
 using RaggedDotCall = Status (*)(ConstTensorView, ConstTensorView, const RaggedDotGroups&,
                                  TensorView, const RaggedDotOptions&, const Exec&);
 
+// The handlers' attributes, as RaggedDotOptions takes them: the mode, and whether the weights
+// (rhs, or the weight gradient) are stored [E_loc, n, K].
+struct RaggedDotAttrs {
+  bool batch_invariant = false;
+  bool rhs_transposed = false;
+};
+
 // One ragged_dot call from its XLA buffers: the float tensors a, b and the result (`names` name
-// them in the errors), group_sizes and group_offset, and the batch_invariant attribute. The CPU
-// reads the offset on the host; on CUDA it stays on the device, with the sizes.
+// them in the errors), group_sizes and group_offset, and the attributes. The CPU reads the offset
+// on the host; on CUDA it stays on the device, with the sizes.
 inline ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], ffi::AnyBuffer a,
                               ffi::AnyBuffer b, ffi::Buffer<ffi::S32> sizes,
                               ffi::Buffer<ffi::S32> offset, ffi::AnyBuffer result,
-                              bool batch_invariant, const Exec& exec = {}) {
+                              RaggedDotAttrs attrs, const Exec& exec = {}) {
   ConstTensorView va, vb;
   TensorView out;
   MOEKIT_FFI_TRY(view_of(a, names[0], &va));
@@ -159,7 +174,8 @@ inline ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], f
     groups.offset = offset.typed_data()[0];
   }
   RaggedDotOptions options;
-  options.batch_invariant = batch_invariant;
+  options.batch_invariant = attrs.batch_invariant;
+  options.rhs_transposed = attrs.rhs_transposed;
   return to_error(fn(va, vb, groups, out, options, exec));
 }
 

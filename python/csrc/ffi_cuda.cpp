@@ -62,38 +62,39 @@ Exec exec_on(Stream stream, ffi::AnyBuffer workspace) {
       .workspace_bytes = workspace.size_bytes() > skipped ? workspace.size_bytes() - skipped : 0};
 }
 
-// out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups.
+// out [m, n] = ragged_dot(lhs [m, K], rhs [E_loc, K, n]) over the local groups (rhs
+// [E_loc, n, K] with rhs_transposed, as every handler here).
 ffi::Error ragged_dot_fwd(Stream stream, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs,
                           ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
                           ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> workspace,
-                          bool batch_invariant) {
+                          bool batch_invariant, bool rhs_transposed) {
   return call_ragged(ragged_dot, {"lhs", "rhs", "out"}, lhs, rhs, sizes, offset, *out,
-                     batch_invariant, exec_on(stream, *workspace));
+                     {batch_invariant, rhs_transposed}, exec_on(stream, *workspace));
 }
 
 // d_lhs [m, K] = ragged_dot(d_out [m, n], rhs^T).
 ffi::Error ragged_dot_dlhs(Stream stream, ffi::AnyBuffer d_out, ffi::AnyBuffer rhs,
                            ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
                            ffi::Result<ffi::AnyBuffer> d_lhs, ffi::Result<ffi::AnyBuffer> workspace,
-                           bool batch_invariant) {
+                           bool batch_invariant, bool rhs_transposed) {
   return call_ragged(moekit::ragged_dot_dlhs, {"d_out", "rhs", "d_lhs"}, d_out, rhs, sizes, offset,
-                     *d_lhs, batch_invariant, exec_on(stream, *workspace));
+                     *d_lhs, {batch_invariant, rhs_transposed}, exec_on(stream, *workspace));
 }
 
-// d_rhs [E_loc, K, n]: lhs[rows of j]^T @ d_out[rows of j] per local group, 0 for empty ones.
+// d_rhs [E_loc, K, n] ([E_loc, n, K] transposed): lhs[rows of j]^T @ d_out[rows of j] per local
+// group, 0 for empty ones.
 ffi::Error ragged_dot_drhs(Stream stream, ffi::AnyBuffer lhs, ffi::AnyBuffer d_out,
                            ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
                            ffi::Result<ffi::AnyBuffer> d_rhs, ffi::Result<ffi::AnyBuffer> workspace,
-                           bool batch_invariant) {
+                           bool batch_invariant, bool rhs_transposed) {
   return call_ragged(moekit::ragged_dot_drhs, {"lhs", "d_out", "d_rhs"}, lhs, d_out, sizes, offset,
-                     *d_rhs, batch_invariant, exec_on(stream, *workspace));
+                     *d_rhs, {batch_invariant, rhs_transposed}, exec_on(stream, *workspace));
 }
 
 // The stream, the CPU handlers' arguments and result, then the workspace.
 auto cuda_binding() {
-  return ragged_binding(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<Stream>>())
-      .Ret<ffi::AnyBuffer>()
-      .Attr<bool>("batch_invariant");
+  return ragged_attrs(
+      ragged_binding(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<Stream>>()).Ret<ffi::AnyBuffer>());
 }
 
 XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, ragged_dot_fwd, cuda_binding(),

@@ -346,6 +346,64 @@ def test_ragged_dot_general_equals_jax(lhs_layout, rhs_layout, dn, dtype):
         np.testing.assert_allclose(np.float32(g), np.float32(r), **_tol(dtype, m))
 
 
+# rhs layouts of the forward, as ragged_dot_general's dimension numbers take them.
+RHS_LAYOUT_DN = {"gkn": _dn(([1], [1]), [0], [0]), "gnk": _dn(([1], [2]), [0], [0]),
+                 "kgn": _dn(([1], [0]), [0], [1])}
+
+
+@pytest.mark.parametrize("rhs_layout,transposed", [("gkn", "false"), ("gnk", "true"),
+                                                   ("kgn", "false")])
+def test_ragged_dot_general_reads_n_k_weights_as_they_lie(rhs_layout, transposed):
+    """rhs [G, n, K] (a linear layer's [out, in] weight per expert) reaches every kernel as it
+    lies: the forward and both gradients' custom calls say rhs_transposed = true and the program
+    transposes nothing. [G, K, n] is the kernels' own layout; any other order is transposed to it
+    first (the one copy left)."""
+    m, K, n, sizes = 20, 6, 5, [7, 0, 13]
+    dims = dict(m=m, k=K, n=n, g=len(sizes))
+    lhs = jnp.ones((m, K), F32)
+    rhs = jnp.ones([dims[c] for c in rhs_layout], F32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    loss = lambda a, b: mj.ragged_dot_general(a, b, gs, RHS_LAYOUT_DN[rhs_layout]).sum()
+    text = jax.jit(jax.value_and_grad(loss, (0, 1))).lower(lhs, rhs).as_text()
+    calls = re.findall(r"custom_call @moekit_ragged_dot_(\w+)\(.*rhs_transposed = (\w+)", text)
+    assert sorted(calls) == [("dlhs", transposed), ("drhs", transposed), ("fwd", transposed)]
+    assert ("stablehlo.transpose" in text) == (rhs_layout == "kgn"), text
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("m,K,n,sizes", CASES[1:])
+def test_n_k_weights_with_group_offset_equal_the_masked_reference(m, K, n, sizes, dtype):
+    """[G, n, K] weights of a subset of the groups (group_offset, traced): the forward and both
+    gradients equal the masked reference on the same weights as [G, K, n]; the weight gradient
+    comes back [G, n, K]."""
+    num_groups = len(sizes)
+    dn = RHS_LAYOUT_DN["gnk"]
+    for num_local in {1, num_groups}:
+        for offset in sorted({0, num_groups - num_local}):
+            lhs, rhs, gs = _inputs(m, K, n, sizes, num_groups=num_local, dtype=dtype, seed=offset)
+            rhs_t = jnp.swapaxes(rhs, 1, 2)  # [E_loc, n, K]
+            f = jax.jit(lambda a, b, s, o: mj.ragged_dot_general(
+                a, b, s, dn, preferred_element_type=F32, group_offset=o))
+            np.testing.assert_allclose(f(lhs, rhs_t, gs, jnp.int32(offset)),
+                                       masked_reference(lhs, rhs, gs, offset), **_tol(dtype, K))
+            w = jnp.asarray(np.random.default_rng(2).standard_normal((m, n)), F32)
+            got = jax.grad(lambda a, b: jnp.sum(f(a, b, gs, jnp.int32(offset)) * w),
+                           (0, 1))(lhs, rhs_t)
+            want = jax.grad(lambda a, b: jnp.sum(masked_reference(a, b, gs, offset) * w),
+                            (0, 1))(lhs, rhs)
+            assert got[1].shape == rhs_t.shape and got[1].dtype == dtype
+            np.testing.assert_allclose(np.float32(got[0]), np.float32(want[0]), **_tol(dtype, n))
+            np.testing.assert_allclose(np.float32(got[1]), np.float32(jnp.swapaxes(want[1], 1, 2)),
+                                       **_tol(dtype, m))
+
+
+def test_n_k_weights_error_names_their_contraction_dimension():
+    lhs, rhs, gs = _inputs(50, 8, 6, [20, 0, 30])  # rhs [3, 8, 6]: K = 8 is dim 1, not 2
+    with pytest.raises(ValueError, match=r"ragged_dot_general: rhs.shape\[2\] = 6 differs from "
+                                         r"lhs.shape\[1\] = 8"):
+        mj.ragged_dot_general(lhs, rhs, gs, RHS_LAYOUT_DN["gnk"])
+
+
 def test_ragged_dot_general_names_what_it_does_not_take():
     lhs, rhs, gs = _inputs(50, 8, 6, [20, 0, 30])
     batch = jax.lax.RaggedDotDimensionNumbers(
@@ -515,6 +573,44 @@ try:
     raise AssertionError("a total of 20 groups' rows over 14 was accepted")
 except jax.errors.JaxRuntimeError as e:
     assert "sum(group_sizes) = 20" in str(e), e
+print("ok")
+''')
+
+
+def test_sharded_jit_keeps_n_k_weights_sharded():
+    """The [G, n, K] layout under jit with shardings on a 2 x 2 mesh: n over tp (the weights'
+    dimension 1), rows over dp, both, or K over tp (their dimension 2). The forward and both
+    gradients equal jax.lax.ragged_dot_general's, and the compiled programs gather neither the
+    weights nor the rows."""
+    _in_fresh_process(4, '''
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import moekit.jax as mj
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))
+S = lambda *spec: NamedSharding(mesh, P(*spec))
+rng = np.random.default_rng(0)
+sizes = jnp.asarray([3, 0, 6, 2], jnp.int32)
+lhs = jnp.asarray(rng.standard_normal((12, 6)), jnp.float32)
+rhs = jnp.asarray(rng.standard_normal((4, 8, 6)), jnp.float32)  # [G, n, K]
+ct = jnp.asarray(rng.standard_normal((12, 8)), jnp.float32)
+dn = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])),
+                                       lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+cases = {"n over tp": (S(), S(None, "tp")),
+         "rows over dp": (S("dp"), S()),
+         "rows over dp, n over tp": (S("dp"), S(None, "tp")),
+         "K over tp": (S(None, "tp"), S(None, None, "tp"))}
+for name, shardings in cases.items():
+    results = []
+    for impl in (jax.lax.ragged_dot_general, mj.ragged_dot_general):
+        f = jax.jit(lambda a, b: impl(a, b, sizes, dn), in_shardings=shardings)
+        loss = lambda a, b: jnp.sum(impl(a, b, sizes, dn) * ct)
+        g = jax.jit(jax.grad(loss, (0, 1)), in_shardings=shardings)
+        results.append((f(lhs, rhs), *g(lhs, rhs)))
+    for got, ref in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, err_msg=name)
+    for compiled in (f.lower(lhs, rhs).compile(), g.lower(lhs, rhs).compile()):
+        gathers = [line for line in compiled.as_text().splitlines() if " all-gather(" in line]
+        assert not gathers, (name, gathers)
 print("ok")
 ''')
 

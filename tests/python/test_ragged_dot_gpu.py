@@ -91,6 +91,24 @@ def test_equals_jax_ragged_dot_on_the_gpu(m, K, n, sizes, dtype):
         _equal(g, r)
 
 
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("m,K,n,sizes", CASES)
+def test_n_k_weights_equal_jax_ragged_dot_general_on_the_gpu(m, K, n, sizes, dtype):
+    """Weights [G, n, K], which the kernels read as they lie (rhs_transposed): values and both
+    gradients equal jax.lax.ragged_dot_general's, the weight gradient [G, n, K] too."""
+    lhs, rhs, gs = _inputs(m, K, n, sizes, dtype=dtype)
+    rhs = jnp.swapaxes(rhs, 1, 2)  # [G, n, K]
+    dn = test_ragged_dot.RHS_LAYOUT_DN["gnk"]
+    call = lambda f: lambda a, b: f(a, b, gs, dn, preferred_element_type=F32)
+    _equal(call(mj.ragged_dot_general)(lhs, rhs), call(jax.lax.ragged_dot_general)(lhs, rhs))
+    w = _exact((m, n), F32, np.random.default_rng(1))
+    loss = lambda f: lambda a, b: jnp.sum(call(f)(a, b) * w)
+    got_g = jax.grad(loss(mj.ragged_dot_general), (0, 1))(lhs, rhs)
+    want_g = jax.grad(loss(jax.lax.ragged_dot_general), (0, 1))(lhs, rhs)
+    for g, r in zip(got_g, want_g):
+        _equal(g, r)
+
+
 @pytest.mark.parametrize("m,K,n,sizes", CASES[1:])
 def test_group_offset_equals_masked_reference_on_the_gpu(m, K, n, sizes):
     num_groups = len(sizes)

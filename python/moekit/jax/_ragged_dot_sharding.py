@@ -9,6 +9,7 @@ The factors (m rows, g local groups, k and n the matrices' other dimensions):
   fwd   a [m, k] x b [g, k, n] -> [m, n]
   dlhs  a [m, n] x b [g, k, n] -> [m, k]
   drhs  a [m, k] x b [m, n]    -> [g, k, n]
+(with rhs_transposed, each [g, k, n] is [g, n, k]).
 Every factor but g stays sharded. The result's columns (n, or k for dlhs) keep their axes, so a
 weight sharded over n for tensor parallelism stays so, forward and backward. The contracted
 factor (k, n, m) may be sharded too: each device computes its share in f32 and the shares are
@@ -33,8 +34,15 @@ _FACTORS = {"fwd": ("mk", "gkn", "mn", "k"), "dlhs": ("mn", "gkn", "mk", "n"),
             "drhs": ("mk", "mn", "gkn", "m")}
 
 
-def _rule(kind):
-    a, b, out, reduced = _FACTORS[kind]
+def _factors(kind, rhs_transposed):
+    """_FACTORS[kind], with the weights' [g, k, n] as [g, n, k] where they are stored so."""
+    if not rhs_transposed:
+        return _FACTORS[kind]
+    return tuple("gnk" if f == "gkn" else f for f in _FACTORS[kind])
+
+
+def _rule(kind, rhs_transposed):
+    a, b, out, reduced = _factors(kind, rhs_transposed)
     rule = f"{' '.join(a)}, {' '.join(b)}, s, o -> {' '.join(out)}"
     # Shardy wants the special factors in the order they first appear in the rule.
     replicated = sorted("gso", key=(a + b + "so" + out).index)
@@ -63,9 +71,9 @@ def _local_group_sizes(group_sizes, rows, local_rows):
     return jnp.where(too_many, group_sizes, local)
 
 
-def _partition(impl, kind, out_dtype, num_local, batch_invariant, mesh, arg_shapes,
-               result_shape):
-    a_factors, b_factors, out_factors, reduced = _FACTORS[kind]
+def _partition(impl, kind, out_dtype, num_local, batch_invariant, rhs_transposed, mesh,
+               arg_shapes, result_shape):
+    a_factors, b_factors, out_factors, reduced = _factors(kind, rhs_transposed)
     operands = ((b_factors, arg_shapes[1]), (a_factors, arg_shapes[0]))  # the weights' first
 
     def given(f):
@@ -85,7 +93,7 @@ def _partition(impl, kind, out_dtype, num_local, batch_invariant, mesh, arg_shap
 
     def kernel(a, b, group_sizes, group_offset, dtype):
         return impl(kind, a, b, group_sizes, group_offset, out_dtype=dtype, num_local=num_local,
-                    batch_invariant=batch_invariant)
+                    batch_invariant=batch_invariant, rhs_transposed=rhs_transposed)
 
     def lower_fn(a, b, group_sizes, group_offset):
         if rows:
@@ -101,15 +109,16 @@ def _partition(impl, kind, out_dtype, num_local, batch_invariant, mesh, arg_shap
 
 
 @functools.cache
-def partitioned(impl, kind, out_dtype, num_local, batch_invariant):
-    """`impl(kind, a, b, group_sizes, group_offset, out_dtype=, num_local=, batch_invariant=)`,
-    the call of one kernel, as a function of its four operands partitioned as above (one per
-    parameter set)."""
+def partitioned(impl, kind, out_dtype, num_local, batch_invariant, rhs_transposed):
+    """`impl(kind, a, b, group_sizes, group_offset, out_dtype=, num_local=, batch_invariant=,
+    rhs_transposed=)`, the call of one kernel, as a function of its four operands partitioned as
+    above (one per parameter set)."""
     fn = custom_partitioning(lambda a, b, s, o: impl(kind, a, b, s, o, out_dtype=out_dtype,
                                                      num_local=num_local,
-                                                     batch_invariant=batch_invariant))
-    rule, factors = _rule(kind)
+                                                     batch_invariant=batch_invariant,
+                                                     rhs_transposed=rhs_transposed))
+    rule, factors = _rule(kind, rhs_transposed)
     fn.def_partition(functools.partial(_partition, impl, kind, out_dtype, num_local,
-                                       batch_invariant),
+                                       batch_invariant, rhs_transposed),
                      sharding_rule=rule, **factors)
     return fn
