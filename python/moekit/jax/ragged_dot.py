@@ -282,7 +282,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
       ``[G, K, n]`` or ``[G, n, K]`` (each expert's matrix stored as a linear layer's weight,
       ``[out, in]``) is read as it lies, forward and backward, its gradient in the same layout;
       other orders are transposed to ``[G, K, n]`` first (a copy). On the CPU each pass streams
-      the weights fastest along its contraction: qwen3-30b-a3b's forward ran 1.1-1.5x faster on
+      the weights fastest along its contraction: qwen3-30b-a3b's forward ran 1.1-1.6x faster on
       ``[G, n, K]`` at 128-4096 tokens (8-256 rows a group), its input gradient 1.2-1.5x
       faster on ``[G, K, n]`` at 512-2048 (bench/results/ragged_dot_small-cpu-2026-11-28-5).
     - Ragged contraction (the weight gradient): lhs ``[m, K]`` and rhs ``[m, n]`` (or
