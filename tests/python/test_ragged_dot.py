@@ -497,14 +497,9 @@ print("ok")
 ''')
 
 
-def test_sharded_jit_keeps_the_weights_and_rows_sharded():
-    """Under jit with shardings on a 2 x 2 mesh (dp, tp), the forward and both gradients equal
-    jax.lax.ragged_dot's, and the compiled program gathers neither the weights nor the rows
-    where they are sharded over n (tensor parallel), over rows (data parallel), both, or over
-    the contraction K; where rows and n share an axis, n keeps it. Then offsets (traced, bf16,
-    rows past the groups), one group holding every row, the batch-invariant mode's bits over
-    sharded rows, and a refused group total on sharded rows."""
-    _in_fresh_process(4, '''
+# What the sharded-jit tests run first, in a fresh process with 4 CPU devices: a 2 x 2 (dp, tp)
+# mesh, S(*spec) a sharding on it, and the group sizes and lhs [12, 6] they share.
+_MESH_2X2 = '''
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import moekit.jax as mj
@@ -513,6 +508,17 @@ S = lambda *spec: NamedSharding(mesh, P(*spec))
 rng = np.random.default_rng(0)
 sizes = jnp.asarray([3, 0, 6, 2], jnp.int32)
 lhs = jnp.asarray(rng.standard_normal((12, 6)), jnp.float32)
+'''
+
+
+def test_sharded_jit_keeps_the_weights_and_rows_sharded():
+    """Under jit with shardings on a 2 x 2 mesh (dp, tp), the forward and both gradients equal
+    jax.lax.ragged_dot's, and the compiled program gathers neither the weights nor the rows
+    where they are sharded over n (tensor parallel), over rows (data parallel), both, or over
+    the contraction K; where rows and n share an axis, n keeps it. Then offsets (traced, bf16,
+    rows past the groups), one group holding every row, the batch-invariant mode's bits over
+    sharded rows, and a refused group total on sharded rows."""
+    _in_fresh_process(4, _MESH_2X2 + '''
 rhs = jnp.asarray(rng.standard_normal((4, 6, 8)), jnp.float32)
 ct = jnp.asarray(rng.standard_normal((12, 8)), jnp.float32)
 def compiled(f, shardings, *args):
@@ -582,15 +588,7 @@ def test_sharded_jit_keeps_n_k_weights_sharded():
     dimension 1), rows over dp, both, or K over tp (their dimension 2). The forward and both
     gradients equal jax.lax.ragged_dot_general's, and the compiled programs gather neither the
     weights nor the rows."""
-    _in_fresh_process(4, '''
-import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-import moekit.jax as mj
-mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("dp", "tp"))
-S = lambda *spec: NamedSharding(mesh, P(*spec))
-rng = np.random.default_rng(0)
-sizes = jnp.asarray([3, 0, 6, 2], jnp.int32)
-lhs = jnp.asarray(rng.standard_normal((12, 6)), jnp.float32)
+    _in_fresh_process(4, _MESH_2X2 + '''
 rhs = jnp.asarray(rng.standard_normal((4, 8, 6)), jnp.float32)  # [G, n, K]
 ct = jnp.asarray(rng.standard_normal((12, 8)), jnp.float32)
 dn = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])),
