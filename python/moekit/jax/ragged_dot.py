@@ -70,8 +70,9 @@ def _result_shape(kind, a, b, num_local, rhs_transposed):
         return (a.shape[0], b.shape[n])
     if kind == "dlhs":
         return (a.shape[0], b.shape[k])
-    return (num_local, b.shape[1], a.shape[1]) if rhs_transposed else (num_local, a.shape[1],
-                                                                         b.shape[1])
+    if rhs_transposed:  # drhs(L, C) writes [E, n, K]
+        return (num_local, b.shape[1], a.shape[1])
+    return (num_local, a.shape[1], b.shape[1])
 
 
 def _impl(kind, a, b, group_sizes, group_offset, *, out_dtype, num_local, batch_invariant,
