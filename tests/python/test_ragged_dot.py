@@ -648,22 +648,28 @@ def test_importing_after_the_cpu_backend_started_warns():
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.stdout, run.stderr)
 
 
+@pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", [F32, BF16])
-def test_batch_invariant_rows_and_gradients_are_the_same_bits(dtype):
+def test_batch_invariant_rows_and_gradients_are_the_same_bits(dtype, layout):
     """batch_invariant=True: a probe row's output and input gradient are the same bits in a
     group of 1 to 600 rows, among other groups, with an offset; a group's weight gradient is the
-    same bits for the same rows among other groups."""
+    same bits for the same rows among other groups. Weights [E, K, n], and [E, n, K] read as they
+    lie (ragged_dot_general)."""
     K, n, G, e_loc = 160, 136, 5, 3
     rng = np.random.default_rng(3)
-    rhs = jnp.asarray(rng.standard_normal((e_loc, K, n)), dtype)
+    rhs = jnp.asarray(rng.standard_normal((e_loc, K, n) if layout == "kn" else (e_loc, n, K)),
+                      dtype)
     probe = jnp.asarray(rng.standard_normal(K), dtype)
     g_probe = jnp.asarray(rng.standard_normal(n), dtype)
 
     @jax.jit
     def run(lhs, g, sizes, offset):
         def loss(lhs, rhs):
-            out = mj.ragged_dot(lhs, rhs, sizes, group_offset=offset, batch_invariant=True,
-                                preferred_element_type=F32)
+            kwargs = dict(group_offset=offset, batch_invariant=True, preferred_element_type=F32)
+            if layout == "kn":
+                out = mj.ragged_dot(lhs, rhs, sizes, **kwargs)
+            else:
+                out = mj.ragged_dot_general(lhs, rhs, sizes, RHS_LAYOUT_DN["gnk"], **kwargs)
             return jnp.sum(out * g.astype(F32)), out
         (_, out), (d_lhs, d_rhs) = jax.value_and_grad(loss, (0, 1), has_aux=True)(lhs, rhs)
         return out, d_lhs, d_rhs
