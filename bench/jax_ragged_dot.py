@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/jax_ragged_dot.py --preset qwen3-30b-a3b --tokens 4096 \
         [--dtype bf16] [--shards 1,4] [--impls moekit,lax,masked] [--passes fwd,fwd+bwd] \
-        [--reps 5] [--warmup 1] [--inner N] [--json]
+        [--reps 5] [--warmup 1] [--inner N] [--rhs-layout kn|nk] [--json]
 
 It runs on JAX's default device: the CPU, or a GPU where jax has one (moekit's CUDA handlers).
 
@@ -31,6 +31,9 @@ Implementations:
   masked  the workaround moekit replaces: jax.lax.ragged_dot over all groups with the
           non-local groups' weights zero, then the non-local rows masked out. Only S > 1.
 Passes: fwd, and fwd+bwd (the gradients to lhs and rhs of sum(out * w)).
+--rhs-layout nk: the weights stored [E, n, K] (a linear layer's [out, in] per expert), which
+moekit and lax take through ragged_dot_general (moekit reads them as they lie; masked transposes
+them to [E, K, n] first).
 """
 
 from __future__ import annotations
@@ -87,23 +90,35 @@ def masked(lhs, rhs_local, sizes, offset):
     return jnp.where(local[:, None], out, 0)
 
 
-def impl_fn(name, sizes, offset):
-    """(lhs [m, K], rhs [E_loc, K, n]) -> [m, n] for one shard whose first group is offset."""
+# ragged_dot_general's dimension numbers for weights [E, n, K].
+_NK = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])),
+                                        lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+
+
+def impl_fn(name, sizes, offset, nk=False):
+    """(lhs [m, K], rhs [E_loc, K, n], or [E_loc, n, K] where nk) -> [m, n] for one shard whose
+    first group is offset."""
     if name == "moekit":
+        if nk:
+            return lambda a, b: mj.ragged_dot_general(a, b, sizes, _NK, group_offset=offset)
         return lambda a, b: mj.ragged_dot(a, b, sizes, group_offset=offset)
     if name == "lax":
+        if nk:
+            return lambda a, b: jax.lax.ragged_dot_general(a, b, sizes, _NK)
         return lambda a, b: jax.lax.ragged_dot(a, b, sizes)
+    if nk:
+        return lambda a, b: masked(a, jnp.swapaxes(b, 1, 2), sizes, offset)
     return lambda a, b: masked(a, b, sizes, offset)
 
 
-def spmd_fn(name, sizes, mesh):
+def spmd_fn(name, sizes, mesh, nk=False):
     """All shards of the mesh's "ep" axis at once: rhs [E, K, n] sharded by expert, lhs
     replicated, each device computing its groups and psum adding the partial outputs."""
     e_loc = sizes.shape[0] // mesh.shape["ep"]
 
     def per_device(a, b):
         first = jax.lax.axis_index("ep") * e_loc
-        return jax.lax.psum(impl_fn(name, sizes, first)(a, b), "ep")
+        return jax.lax.psum(impl_fn(name, sizes, first, nk)(a, b), "ep")
 
     return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("ep")), out_specs=P())
 
@@ -141,6 +156,8 @@ def main():
     ap.add_argument("--inner", type=int, default=None,
                     help="calls per timed rep (default: 1 on the CPU, 20 on a GPU)")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--rhs-layout", choices=["kn", "nk"], default="kn",
+                    help="the weights stored [E, K, n] (kn) or [E, n, K] (nk)")
     ap.add_argument("--json", action="store_true", help="JSON array on stdout, table on stderr")
     a = ap.parse_args()
     preset = next((p for p in json.loads(PRESETS.read_text())["presets"]
@@ -177,7 +194,8 @@ def main():
     m = a.tokens * k
     rng = np.random.default_rng(a.seed)
     lhs = jnp.asarray(rng.standard_normal((m, H)), dtype)
-    rhs_all = jnp.asarray(rng.standard_normal((E, H, F)) / np.sqrt(H), dtype)
+    nk = a.rhs_layout == "nk"
+    rhs_all = jnp.asarray(rng.standard_normal((E, F, H) if nk else (E, H, F)) / np.sqrt(H), dtype)
     w = jnp.asarray(rng.standard_normal((m, F)), dtype)
     sizes = jnp.asarray(group_sizes(m, E, 0.25, a.seed))
 
@@ -194,28 +212,31 @@ def main():
         e_loc = E // shards
         if mode == "spmd":
             mesh = Mesh(np.array(devices[:shards]), ("ep",))
-            f = spmd_fn(impl, sizes, mesh)
+            f = spmd_fn(impl, sizes, mesh, nk)
             args = (jax.device_put(lhs, NamedSharding(mesh, P())),
                     jax.device_put(rhs_all, NamedSharding(mesh, P("ep"))))
             computed = int(sizes.sum())
         else:
-            f = impl_fn(impl, sizes, jnp.int32(0))
+            f = impl_fn(impl, sizes, jnp.int32(0), nk)
             args = (lhs, rhs_all[:e_loc])
             computed = int(sizes[:e_loc].sum())
         fn = jax.jit(with_pass(f, pass_, w)).lower(*args).compile()
         med, best = time_ms(fn, args, a.warmup, a.reps, inner)
         flops = 2 * computed * H * F * (1 if pass_ == "fwd" else 3)
         rows.append(dict(impl=impl, pass_=pass_, shards=shards, mode=mode, preset=a.preset,
-                         tokens=a.tokens, dtype=a.dtype, device=device.device_kind,
+                         tokens=a.tokens, dtype=a.dtype, rhs_layout=a.rhs_layout,
+                         device=device.device_kind,
                          rows=computed, ms=med, min_ms=best, tflops=flops / med / 1e9))
     base = {(r["pass_"], r["shards"], r["mode"]): r["ms"] for r in rows if r["impl"] == "moekit"}
     for r in rows:
         r["vs_moekit"] = r["ms"] / base[(r["pass_"], r["shards"], r["mode"])] \
             if (r["pass_"], r["shards"], r["mode"]) in base else None
+    layout = "[E, n, K]" if nk else "[E, K, n]"
     print(f"\njax {jax.__version__} on {device.device_kind}, {a.preset} (m={m} K={H} n={F} "
-          f"E={E}), {a.dtype}, median of {a.reps} reps of {inner} call(s) after {a.warmup} "
-          f"untimed; shard0: one shard's call (E/S groups); spmd: all S shards in shard_map on "
-          f"S devices; rows: rows computed (by moekit); TFLOP/s of the useful work", file=out)
+          f"E={E}, weights {layout}), {a.dtype}, median of {a.reps} reps of {inner} call(s) "
+          f"after {a.warmup} untimed; shard0: one shard's call (E/S groups); spmd: all S shards "
+          f"in shard_map on S devices; rows: rows computed (by moekit); TFLOP/s of the useful "
+          f"work", file=out)
     print(f"{'impl':>7} {'pass':>8} {'shards':>6} {'mode':>6} {'rows':>7} {'ms':>10} "
           f"{'min ms':>10} {'TFLOP/s':>8} {'x moekit':>9}", file=out)
     for r in rows:

@@ -221,18 +221,21 @@ def test_no_rows_in_any_group_gives_zeros_and_zero_gradients(m):
     assert d_rhs.shape == rhs.shape and not np.asarray(d_rhs).any()
 
 
-def test_bench_script_runs_and_prints_its_json():
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_bench_script_runs_and_prints_its_json(layout):
     # bench/jax_ragged_dot.py at a tiny size: one object per (impl, shards, mode, pass) case:
-    # moekit's full call (masked needs shards), then shard 0 alone and all 4 under shard_map.
+    # moekit's full call (masked needs shards), then shard 0 alone and all 4 under shard_map;
+    # the weights [E, K, n] or [E, n, K].
     script = pathlib.Path(__file__).parents[2] / "bench" / "jax_ragged_dot.py"
     done = subprocess.run([sys.executable, str(script), "--tokens", "2", "--reps", "1",
-                           "--impls", "moekit,masked", "--shards", "1,4", "--json"],
-                          capture_output=True, text=True, check=True)
+                           "--impls", "moekit,masked", "--shards", "1,4", "--rhs-layout", layout,
+                           "--json"], capture_output=True, text=True, check=True)
     cases = json.loads(done.stdout)
     assert len(cases) == 2 + 2 * 2 * 2
     for c in cases:
         assert {"impl", "pass", "shards", "mode", "preset", "tokens", "device", "rows", "ms",
                 "tflops"} <= c.keys()
+        assert c["rhs_layout"] == layout
         assert c["ms"] > 0 and c["tflops"] > 0 and c["pass"] in ("fwd", "fwd+bwd")
         assert c["vs_moekit"] > 0
     assert {c["mode"] for c in cases if c["shards"] == 4} == {"shard0", "spmd"}
