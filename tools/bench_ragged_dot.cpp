@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <stdexcept>
-#include <string_view>
 #include <utility>
 
 #include "bench_common.h"
@@ -123,21 +122,23 @@ RatesBuffers rates_buffers(int64_t K, int64_t n, bool rhs_transposed) {
 }
 
 // A pass's dense matmul of m rows with the pass's operand layouts: C [M, N] = op(A) [M, Kd] x
-// op(B) [Kd, N], A and B the operands `a_is` and `b_is` name ("lhs", "d_out", or "rhs": one
-// weight matrix, [K, n], or [n, K] when transposed).
+// op(B) [Kd, N], A and B the pass's operands a_is and b_is (kRhs: one weight matrix, [K, n], or
+// [n, K] when transposed).
+enum class Operand { kLhs, kDOut, kRhs };
 struct DenseLayout {
   int64_t M, Kd, N;
   bool a_transposed, b_transposed;
-  const char *a_is, *b_is;
+  Operand a_is, b_is;
 };
 DenseLayout dense_layout(const std::string& pass, bool rhs_transposed, int64_t m, int64_t K,
                          int64_t n) {
   const bool t = rhs_transposed;
-  if (pass == "fwd") return {m, K, n, false, t, "lhs", "rhs"};      // lhs @ rhs
-  if (pass == "dlhs") return {m, n, K, false, !t, "d_out", "rhs"};  // d_out @ rhs^T
+  using enum Operand;
+  if (pass == "fwd") return {m, K, n, false, t, kLhs, kRhs};     // lhs @ rhs
+  if (pass == "dlhs") return {m, n, K, false, !t, kDOut, kRhs};  // d_out @ rhs^T
   // The weight gradient in the weights' layout: lhs^T @ d_out, or its transpose d_out^T @ lhs.
-  return t ? DenseLayout{n, m, K, true, false, "d_out", "lhs"}
-           : DenseLayout{K, m, n, true, false, "lhs", "d_out"};
+  return t ? DenseLayout{n, m, K, true, false, kDOut, kLhs}
+           : DenseLayout{K, m, n, true, false, kLhs, kDOut};
 }
 
 // `floor_rates`: the buffers of the floor's rates are held beside the call's (CPU: a read probe
@@ -329,7 +330,7 @@ Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& 
   for (const std::string& pass : o.passes) {
     const DenseLayout l = dense_layout(pass, o.rhs_transposed, M, K, n);
     dense.push_back(dev.dense(in, out, l.M, l.Kd, l.N, l.a_transposed, l.b_transposed));
-    const void* b_data = std::string_view(l.b_is) == "rhs" ? weights : b.data();
+    const void* b_data = l.b_is == Operand::kRhs ? weights : b.data();
     fns.push_back([&, d = dense.back().get(), b_data] { d->run(a.data(), b_data, c.data()); });
   }
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
@@ -395,8 +396,10 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
       const DenseLayout l = dense_layout(pass, o.rhs_transposed, m, K, n);
       const std::unique_ptr<DenseRef> dense =
           dev.dense(in, out, l.M, l.Kd, l.N, l.a_transposed, l.b_transposed);
-      const auto operand = [&](std::string_view is) -> const void* {
-        return is == "lhs" ? lhs.data() : is == "d_out" ? d_out.data() : rhs.mem.data();
+      const auto operand = [&](Operand is) -> const void* {
+        return is == Operand::kLhs    ? lhs.data()
+               : is == Operand::kDOut ? d_out.data()
+                                      : rhs.mem.data();
       };
       const void *da = operand(l.a_is), *db = operand(l.b_is);
       void* dc = pass == "fwd" ? y.data() : pass == "dlhs" ? d_lhs.data() : d_rhs.data();
