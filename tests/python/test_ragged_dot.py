@@ -125,12 +125,31 @@ def test_preferred_element_type_f32_from_bf16():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_vmap_over_a_leading_batch_dimension():
+def _forward(layout):
+    """(the forward on weights [G, K, n] (kn) or [G, n, K] (nk), JAX's own) as f(lhs, rhs, gs),
+    and the weights of that layout from [G, K, n] ones."""
+    if layout == "kn":
+        return mj.ragged_dot, jax.lax.ragged_dot, lambda w: w
+    dn = RHS_LAYOUT_DN["gnk"]
+    return (lambda a, b, s: mj.ragged_dot_general(a, b, s, dn),
+            lambda a, b, s: jax.lax.ragged_dot_general(a, b, s, dn),
+            lambda w: jnp.swapaxes(w, 1, 2))
+
+
+@pytest.mark.parametrize("layout", ["kn", "nk"])
+def test_vmap_over_a_leading_batch_dimension(layout):
+    f, reference, as_layout = _forward(layout)
     lhs, rhs, gs = _inputs(50, 8, 6, [20, 0, 30])
+    rhs = as_layout(rhs)
     batch = jnp.stack([lhs, 2 * lhs, -lhs])
-    got = jax.vmap(lambda a: mj.ragged_dot(a, rhs, gs))(batch)
+    got = jax.vmap(lambda a: f(a, rhs, gs))(batch)
     # jax.lax.ragged_dot has no batching rule for this; a loop is the reference.
-    want = jnp.stack([jax.lax.ragged_dot(a, rhs, gs) for a in batch])
+    want = jnp.stack([reference(a, rhs, gs) for a in batch])
+    np.testing.assert_allclose(got, want, **_tol(F32, 8))
+    # Batched weights too (each batch element its own weights, in the layout given).
+    weights = jnp.stack([rhs, -2 * rhs])
+    got = jax.vmap(lambda b: f(lhs, b, gs))(weights)
+    want = jnp.stack([reference(lhs, b, gs) for b in weights])
     np.testing.assert_allclose(got, want, **_tol(F32, 8))
 
 
@@ -210,13 +229,16 @@ def test_precision_is_the_fourth_argument_as_in_jax():
     np.testing.assert_allclose(got, masked_reference(lhs, rhs[1:], gs, 1), **_tol(F32, 8))
 
 
+@pytest.mark.parametrize("layout", ["kn", "nk"])
 @pytest.mark.parametrize("m", [0, 6])
-def test_no_rows_in_any_group_gives_zeros_and_zero_gradients(m):
+def test_no_rows_in_any_group_gives_zeros_and_zero_gradients(m, layout):
     # m = 0: empty lhs; m = 6: every group empty, so no row is computed.
+    f, _, as_layout = _forward(layout)
     lhs, rhs, gs = _inputs(m, 5, 4, [0, 0, 0])
-    out = mj.ragged_dot(lhs, rhs, gs)
+    rhs = as_layout(rhs)
+    out = f(lhs, rhs, gs)
     assert out.shape == (m, 4) and not np.asarray(out).any()
-    d_lhs, d_rhs = jax.grad(lambda a, b: mj.ragged_dot(a, b, gs).sum(), (0, 1))(lhs, rhs)
+    d_lhs, d_rhs = jax.grad(lambda a, b: f(a, b, gs).sum(), (0, 1))(lhs, rhs)
     assert d_lhs.shape == lhs.shape and not np.asarray(d_lhs).any()
     assert d_rhs.shape == rhs.shape and not np.asarray(d_rhs).any()
 
