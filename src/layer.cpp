@@ -328,15 +328,23 @@ Status check_weight(const char* op, const char* name, const ConstTensorView& w, 
   return {};
 }
 
-Status check_weights(const char* op, const MoeLayerWeights& w, const Dims& d) {
+Status check_weights(const char* op, const MoeLayerWeights& w, const Dims& d,
+                     const MoeLayerConfig& c) {
   MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.router", w.router, d.dt, {d.H, d.E}, "[H, E]"));
   const bool local = d.El != d.E;  // over P ranks: this rank's experts only
+  // The experts' weights: [E, in, out], or [E, out, in] (config.expert_weights_transposed).
+  const bool t = c.expert_weights_transposed;
+  auto expert_weight = [&](const char* name, const ConstTensorView& v, int64_t in, int64_t out,
+                           const char* in_name, const char* out_name, const char* note) {
+    const std::string dims =
+        fmt::format("[{}, {}, {}]{}{}", local ? "E_loc" : "E", t ? out_name : in_name,
+                    t ? in_name : out_name, note, t ? " (config.expert_weights_transposed)" : "");
+    return check_weight(op, name, v, d.dt, {d.El, t ? out : in, t ? in : out}, dims.c_str());
+  };
   MOEKIT_RETURN_IF_ERROR(
-      check_weight(op, "weights.w_in", w.w_in, d.dt, {d.El, d.H, d.W},
-                   d.W == d.F ? (local ? "[E_loc, H, F]" : "[E, H, F]")
-                              : (local ? "[E_loc, H, 2F] (gate | up)" : "[E, H, 2F] (gate | up)")));
-  MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.w_out", w.w_out, d.dt, {d.El, d.F, d.H},
-                                      local ? "[E_loc, F, H]" : "[E, F, H]"));
+      d.W == d.F ? expert_weight("weights.w_in", w.w_in, d.H, d.W, "H", "F", "")
+                 : expert_weight("weights.w_in", w.w_in, d.H, d.W, "H", "2F", " (gate | up)"));
+  MOEKIT_RETURN_IF_ERROR(expert_weight("weights.w_out", w.w_out, d.F, d.H, "F", "H", ""));
   if (present(w.b_in)) {
     MOEKIT_RETURN_IF_ERROR(check_weight(
         op, "weights.b_in", w.b_in, d.dt, {d.El, d.W},
@@ -414,7 +422,7 @@ Status check_inputs(const char* op, const ConstTensorView& x, const MoeLayerWeig
   d.El = d.E / ranks;
   d.dt = x.dtype;
   d.dev = exec.device;
-  return check_weights(op, w, d);
+  return check_weights(op, w, d, c);
 }
 
 // A view of the first `rows` rows.
@@ -430,6 +438,13 @@ RaggedDotOptions gemm(const MoeLayerConfig& config, bool accumulate = false) {
   RaggedDotOptions o;
   o.batch_invariant = config.batch_invariant;
   o.accumulate = accumulate;
+  return o;
+}
+
+// The grouped matmuls' options: gemm's, with the experts' weights as they lie.
+RaggedDotOptions expert_gemm(const MoeLayerConfig& config) {
+  RaggedDotOptions o = gemm(config);
+  o.rhs_transposed = config.expert_weights_transposed;
   return o;
 }
 
@@ -546,7 +561,8 @@ Status forward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& con
                        const Exec& exec, MoeLayerProfile* profile) {
   const int64_t rows = used_rows(sizes, s.x_rows.shape[0], exec);
   MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kGmmUp, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot(s.x_rows, weights.w_in, sizes, s.h, gemm(config), exec));
+    MOEKIT_RETURN_IF_ERROR(
+        ragged_dot(s.x_rows, weights.w_in, sizes, s.h, expert_gemm(config), exec));
     if (!present(weights.b_in)) return {};
     return detail::add_group_bias(s.h, sizes, weights.b_in, exec);
   }));
@@ -555,7 +571,8 @@ Status forward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& con
                       ActivationImpl::kAuto, exec);
   }));
   return timed(profile, exec, MoeStep::kGmmDown, [&]() -> Status {
-    MOEKIT_RETURN_IF_ERROR(ragged_dot(s.a, weights.w_out, sizes, y_rows, gemm(config), exec));
+    MOEKIT_RETURN_IF_ERROR(
+        ragged_dot(s.a, weights.w_out, sizes, y_rows, expert_gemm(config), exec));
     if (!present(weights.b_out)) return {};
     return detail::add_group_bias(y_rows, sizes, weights.b_out, exec);
   });
@@ -593,8 +610,8 @@ Status backward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& co
       MOEKIT_RETURN_IF_ERROR(detail::group_sums(b.d_rows, sizes, grads.b_out, exec));
     }
     MOEKIT_RETURN_IF_ERROR(
-        ragged_dot_dlhs(b.d_rows, weights.w_out, sizes, b.d_a, gemm(config), exec));
-    return ragged_dot_drhs(s.a, b.d_rows, sizes, grads.w_out, gemm(config), exec);
+        ragged_dot_dlhs(b.d_rows, weights.w_out, sizes, b.d_a, expert_gemm(config), exec));
+    return ragged_dot_drhs(s.a, b.d_rows, sizes, grads.w_out, expert_gemm(config), exec);
   }));
   MOEKIT_RETURN_IF_ERROR(timed(profile, exec, MoeStep::kActivation, [&] {
     return activation_backward(first_rows(s.h, rows), first_rows(b.d_a, rows), config.activation,
@@ -605,8 +622,8 @@ Status backward_experts(const MoeLayerWeights& weights, const MoeLayerConfig& co
       MOEKIT_RETURN_IF_ERROR(detail::group_sums(b.d_h, sizes, grads.b_in, exec));
     }
     MOEKIT_RETURN_IF_ERROR(
-        ragged_dot_dlhs(b.d_h, weights.w_in, sizes, b.d_rows, gemm(config), exec));
-    return ragged_dot_drhs(s.x_rows, b.d_h, sizes, grads.w_in, gemm(config), exec);
+        ragged_dot_dlhs(b.d_h, weights.w_in, sizes, b.d_rows, expert_gemm(config), exec));
+    return ragged_dot_drhs(s.x_rows, b.d_h, sizes, grads.w_in, expert_gemm(config), exec);
   });
 }
 
@@ -919,7 +936,7 @@ uint64_t config_fingerprint(const MoeLayerConfig& c) {
   put(c.hidden), put(c.ffn), put(c.num_experts), put(c.shared_ffn), put(c.align_size);
   put(static_cast<int>(c.activation)), put(c.capacity_factor), put(static_cast<int>(c.drop_policy));
   put(c.pad_to_capacity), put(c.aux_loss_coeff), put(c.aux_loss_sequences), put(c.z_loss_coeff);
-  put(c.batch_invariant);
+  put(c.batch_invariant), put(c.expert_weights_transposed);
   const RouteOptions& r = c.route;
   put(r.k), put(static_cast<int>(r.score)), put(r.pre_softmax), put(r.num_groups);
   put(r.group_topk), put(r.scaling_factor), put(r.expert_bias.size());

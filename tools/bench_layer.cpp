@@ -123,12 +123,14 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
   size_t cur = 0;
   MoeLayerWeights& wv = wvs[0];
   wv.router = ConstTensorView(router.data(), dt, {H, E});
-  wv.w_in = ConstTensorView(w_in[0].data(), dt, {E, H, W});
-  wv.w_out = ConstTensorView(w_out[0].data(), dt, {E, F, H});
+  const auto [in_rows, in_cols] = expert_matrix(cfg, H, W);
+  const auto [out_rows, out_cols] = expert_matrix(cfg, F, H);
+  wv.w_in = ConstTensorView(w_in[0].data(), dt, {E, in_rows, in_cols});
+  wv.w_out = ConstTensorView(w_out[0].data(), dt, {E, out_rows, out_cols});
   MoeLayerWeightGrads gv;
   gv.router = TensorView(g_router.data(), dt, {H, E});
-  gv.w_in = TensorView(g_in.data(), dt, {E, H, W});
-  gv.w_out = TensorView(g_out.data(), dt, {E, F, H});
+  gv.w_in = TensorView(g_in.data(), dt, {E, in_rows, in_cols});
+  gv.w_out = TensorView(g_out.data(), dt, {E, out_rows, out_cols});
   if (Fs > 0) {
     wv.shared_in = ConstTensorView(shared_in.data(), dt, {H, 2 * Fs});
     wv.shared_out = ConstTensorView(shared_out.data(), dt, {Fs, H});
@@ -189,21 +191,23 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
       dev.fill(w_in.back().data(), dt, E * H * W, o.seed + 4 + 100 * c);
       dev.fill(w_out.back().data(), dt, E * F * H, o.seed + 5 + 100 * c);
       MoeLayerWeights w = wvs[0];
-      w.w_in = ConstTensorView(w_in.back().data(), dt, {E, H, W});
-      w.w_out = ConstTensorView(w_out.back().data(), dt, {E, F, H});
+      w.w_in = ConstTensorView(w_in.back().data(), dt, {E, in_rows, in_cols});
+      w.w_out = ConstTensorView(w_out.back().data(), dt, {E, out_rows, out_cols});
       wvs.push_back(w);
     }
     r.copies = copies;
   }
 
-  // Dense references: [rows, H] @ [H, 2F] and [rows, F] @ [F, H], on buffers of their own.
+  // Dense references: [rows, H] @ [H, 2F] and [rows, F] @ [F, H] (the weights in the experts'
+  // layout), on buffers of their own.
   const int64_t dense_rows = std::max<int64_t>(rows, 1);
   Mem a_up = dev.alloc(dense_rows * H * es), c_up = dev.alloc(dense_rows * W * es);
   Mem a_down = dev.alloc(dense_rows * F * es), c_down = dev.alloc(dense_rows * H * es);
   dev.fill(a_up.data(), dt, rows * H, o.seed + 8);
   dev.fill(a_down.data(), dt, rows * F, o.seed + 9);
-  const std::unique_ptr<DenseRef> up = dev.dense(dt, dt, rows, H, W),
-                                  down = dev.dense(dt, dt, rows, F, H);
+  const bool b_t = cfg.expert_weights_transposed;
+  const std::unique_ptr<DenseRef> up = dev.dense(dt, dt, rows, H, W, false, b_t),
+                                  down = dev.dense(dt, dt, rows, F, H, false, b_t);
   // The floor's rates (CPU): a read of a buffer far larger than the caches, and a dense matmul
   // large enough to be compute-bound.
   Mem probe, a_peak, c_peak;
@@ -213,7 +217,7 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
     dev.fill(probe.data(), DType::kF32, static_cast<int64_t>(probe.bytes() / 4), o.seed + 10);
     a_peak = dev.alloc(kPeakRows * H * es), c_peak = dev.alloc(kPeakRows * W * es);
     dev.fill(a_peak.data(), dt, kPeakRows * H, o.seed + 11);
-    peak = dev.dense(dt, dt, kPeakRows, H, W);
+    peak = dev.dense(dt, dt, kPeakRows, H, W, false, b_t);
   }
 
   fwd_prof.clear();
@@ -419,6 +423,7 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
                    {"rows", r.rows},
                    {"dtype", std::string(dtype_name(dt))},
                    {"capacity_factor", o.capacity_factor},
+                   {"expert_weights_transposed", o.weights_transposed},
                    {"ms", t.median_ms},
                    {"min_ms", t.min_ms},
                    {"steps_ms", steps},
@@ -462,14 +467,17 @@ int run(const Options& o) {
   const DType dt = parse_dtype(o.dtype);
   const std::unique_ptr<BenchDevice> dev = make_bench_device(o.device);
   std::FILE* text = o.json ? stderr : stdout;  // --json keeps stdout for the JSON array
-  fmt::print(text, "moekit bench layer  dtype={}  {}  SwiGLU, aux loss coeff {}, {}  {}  {}\n",
-             dtype_name(dt),
-             o.capacity_factor > 0 ? fmt::format("capacity factor {}", o.capacity_factor)
-                                   : std::string("dropless"),
-             o.aux_loss_coeff,
-             "median of " + std::to_string(o.reps) + " runs after " + std::to_string(o.warmup) +
-                 " warm-up, interleaved with dense",
-             dev->description(), today_iso());
+  fmt::print(
+      text,
+      "moekit bench layer  dtype={}  experts' weights {}  {}  SwiGLU, aux loss coeff {}, {}  "
+      "{}  {}\n",
+      dtype_name(dt), o.weights_transposed ? "[E, out, in]" : "[E, in, out]",
+      o.capacity_factor > 0 ? fmt::format("capacity factor {}", o.capacity_factor)
+                            : std::string("dropless"),
+      o.aux_loss_coeff,
+      "median of " + std::to_string(o.reps) + " runs after " + std::to_string(o.warmup) +
+          " warm-up, interleaved with dense",
+      dev->description(), today_iso());
 
   Progress progress(static_cast<int>(todo.size() * o.tokens.size()));
   std::vector<Result> results;
@@ -536,6 +544,7 @@ MoeLayerConfig preset_config(const Preset& p, const LayerOptions& o, std::vector
   c.activation = Activation::kSwiGLU;
   c.capacity_factor = o.capacity_factor;
   c.aux_loss_coeff = o.aux_loss_coeff;
+  c.expert_weights_transposed = o.weights_transposed;
   return c;
 }
 
@@ -578,6 +587,10 @@ void register_bench_layer(CLI::App& bench) {
       ->check(CLI::IsMember({"cold", "warm"}))
       ->capture_default_str();
   add_cache_size_option(*cmd);
+  cmd->add_flag("--expert-weights-transposed", opts->weights_transposed,
+                "The experts' weights stored [E, out, in], each a linear layer's weight "
+                "(MoeLayerConfig::expert_weights_transposed), the dense references and the floor's "
+                "dense rate in that layout");
   cmd->add_flag("--invariant", opts->invariant,
                 "Also time the batch-invariant mode (MoeLayerConfig::batch_invariant), in the "
                 "same loop");

@@ -2,6 +2,7 @@
 // --ep P the layer over P ranks against the one-rank layer (bench_layer_ep.cpp).
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,19 @@ namespace moekit::tools {
 struct LayerOptions : BenchOptions {
   double capacity_factor = 0;
   float aux_loss_coeff = 0.01f;
-  int ep = 0;                  // > 0: the layer over this many ranks
-  bool invariant = false;      // also time the batch-invariant mode
-  std::string cache = "cold";  // cold: cycle through copies of the expert weights (CPU)
+  int ep = 0;                       // > 0: the layer over this many ranks
+  bool invariant = false;           // also time the batch-invariant mode
+  std::string cache = "cold";       // cold: cycle through copies of the expert weights (CPU)
+  bool weights_transposed = false;  // MoeLayerConfig::expert_weights_transposed
   EpGroupOptions group;
 };
+
+// One expert's weight [in, out] as the config lays it out: {in, out}, or {out, in} with
+// expert_weights_transposed.
+inline std::array<int64_t, 2> expert_matrix(const MoeLayerConfig& c, int64_t in, int64_t out) {
+  if (c.expert_weights_transposed) return {out, in};
+  return {in, out};
+}
 
 inline constexpr double kGiB = 1ull << 30;
 

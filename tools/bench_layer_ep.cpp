@@ -111,12 +111,14 @@ struct LayerData {
     fill_uniform(shared_out.data(), dt, Fs * H, seed + 7);
     w = MoeLayerWeights();
     w.router = ConstTensorView(router.data(), dt, {H, p.E});
-    w.w_in = ConstTensorView(w_in.data(), dt, {El, H, W});
-    w.w_out = ConstTensorView(w_out.data(), dt, {El, F, H});
+    const auto [in_rows, in_cols] = expert_matrix(cfg, H, W);
+    const auto [out_rows, out_cols] = expert_matrix(cfg, F, H);
+    w.w_in = ConstTensorView(w_in.data(), dt, {El, in_rows, in_cols});
+    w.w_out = ConstTensorView(w_out.data(), dt, {El, out_rows, out_cols});
     g = MoeLayerWeightGrads();
     g.router = TensorView(g_router.data(), dt, {H, p.E});
-    g.w_in = TensorView(g_in.data(), dt, {El, H, W});
-    g.w_out = TensorView(g_out.data(), dt, {El, F, H});
+    g.w_in = TensorView(g_in.data(), dt, {El, in_rows, in_cols});
+    g.w_out = TensorView(g_out.data(), dt, {El, out_rows, out_cols});
     if (Fs > 0) {
       w.shared_in = ConstTensorView(shared_in.data(), dt, {H, 2 * Fs});
       w.shared_out = ConstTensorView(shared_out.data(), dt, {Fs, H});

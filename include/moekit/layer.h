@@ -80,6 +80,16 @@ struct MoeLayerConfig {
   int32_t aux_loss_sequences = 0;
   float z_loss_coeff = 0.0f;  // 0: not computed
 
+  // How the experts' weights w_in and w_out lie (their gradients likewise). false (the
+  // default): [E, H, 2F | F] and [E, F, H], each expert's matrix [in, out] (h = x @ w_in[e]).
+  // true: [E, 2F | F, H] and [E, H, F], each a linear layer's [out, in] (h = x @ w_in[e]^T), as
+  // PyTorch and Hugging Face checkpoints store them: read as they lie
+  // (RaggedDotOptions::rhs_transposed), no copy. The layouts stream differently: on the CPU the
+  // forward runs faster on [out, in] from about 8 rows an expert on and the input gradient on
+  // [in, out] (bench/results/layer_weight_layout-cpu-2026-11-28). The router and the shared
+  // expert keep their layouts.
+  bool expert_weights_transposed = false;
+
   // Batch invariance (RaggedDotOptions::batch_invariant in every matmul; the router, permute,
   // the activation and unpermute work token by token already): a token's output, and its d_x,
   // are the same bits whatever the other tokens of the call, the number of threads, and over P
@@ -91,9 +101,10 @@ struct MoeLayerConfig {
 
 // Weights, all in x's dtype. Gated activations fuse gate and up in w_in.
 struct MoeLayerWeights {
-  ConstTensorView router;      // [H, E]
-  ConstTensorView w_in;        // [E, H, 2F] gated (gate | up), [E, H, F] otherwise
-  ConstTensorView w_out;       // [E, F, H]
+  ConstTensorView router;  // [H, E]
+  ConstTensorView w_in;    // [E, H, 2F] gated (gate | up), [E, H, F] otherwise
+  ConstTensorView w_out;   // [E, F, H]
+  // (with config.expert_weights_transposed: w_in [E, 2F | F, H], w_out [E, H, F])
   ConstTensorView shared_in;   // [H, 2Fs] | [H, Fs], present when shared_ffn > 0
   ConstTensorView shared_out;  // [Fs, H]
   // Optional biases of the expert FFNs (MaxText's w0 / w1 / wo biases, gpt-oss's), each present

@@ -118,6 +118,18 @@ struct HostTensor {
   ConstTensorView in() { return view<TensorView>(); }
 };
 
+// A copy of a rank-3 tensor [A, B, C] laid out [A, C, B] (each matrix transposed), as a
+// weight [E, K, n] stored [E, n, K].
+inline HostTensor transposed_matrices(const HostTensor& t) {
+  HostTensor out(t.dtype, {t.shape[0], t.shape[2], t.shape[1]});
+  for (int64_t a = 0; a < t.shape[0]; ++a) {
+    for (int64_t b = 0; b < t.shape[1]; ++b) {
+      for (int64_t c = 0; c < t.shape[2]; ++c) out.set({a, c, b}, t.get({a, b, c}));
+    }
+  }
+  return out;
+}
+
 // Group sizes for `groups` groups summing to `total`: each row lands in a group drawn uniformly.
 inline std::vector<int32_t> random_sizes(std::mt19937& rng, int64_t groups, int64_t total) {
   std::vector<int32_t> s(groups, 0);

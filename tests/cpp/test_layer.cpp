@@ -472,6 +472,12 @@ struct LayerRun {
             to_vec(shared_in), to_vec(shared_out), to_vec(b_in), to_vec(b_out)};
   }
   Oracle oracle(double d_aux, double d_z) const { return {c, bias, to_vec(d_out), d_aux, d_z}; }
+  // The same values with w_in and w_out stored [E, out, in] (config.expert_weights_transposed).
+  void transpose_expert_weights() {
+    w_in = transposed_matrices(w_in);
+    w_out = transposed_matrices(w_out);
+    cfg.expert_weights_transposed = true;
+  }
 };
 
 // 64-byte aligned bytes.
@@ -744,6 +750,72 @@ TEST(Layer, Bf16FollowsTheF32Layer) {
   close(g32.shared_out, g16f.shared_out, "d_shared_out (f32)");
 }
 
+// config.expert_weights_transposed: the layer on the same values with its experts' weights
+// stored [E, out, in], read as they lie, against the default layout (whose results the grid
+// checks against the oracle). The layouts take different kernels (on the CPU at bf16 and 8 rows
+// an expert or more, AMX's two forms), so they agree to the sums' order: f32 to 1e-5 of the RMS,
+// bf16 to 1% (each result rounded to bf16 once, and a rounding's difference carried on). The
+// weight gradients come back in their weights' layouts. One case sends every token to one expert
+// (a zero router), leaving the others empty.
+TEST(Layer, ExpertWeightsTransposedComputeTheSameLayer) {
+  const std::vector<LayerCase> cases = {
+      {.name = "gated_shared_biases",
+       .T = 67,
+       .H = 64,
+       .F = 48,
+       .E = 8,
+       .k = 2,
+       .Fs = 32,
+       .aux_coeff = 1.0f,
+       .b_in = true,
+       .b_out = true},
+      {.name = "gelu_capacity_aligned",
+       .T = 40,
+       .H = 24,
+       .F = 19,
+       .E = 4,
+       .k = 2,
+       .act = Activation::kGelu,
+       .capacity_factor = 1.0,
+       .align = 4},
+      {.name = "one_group", .T = 45, .H = 40, .F = 33, .E = 4, .k = 1}};
+  for (const DType dt : {DType::kF32, DType::kBF16}) {
+    for (const LayerCase& c : cases) {
+      SCOPED_TRACE(fmt::format("{} {}", c.name, dtype_name(dt)));
+      LayerRun ref(c, dt, 7), run(c, dt, 7);
+      if (c.name == "one_group") ref.router.fill(0.0f), run.router.fill(0.0f);
+      run.transpose_expert_weights();
+      Grads g_ref(ref, dt), g(run, dt);
+      ASSERT_EQ(g.w_in.shape, (std::vector<int64_t>{c.E, ref.w_in.shape[2], c.H}));
+      ASSERT_TRUE(forward_backward(ref, &g_ref).ok());
+      const Status s = forward_backward(run, &g);
+      ASSERT_TRUE(s.ok()) << s.message();
+      const double tol = dt == DType::kF32 ? 1e-5 : 1e-2;
+      auto close = [&](const HostTensor& want, const HostTensor& got, const char* what) {
+        const int64_t n = static_cast<int64_t>(want.bytes.size() / dtype_size(want.dtype));
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          num += std::pow(want.get_flat(i) - got.get_flat(i), 2);
+          den += std::pow(want.get_flat(i), 2);
+        }
+        if (den == 0.0) {  // (the router's gradient with one expert a token: 0 in both)
+          EXPECT_EQ(num, 0.0) << what;
+        } else {
+          EXPECT_LE(std::sqrt(num / den), tol) << what;
+        }
+      };
+      close(ref.out, run.out, "out");
+      close(g_ref.d_x, g.d_x, "d_x");
+      close(g_ref.router, g.router, "d_router");
+      close(g_ref.w_in, transposed_matrices(g.w_in), "d_w_in");
+      close(g_ref.w_out, transposed_matrices(g.w_out), "d_w_out");
+      if (c.Fs > 0) close(g_ref.shared_in, g.shared_in, "d_shared_in");
+      if (c.b_in) close(g_ref.b_in, g.b_in, "d_b_in");
+      if (c.b_out) close(g_ref.b_out, g.b_out, "d_b_out");
+    }
+  }
+}
+
 TEST(Activation, ReluHasNoGradientAtZeroAndEveryActivationMapsZeroToZero) {
   for (Activation act : kActivations) {
     const int64_t W = is_gated(act) ? 6 : 3;
@@ -959,6 +1031,16 @@ TEST(LayerErrors, NamedBeforeAnythingIsWritten) {
         r.w_in = HostTensor(DType::kF32, {4, 4, 3});
       },
       "weights.w_in.shape");
+  expect(
+      "w_in [E, H, 2F] where the config says [E, 2F, H]",
+      [](LayerRun& r) { r.cfg.expert_weights_transposed = true; }, "weights.w_in.shape");
+  expect(
+      "w_out [E, F, H] where the config says [E, H, F]",
+      [](LayerRun& r) {
+        r.w_in = transposed_matrices(r.w_in);
+        r.cfg.expert_weights_transposed = true;
+      },
+      "weights.w_out.shape");
   expect(
       "w_out dtype",
       [](LayerRun& r) {

@@ -158,8 +158,17 @@ std::vector<LayerCudaCase> layer_cases() {
     MoeLayerConfig oss_cap = small_config();
     oss_cap.capacity_factor = 1.0, oss_cap.pad_to_capacity = true;
     v.push_back({"ffn_biases_padded_T37_" + d, oss_cap, 37, dt, false, true});
+    MoeLayerConfig t = small_config();  // the experts' weights [E, out, in], read as they lie
+    t.expert_weights_transposed = true, t.aux_loss_coeff = 0.01f;
+    v.push_back({"expert_weights_transposed_T111_" + d, t, 111, dt, false, true});
   }
   return v;
+}
+
+// An expert's weight [E, in, out], or [E, out, in] where the config says so.
+std::vector<int64_t> expert_dims(const MoeLayerConfig& c, int64_t in, int64_t out) {
+  if (c.expert_weights_transposed) return {c.num_experts, out, in};
+  return {c.num_experts, in, out};
 }
 
 // The host tensors of one layer call and their device copies.
@@ -177,8 +186,8 @@ struct LayerData {
         dt(c.dt),
         x(c.dt, {c.T, c.cfg.hidden}),
         router(c.dt, {c.cfg.hidden, c.cfg.num_experts}),
-        w_in(c.dt, {c.cfg.num_experts, c.cfg.hidden, width(c.cfg.ffn)}),
-        w_out(c.dt, {c.cfg.num_experts, c.cfg.ffn, c.cfg.hidden}),
+        w_in(c.dt, expert_dims(c.cfg, c.cfg.hidden, width(c.cfg.ffn))),
+        w_out(c.dt, expert_dims(c.cfg, c.cfg.ffn, c.cfg.hidden)),
         shared_in(c.dt, {c.cfg.hidden, width(c.cfg.shared_ffn)}),
         shared_out(c.dt, {c.cfg.shared_ffn, c.cfg.hidden}),
         b_in(c.dt, {c.cfg.num_experts, width(c.cfg.ffn)}),

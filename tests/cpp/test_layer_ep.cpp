@@ -45,8 +45,9 @@ struct EpCase {
   float aux = 0, z = 0;
   int32_t sequences = 0;
   std::vector<int64_t> tokens = {5, 0, 9, 3};  // rank p's: tokens[p % size]
-  bool invariant = false;  // MoeLayerConfig::batch_invariant: then out and d_x are bit-equal
-  bool biases = false;     // the expert FFNs' biases b_in and b_out
+  bool invariant = false;   // MoeLayerConfig::batch_invariant: then out and d_x are bit-equal
+  bool biases = false;      // the expert FFNs' biases b_in and b_out
+  bool transposed = false;  // MoeLayerConfig::expert_weights_transposed: w_in, w_out [E, out, in]
 };
 
 // The whole problem for P ranks, the same on every rank.
@@ -102,6 +103,11 @@ struct Problem {
     cfg.z_loss_coeff = ec.z;
     cfg.aux_loss_sequences = ec.sequences;
     cfg.batch_invariant = ec.invariant;
+    if (ec.transposed) {
+      w_in = transposed_matrices(w_in);
+      w_out = transposed_matrices(w_out);
+      cfg.expert_weights_transposed = true;
+    }
     all_cfg = cfg;
     all_cfg.aux_loss_sequences = ec.sequences * P;
   }
@@ -371,6 +377,14 @@ const EpCase kCases[] = {
      .tokens = {5, 0, 9, 3},
      .biases = true},
     {.name = "biases_capacity", .capacity_factor = 0.75, .biases = true},
+    // The experts' weights stored [E_loc, out, in], each rank's read as they lie.
+    {.name = "transposed_weights",
+     .k = 3,
+     .Fs = 6,
+     .aux = 0.01f,
+     .tokens = {5, 0, 9, 3},
+     .biases = true,
+     .transposed = true},
 };
 
 void PrintTo(const EpCase& c, std::ostream* os) { *os << c.name; }
