@@ -1,5 +1,6 @@
 // Read rate of a 1 GiB buffer on all threads: each thread's range read as S interleaved streams.
 #include <omp.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
