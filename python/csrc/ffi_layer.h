@@ -28,6 +28,7 @@ struct LayerAttrs {
   int32_t aux_loss_sequences;  // > 0: the per-sequence loss over this many sequences
   float z_loss_coeff;
   bool batch_invariant;
+  bool expert_weights_transposed;  // w_in, w_out [E, out, in]
 };
 
 inline MoeLayerConfig layer_config(const LayerAttrs& a, std::span<const float> expert_bias) {
@@ -46,6 +47,7 @@ inline MoeLayerConfig layer_config(const LayerAttrs& a, std::span<const float> e
   c.aux_loss_sequences = a.aux_loss_sequences;
   c.z_loss_coeff = a.z_loss_coeff;
   c.batch_invariant = a.batch_invariant;
+  c.expert_weights_transposed = a.expert_weights_transposed;
   return c;
 }
 
@@ -62,4 +64,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     xla::ffi::StructMember<int32_t>("drop_policy"), xla::ffi::StructMember<int64_t>("align_size"),
     xla::ffi::StructMember<float>("aux_loss_coeff"),
     xla::ffi::StructMember<int32_t>("aux_loss_sequences"),
-    xla::ffi::StructMember<float>("z_loss_coeff"), xla::ffi::StructMember<bool>("batch_invariant"));
+    xla::ffi::StructMember<float>("z_loss_coeff"), xla::ffi::StructMember<bool>("batch_invariant"),
+    xla::ffi::StructMember<bool>("expert_weights_transposed"));

@@ -32,10 +32,12 @@ class ExpertBias(nnx.Variable):
     moves it."""
 
 
-# Lecun normal for stacked expert weights [E, fan_in, fan_out]: each expert's matrix scaled by
-# its own fan-in.
+# Lecun normal for stacked expert weights [E, fan_in, fan_out] (or [E, fan_out, fan_in]
+# transposed): each expert's matrix scaled by its own fan-in.
 _EXPERTS_INIT = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=-2,
                                                   out_axis=-1, batch_axis=(0,))
+_EXPERTS_INIT_T = nnx.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                                    in_axis=-1, out_axis=-2, batch_axis=(0,))
 
 
 class MoeLayer(nnx.Module):
@@ -50,6 +52,9 @@ class MoeLayer(nnx.Module):
       shared_out  [Fs, H]                     (mlp_axis, embed_axis)
       b_in        [E, 2F] | [E, F]            (expert_axis, mlp_axis)    with use_bias (zeros)
       b_out       [E, H]                      (expert_axis, embed_axis)
+      (with expert_weights_transposed=True: w_in [E, 2F | F, H] (expert_axis, mlp_axis,
+      embed_axis) and w_out [E, H, F] (expert_axis, embed_axis, mlp_axis), linear layers'
+      [out, in], as moe_layer then takes them)
       expert_bias [E] float32, an `ExpertBias` (zeros), with use_expert_bias (sigmoid or
                   sqrtsoftplus routing)
 
@@ -69,7 +74,7 @@ class MoeLayer(nnx.Module):
       **options: every other `moe_layer` keyword, fixed for the module: score, pre_softmax,
         num_groups, group_topk, scaling_factor, capacity_factor, drop_policy, align_size,
         aux_loss_coeff, aux_loss_per_sequence, z_loss_coeff, ep_axis, ep_exchange,
-        batch_invariant, fused.
+        batch_invariant, fused, expert_weights_transposed.
 
     Calling it: ``out, aux = layer(x)``, x ``[..., H]`` (``[B, S, H]``): moe_layer's results.
     With ep_axis (inside `jax.shard_map`) the module's w_in and w_out hold this device's
@@ -99,8 +104,13 @@ class MoeLayer(nnx.Module):
                              eager_sharding=eager)
 
         self.router = param(lecun, (H, E), (embed_axis, None))
-        self.w_in = param(_EXPERTS_INIT, (E, H, width), (expert_axis, embed_axis, mlp_axis))
-        self.w_out = param(_EXPERTS_INIT, (E, F, H), (expert_axis, mlp_axis, embed_axis))
+        if options.get("expert_weights_transposed", False):  # [E, out, in]
+            self.w_in = param(_EXPERTS_INIT_T, (E, width, H),
+                              (expert_axis, mlp_axis, embed_axis))
+            self.w_out = param(_EXPERTS_INIT_T, (E, H, F), (expert_axis, embed_axis, mlp_axis))
+        else:
+            self.w_in = param(_EXPERTS_INIT, (E, H, width), (expert_axis, embed_axis, mlp_axis))
+            self.w_out = param(_EXPERTS_INIT, (E, F, H), (expert_axis, mlp_axis, embed_axis))
         shared_width = 2 * shared_ffn if activation_kind in _GATED else shared_ffn
         self.shared_in = (param(lecun, (H, shared_width), (embed_axis, mlp_axis))
                           if shared_ffn else None)

@@ -27,6 +27,9 @@ def problem(case, dtype, devices, seed=0):
         kb = jax.random.split(ks[0], 2)
         params = params._replace(b_in=n(kb[0], (E, params.w_in.shape[2]), 0.3),
                                  b_out=n(kb[1], (E, H), 0.3))
+    if case.get("expert_weights_transposed"):  # [E, out, in], split over E as before
+        params = params._replace(w_in=jnp.swapaxes(params.w_in, 1, 2),
+                                 w_out=jnp.swapaxes(params.w_out, 1, 2))
     x = n(ks[0], (devices * T_LOC, H), 1.0)
     ct = n(ks[6], (devices * T_LOC, H), 1.0)
     if case.get("sequences"):  # [devices * sequences, S, H]: each device's own sequences
@@ -49,7 +52,8 @@ def grad_names(params):
 
 def layer_kwargs(case):
     keep = ("k", "score", "pre_softmax", "expert_bias", "activation_kind", "capacity_factor",
-            "drop_policy", "aux_loss_coeff", "z_loss_coeff", "batch_invariant")
+            "drop_policy", "aux_loss_coeff", "z_loss_coeff", "batch_invariant",
+            "expert_weights_transposed")
     kw = {key: case[key] for key in keep if key in case}
     if case.get("sequences"):
         kw["aux_loss_per_sequence"] = True
@@ -78,6 +82,9 @@ def cases(devices):
                                 z_loss_coeff=0.001, batch_invariant=True),
         # The expert FFNs' biases live with their experts (gpt-oss).
         "biases": dict(base, k=3, Fs=6, aux_loss_coeff=0.01, biases=True),
+        # The experts' weights stored [E, out, in], each device's read as they lie.
+        "expert_weights_transposed": dict(base, k=3, Fs=6, aux_loss_coeff=0.01, biases=True,
+                                          expert_weights_transposed=True),
     }
 
 

@@ -74,6 +74,22 @@ def test_weights_are_initialised_by_fan_in_with_partitioning_metadata():
     assert MoeLayer(8, 5, 4, 2, activation_kind="gelu", rngs=nnx.Rngs(0)).w_in.shape == (4, 8, 5)
 
 
+def test_expert_weights_transposed_are_held_out_by_in():
+    # [E, out, in] weights, each expert scaled by its own fan-in (the last axis now), with the
+    # metadata in that order; the module is moe_layer on them.
+    layer = MoeLayer(64, 16, 4, 2, expert_weights_transposed=True, rngs=nnx.Rngs(0))
+    assert layer.w_in.shape == (4, 32, 64) and layer.w_out.shape == (4, 64, 16)
+    specs = nnx.get_partition_spec(nnx.state(layer, nnx.Param))
+    assert tuple(specs["w_in"].get_value()) == ("expert", "mlp", "embed")
+    assert tuple(specs["w_out"].get_value()) == ("expert", "embed", "mlp")
+    assert 0.7 < float(jnp.var(layer.w_in[...])) * 64 < 1.3
+    assert 0.7 < float(jnp.var(layer.w_out[...])) * 16 < 1.3
+    x = x_of((6, 64))
+    out, _ = layer(x)
+    np.testing.assert_array_equal(
+        out, mj.moe_layer(x, layer.params(F32), k=2, expert_weights_transposed=True)[0])
+
+
 def test_dtypes():
     # bf16 weights with f32 x: computed in x's dtype by default, or in `dtype`.
     layer = MoeLayer(8, 5, 4, 2, param_dtype=BF16, rngs=nnx.Rngs(0))

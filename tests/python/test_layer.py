@@ -173,6 +173,73 @@ def test_layer_matches_the_pure_jax_layer_values_and_gradients(case, fused):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * scale, err_msg=f"d {name}")
 
 
+# expert_weights_transposed: w_in [E, 2F | F, H] and w_out [E, H, F] read as they lie, against the
+# pure-JAX layer on the default layout (the same values), values and gradients (the weights'
+# in their own layout); the lowered program transposes no more than the default layout's.
+TRANSPOSED_CASES = [c for c in CASES if c[0] in ("mixtral", "deepseek_v3", "sigmoid_gelu",
+                                                 "gpt_oss_biases")]
+
+
+@FUSED
+@pytest.mark.parametrize("case", TRANSPOSED_CASES, ids=[c[0] for c in TRANSPOSED_CASES])
+def test_expert_weights_transposed_are_read_as_they_lie(case, fused):
+    _, T, H, F, E, k, Fs, opts = case
+    x, params, opts, g = setup(T, H, F, E, Fs, opts)
+    opts["fused"] = fused
+    swap = lambda w: jnp.swapaxes(w, 1, 2)  # noqa: E731
+    params_t = params._replace(w_in=swap(params.w_in), w_out=swap(params.w_out))
+
+    def ours(x, params_t):
+        out, a = mj.moe_layer(x, params_t, k=k, expert_weights_transposed=True, **opts)
+        return out, a.aux_loss, a.z_loss
+
+    def ref(x, params):
+        return ref_layer(x, params, k=k, **without_fused(opts))[:3]
+
+    def loss(layer):
+        def f(x, params):
+            out, aux, z = layer(x, params)
+            return jnp.sum(out * g) + 0.7 * aux + 1.3 * z
+        return f
+
+    for name, a, b in zip(("out", "aux_loss", "z_loss"), jax.jit(ours)(x, params_t),
+                          ref(x, params)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=name)
+    got_g = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(x, params_t)
+    want_g = jax.grad(loss(ref), argnums=(0, 1))(x, params)
+    want_g = (want_g[0], want_g[1]._replace(w_in=swap(want_g[1].w_in),
+                                            w_out=swap(want_g[1].w_out)))
+    assert got_g[1].w_in.shape == params_t.w_in.shape
+    names = ["x"] + [f"params.{f}" for f in mj.MoeParams._fields]
+    for name, a, b in zip(names, jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
+        scale = float(jnp.max(jnp.abs(b))) + 1e-6
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * scale, err_msg=f"d {name}")
+
+    def default(x, params):
+        out, a = mj.moe_layer(x, params, k=k, **opts)
+        return out, a.aux_loss, a.z_loss
+
+    def transposes(fn, p):
+        return jax.jit(jax.grad(loss(fn), argnums=(0, 1))).lower(x, p).as_text().count(
+            "stablehlo.transpose")
+
+    assert transposes(ours, params_t) == transposes(default, params)
+
+
+def test_expert_weights_transposed_errors_name_the_layout():
+    x, params, _, _ = setup(5, 8, 3, 4, 0, {})
+    # The default layout's weights where [E, out, in] is asked for (and the other way round).
+    with pytest.raises(ValueError, match=r"params.w_out must be \[E, H, F\] = \[4, 8, F\], "
+                                         r"expert_weights_transposed, got \(4, 3, 8\)"):
+        mj.moe_layer(x, params, k=2, expert_weights_transposed=True)
+    swapped = params._replace(w_out=jnp.swapaxes(params.w_out, 1, 2))
+    with pytest.raises(ValueError, match=r"params.w_in must be \[4, 6, 8\] \(\[E, 2F, H\], "
+                                         r"gate \| up, expert_weights_transposed\), got"):
+        mj.moe_layer(x, swapped, k=2, expert_weights_transposed=True)
+    with pytest.raises(TypeError, match="expert_weights_transposed"):
+        mj.moe_layer(x, params, k=2, expert_weights_transposed="yes")
+
+
 @FUSED
 def test_bf16_follows_f32(fused):
     T, H, F, E, k = 33, 64, 24, 8, 2
@@ -483,7 +550,8 @@ def _layer_attrs(H, F, E, k, **options):
     fields = dict(hidden=H, ffn=F, num_experts=E, shared_ffn=0, k=k, score=0, pre_softmax=False,
                   num_groups=0, group_topk=0, scaling_factor=1.0, activation=0,
                   capacity_factor=0.0, drop_policy=0, align_size=1, aux_loss_coeff=0.0,
-                  aux_loss_sequences=0, z_loss_coeff=0.0, batch_invariant=False)
+                  aux_loss_sequences=0, z_loss_coeff=0.0, batch_invariant=False,
+                  expert_weights_transposed=False)
     return _ffi.layer_attrs(**{**fields, **options})
 
 

@@ -277,6 +277,8 @@ LAYERS = {
     "capacity_align": dict(k=2, capacity_factor=0.75, drop_policy="position", align_size=8,
                            activation_kind="relu"),
     "presoftmax_gelu": dict(k=3, pre_softmax=True, activation_kind="gelu", shared=True),
+    # The experts' weights [E, out, in], read as they lie by the CUDA kernels too.
+    "expert_weights_transposed": dict(k=4, expert_weights_transposed=True),
 }
 
 
@@ -291,6 +293,9 @@ def test_moe_layer_forward_and_gradients(name, T, dtype):
     x, params, c = _layer_inputs(T, H, F, E, dtype, gated, shared, seed=19)
     if o.pop("expert_bias", False):
         o["expert_bias"] = jnp.asarray(np.random.default_rng(23).permutation(E) * 4.0, F32)
+    if o.get("expert_weights_transposed"):
+        params = params._replace(w_in=jnp.swapaxes(params.w_in, 1, 2),
+                                 w_out=jnp.swapaxes(params.w_out, 1, 2))
 
     def f(x, params):
         def loss(x, params):

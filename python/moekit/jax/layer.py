@@ -14,7 +14,7 @@ import numpy as np
 from moekit.jax import _ffi, ep, ep_mpi
 from moekit.jax import _token_sharding as ts
 from moekit.jax.permute import capacity_options, permute, unpermute
-from moekit.jax.ragged_dot import ragged_dot
+from moekit.jax.ragged_dot import _ragged_rows, ragged_dot
 from moekit.jax.router import aux_loss_scores, load_balancing_loss, route, route_attrs, z_loss
 
 __all__ = ["MoeAux", "MoeParams", "activation", "moe_layer"]
@@ -24,7 +24,9 @@ class MoeParams(NamedTuple):
     """The layer's weights, all in x's dtype. Gated activations fuse gate and up in w_in. The
     expert FFNs' biases (gpt-oss; MaxText's w0 / w1 / wo biases) are optional, each on its own:
     h = x @ w_in[e] + b_in[e], y = a @ w_out[e] + b_out[e] on the rows of expert e (the matmul
-    rounded to x's dtype, the bias added in float32 and the sum rounded again)."""
+    rounded to x's dtype, the bias added in float32 and the sum rounded again). With
+    moe_layer's expert_weights_transposed, w_in is [E, 2F | F, H] and w_out [E, H, F]: each
+    expert's weights as linear layers' [out, in]."""
     router: jax.Array                       # [H, E]
     w_in: jax.Array                         # [E, H, 2F] (gate | up) gated, [E, H, F] otherwise
     w_out: jax.Array                        # [E, F, H]
@@ -348,7 +350,8 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
               group_topk=None, scaling_factor=1.0, expert_bias=None, activation_kind="swiglu",
               capacity_factor=None, drop_policy="probs", align_size=None, aux_loss_coeff=0.0,
               aux_loss_per_sequence=False, z_loss_coeff=0.0, ep_axis=None, ep_exchange="auto",
-              token_axes=None, batch_invariant=False, fused=None):
+              token_axes=None, batch_invariant=False, fused=None,
+              expert_weights_transposed=False):
     """The MoE layer: route, permute, gate+up grouped matmul, activation, down grouped matmul,
     combine with the routing weights, plus an optional shared expert.
 
@@ -406,6 +409,13 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         `ragged_dot`'s batch-invariant mode; the other steps work token by token already. Not
         where the result depends on the batch by definition: the tokens a capacity drops, and
         the gradient through the load-balancing loss or the z-loss. CPU only.
+      expert_weights_transposed: params.w_in ``[E, 2F | F, H]`` and params.w_out ``[E, H, F]``
+        (``E_loc`` with ep_axis): each expert's weights as linear layers' ``[out, in]``, as
+        PyTorch and Hugging Face checkpoints store them, read as they lie (no transpose, forward
+        or backward), their gradients in the same layout. On the CPU the forward streams them
+        faster from about 8 rows an expert on, the input gradient slower
+        (bench/results/layer_weight_layout-cpu-2026-11-28). The router and the shared expert keep
+        their layouts.
       fused: how the layer runs. True: one call each way, the C++ layer's forward and backward
         (`moekit/layer.h`) with its saved activations as the residual: what the C++ layer does
         once, done once (bench/results/jax_layer-*); on the CPU without ep_axis. False: step by
@@ -456,14 +466,15 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
     out, aux = _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk,
                           scaling_factor, expert_bias, activation_kind, capacity_factor,
                           drop_policy, align_size, aux_loss_coeff, sequences, z_loss_coeff,
-                          ep_axis, ep_exchange, token_axes, batch_invariant, fused)
+                          ep_axis, ep_exchange, token_axes, batch_invariant, fused,
+                          expert_weights_transposed)
     return out.reshape(shape), aux
 
 
 def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, scaling_factor,
                expert_bias, activation_kind, capacity_factor, drop_policy, align_size,
                aux_loss_coeff, sequences, z_loss_coeff, ep_axis, ep_exchange, token_axes,
-               batch_invariant, fused):
+               batch_invariant, fused, expert_weights_transposed):
     """moe_layer on x [T, H] (sequences: the per-sequence loss's count, 0 for the batch's)."""
     T, H = x.shape
     router, w_in, w_out = (jnp.asarray(w) for w in params[:3])
@@ -492,14 +503,21 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
                          f"{sorted(_ACTIVATIONS)}")
     gated = _ACTIVATIONS[activation_kind][0]
     experts = "E" if ep_axis is None else "E_loc"
-    if w_out.ndim != 3 or w_out.shape[0] != E_loc or w_out.shape[2] != H:
-        raise ValueError(f"{fn}: params.w_out must be [{experts}, F, H] = [{E_loc}, F, {H}], "
-                         f"got {tuple(w_out.shape)}")
-    F = w_out.shape[1]
-    want_in = (E_loc, H, 2 * F if gated else F)
+    # The experts' weights [E, in, out], or [E, out, in] transposed.
+    t = _ffi.bool_arg(fn, "expert_weights_transposed", expert_weights_transposed)
+    layout = ", expert_weights_transposed" if t else ""
+    if w_out.ndim != 3 or w_out.shape[0] != E_loc or w_out.shape[1 if t else 2] != H:
+        want = (f"[{experts}, H, F] = [{E_loc}, {H}, F]" if t
+                else f"[{experts}, F, H] = [{E_loc}, F, {H}]")
+        raise ValueError(f"{fn}: params.w_out must be {want}{layout}, got "
+                         f"{tuple(w_out.shape)}")
+    F = w_out.shape[2 if t else 1]
+    width, width_name = (2 * F, "2F") if gated else (F, "F")
+    want_in = (E_loc, width, H) if t else (E_loc, H, width)
     if tuple(w_in.shape) != want_in:
+        names = f"[{experts}, {width_name}, H]" if t else f"[{experts}, H, {width_name}]"
         raise ValueError(f"{fn}: params.w_in must be {list(want_in)} "
-                         f"([{experts}, H, {'2F], gate | up' if gated else 'F]'}), got "
+                         f"({names}{', gate | up' if gated else ''}{layout}), got "
                          f"{tuple(w_in.shape)}")
     for name, w in (("router", router), ("w_in", w_in), ("w_out", w_out)):
         if w.dtype != x.dtype:
@@ -518,7 +536,7 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
             if w.dtype != x.dtype:
                 raise TypeError(f"{fn}: params.{name} is {w.dtype}, x is {x.dtype}")
     biases = []
-    for name, value, want in (("b_in", params.b_in, (E_loc, want_in[2])),
+    for name, value, want in (("b_in", params.b_in, (E_loc, width)),
                               ("b_out", params.b_out, (E_loc, H))):
         if value is None:
             biases.append(None)
@@ -550,7 +568,8 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
     o = _Options(k=k, score=score, pre_softmax=pre_softmax, num_groups=num_groups,
                  group_topk=group_topk, scaling_factor=scaling_factor,
                  activation_kind=activation_kind, capacity_factor=capacity_factor,
-                 drop_policy=drop_policy, align_size=align_size, batch_invariant=batch_invariant)
+                 drop_policy=drop_policy, align_size=align_size, batch_invariant=batch_invariant,
+                 expert_weights_transposed=t)
     none = jnp.zeros((0,), x.dtype)
     weights = (router, w_in, w_out, shared_in if shared else none,
                shared_out if shared else none, *(none if b is None else b for b in biases))
@@ -570,7 +589,8 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
             capacity_factor=cf, drop_policy=policy, align_size=align,
             aux_loss_coeff=0.0 if beside else aux_loss_coeff,
             aux_loss_sequences=0 if beside else sequences,
-            z_loss_coeff=0.0 if beside else z_loss_coeff, batch_invariant=batch_invariant)
+            z_loss_coeff=0.0 if beside else z_loss_coeff, batch_invariant=batch_invariant,
+            expert_weights_transposed=t)
         if _ffi.layer_workspace(attrs, T, x.dtype == jnp.bfloat16) is None:
             raise ValueError(f"{fn}: {T} tokens, H = {H}, F = {F}, {E} experts, k = {k}, "
                              f"align_size = {align_size}, capacity_factor = {capacity_factor}: "
@@ -607,6 +627,7 @@ class _Options(NamedTuple):
     drop_policy: str
     align_size: Optional[int]
     batch_invariant: bool
+    expert_weights_transposed: bool
 
 
 def _dense(a, w, batch_invariant):
@@ -706,13 +727,16 @@ def _steps(x, weights, bias, o, ep_axis=None, exchange=None):
         rows, plan = dispatch(p.x, p.tokens_per_expert, ep_axis, capacity=capacity)
         sizes = plan.local_tokens_per_expert  # [E_loc]
         tokens_per_expert = jax.lax.psum(tokens_per_expert, ep_axis)
-    # [rows, 2F | F]; 0 past the groups
-    h = ragged_dot(rows, w_in, sizes, batch_invariant=o.batch_invariant)
+    def experts_dot(a, w):  # a @ w[e] on the rows of expert e, w in the experts' layout
+        return _ragged_rows("moe_layer", a, w, sizes, None, None, None, o.batch_invariant,
+                            rhs_transposed=o.expert_weights_transposed)
+
+    h = experts_dot(rows, w_in)  # [rows, 2F | F]; 0 past the groups
     if b_in.size:
         h = _add_group_bias(h, sizes, b_in)
     # The groups' rows only (on a GPU every row: those past the groups are 0 and map to 0).
     a = _activation(h, jnp.sum(sizes).astype(jnp.int32), o.activation_kind, True)
-    y = ragged_dot(a, w_out, sizes, batch_invariant=o.batch_invariant)  # [rows, H]
+    y = experts_dot(a, w_out)  # [rows, H]
     if b_out.size:
         y = _add_group_bias(y, sizes, b_out)
     if ep_axis is not None:
