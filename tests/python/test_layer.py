@@ -3,6 +3,7 @@ test_router's reference router) and jax.lax.ragged_dot: values, the losses, and 
 x and every weight, for each preset's routing on small shapes; capacity mode against drops
 worked out here in NumPy from SPEC.md; and the named errors."""
 
+import functools
 import json
 import math
 import pathlib
@@ -138,18 +139,31 @@ def setup(T, H, F, E, Fs, opts, dtype=F32, seed=0):
     return x, params, opts, g
 
 
+def weighted_loss(layer, g):
+    """The scalar whose gradients the tests compare: layer's (out, aux_loss, z_loss) against the
+    cotangent g, plus the losses."""
+    def f(x, params):
+        out, aux, z = layer(x, params)
+        return jnp.sum(out.astype(F32) * g) + 0.7 * aux + 1.3 * z
+    return f
+
+
+def assert_values_and_grads_close(got, want, got_g, want_g):
+    """(out, aux_loss, z_loss) and the gradients to (x, params), ours against the reference's."""
+    for name, a, b in zip(("out", "aux_loss", "z_loss"), got, want):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=name)
+    names = ["x"] + [f"params.{f}" for f in mj.MoeParams._fields]
+    for name, a, b in zip(names, jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
+        scale = float(jnp.max(jnp.abs(b))) + 1e-6
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * scale, err_msg=f"d {name}")
+
+
 @FUSED
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_layer_matches_the_pure_jax_layer_values_and_gradients(case, fused):
     _, T, H, F, E, k, Fs, opts = case
     x, params, opts, g = setup(T, H, F, E, Fs, opts)
     opts["fused"] = fused
-
-    def loss(layer):
-        def f(x, params):
-            out, aux, z = layer(x, params)
-            return jnp.sum(out.astype(F32) * g) + 0.7 * aux + 1.3 * z
-        return f
 
     def ours(x, params):
         out, a = mj.moe_layer(x, params, k=k, **opts)
@@ -158,19 +172,13 @@ def test_layer_matches_the_pure_jax_layer_values_and_gradients(case, fused):
     def ref(x, params):
         return ref_layer(x, params, k=k, **without_fused(opts))[:3]
 
-    got, want = jax.jit(ours)(x, params), ref(x, params)
-    for name, a, b in zip(("out", "aux_loss", "z_loss"), got, want):
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=name)
     _, aux = mj.moe_layer(x, params, k=k, **opts)
     np.testing.assert_array_equal(aux.tokens_per_expert,
                                   ref_layer(x, params, k=k, **without_fused(opts))[3])
-
-    got_g = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(x, params)
-    want_g = jax.grad(loss(ref), argnums=(0, 1))(x, params)
-    names = ["x"] + [f"params.{f}" for f in mj.MoeParams._fields]
-    for name, a, b in zip(names, jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
-        scale = float(jnp.max(jnp.abs(b))) + 1e-6
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * scale, err_msg=f"d {name}")
+    loss = functools.partial(weighted_loss, g=g)
+    assert_values_and_grads_close(jax.jit(ours)(x, params), ref(x, params),
+                                  jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(x, params),
+                                  jax.grad(loss(ref), argnums=(0, 1))(x, params))
 
 
 # expert_weights_transposed: w_in [E, 2F | F, H] and w_out [E, H, F] read as they lie, against the
@@ -196,24 +204,13 @@ def test_expert_weights_transposed_are_read_as_they_lie(case, fused):
     def ref(x, params):
         return ref_layer(x, params, k=k, **without_fused(opts))[:3]
 
-    def loss(layer):
-        def f(x, params):
-            out, aux, z = layer(x, params)
-            return jnp.sum(out * g) + 0.7 * aux + 1.3 * z
-        return f
-
-    for name, a, b in zip(("out", "aux_loss", "z_loss"), jax.jit(ours)(x, params_t),
-                          ref(x, params)):
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=name)
+    loss = functools.partial(weighted_loss, g=g)
     got_g = jax.jit(jax.grad(loss(ours), argnums=(0, 1)))(x, params_t)
     want_g = jax.grad(loss(ref), argnums=(0, 1))(x, params)
     want_g = (want_g[0], want_g[1]._replace(w_in=swap(want_g[1].w_in),
                                             w_out=swap(want_g[1].w_out)))
     assert got_g[1].w_in.shape == params_t.w_in.shape
-    names = ["x"] + [f"params.{f}" for f in mj.MoeParams._fields]
-    for name, a, b in zip(names, jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
-        scale = float(jnp.max(jnp.abs(b))) + 1e-6
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * scale, err_msg=f"d {name}")
+    assert_values_and_grads_close(jax.jit(ours)(x, params_t), ref(x, params), got_g, want_g)
 
     def default(x, params):
         out, a = mj.moe_layer(x, params, k=k, **opts)
