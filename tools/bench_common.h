@@ -138,7 +138,8 @@ void parallel_copy(void* dst, const void* src, size_t bytes);
 // than reads alone. One stream a thread read below what a kernel reading many streams reached:
 // on an Intel Xeon with AMX, 2 cores, a 1 GiB read ran 23-24 GB/s as one stream a thread, 27-30
 // as 4, 27-29 as 8 to 32 (best of 3, three rounds; bench/results/read-probe-cpu-2026-11-28),
-// where the AMX input-gradient form read qwen3-30b-a3b's and mixtral-8x7b's weights at 26-27.
+// where the AMX contraction-contiguous form (the forward on [E, n, K] weights) read
+// qwen3-30b-a3b's and mixtral-8x7b's weights at 26-27.
 inline constexpr size_t kReadStreams = 4;
 void parallel_read(const void* src, size_t bytes);
 

@@ -52,11 +52,11 @@ class MoeLayer(nnx.Module):
       shared_out  [Fs, H]                     (mlp_axis, embed_axis)
       b_in        [E, 2F] | [E, F]            (expert_axis, mlp_axis)    with use_bias (zeros)
       b_out       [E, H]                      (expert_axis, embed_axis)
-      (with expert_weights_transposed=True: w_in [E, 2F | F, H] (expert_axis, mlp_axis,
-      embed_axis) and w_out [E, H, F] (expert_axis, embed_axis, mlp_axis), linear layers'
-      [out, in], as moe_layer then takes them)
       expert_bias [E] float32, an `ExpertBias` (zeros), with use_expert_bias (sigmoid or
                   sqrtsoftplus routing)
+    With expert_weights_transposed=True (an option passed on to moe_layer): w_in [E, 2F | F, H]
+    (expert_axis, mlp_axis, embed_axis) and w_out [E, H, F] (expert_axis, embed_axis, mlp_axis),
+    linear layers' [out, in].
 
     Args:
       hidden, ffn, num_experts, k: H, F (per expert), E and the experts per token.
