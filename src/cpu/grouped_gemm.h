@@ -62,6 +62,14 @@ OneChunkSplit one_chunk_split(int64_t busy, int64_t threads, int64_t row_bytes, 
 // measurements. set_stream_wide_sums_for_test sets the budget the calls use (0: the machine's).
 int64_t wide_sums_budget(int64_t l2_bytes);
 void set_stream_wide_sums_for_test(int64_t bytes);
+// The same form's blocks of weight rows with one chunk of rows: 8 rows, or a multiple of 8 whose
+// rows of `row_bytes` fill at most half of a core's L1 data cache of `l1d_bytes` (8 where the
+// machine does not say, l1d_bytes <= 0). On an Intel Xeon with 48 KiB of L1d, qwen3-30b-a3b's
+// 1.5 KiB rows in blocks of 16 rows (24 KiB) ran its forward at 2-32 tokens 1.03-1.18x faster
+// than in blocks of 8, 1 token level; 3-5.6 KiB rows (8 rows either way) level with 16
+// (bench/results/ragged_dot_small-cpu-2026-11-28-6). On an AMD EPYC's 32 KiB it stays 8 there,
+// as measured best on it (ragged_dot_stream.cpp).
+int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes);
 
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.
 inline void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end) {

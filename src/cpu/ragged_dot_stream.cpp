@@ -154,7 +154,8 @@ constexpr int64_t kSumsBytes = 64 << 10;
 // unevenly (--imbalance 0.99) 80-85 / 75-76 / 77-78% -> 83-86 / 79-80 / 78-83%.
 constexpr int64_t kWideRowBytes = 32 << 10;
 constexpr int64_t kMinWideSumsBytes = 128 << 10, kMaxWideSumsBytes = 1 << 20;
-int64_t wide_sums_bytes();  // this machine's wide_sums_budget, or the test's
+int64_t wide_sums_bytes();                        // this machine's wide_sums_budget, or the test's
+int64_t one_chunk_block_rows(int64_t row_bytes);  // this machine's (one_chunk_block_rows below)
 
 // A group's rows [row, row + rows) and output columns [col, col + cols), over the contraction's
 // rows [k0, k1). partial >= 0: the item is one of several parts of its group's contraction, whose
@@ -955,15 +956,16 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   // 1.5 KiB rows (32: 1.02-1.05x, 64: 1.05x the old way), of 32 on 4 KiB (48: 1.07-1.09x; 16-24 or
   // 64 rows 0.90-0.99x: bench/results/ragged_dot_small-cpu-2026-11-27-4/ab-chunk-major-blocks-*).
   const bool chunk_major = kNarrow && chunks.count > 1 && chunks.count <= kChunkMajorMost;
-  // Rows of B per block: with one chunk of rows, kOneChunkBlockRows (the panels then read each
-  // block, a few rows long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens
-  // where blocks of 64+ rows ran at 62-68%), twice that with panels of 2 vectors (they
+  // Rows of B per block: with one chunk of rows, kOneChunkBlockRows or a multiple of it that
+  // fills half of L1 (detail::one_chunk_block_rows; the panels then read each block, a few rows
+  // long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens where blocks of 64+
+  // rows ran at 62-68%), twice that with panels of 2 vectors (they
   // load and store twice the sums per weight: 12 rows ran 25% faster with 16-row blocks than with
   // 8, 4 and 8 rows the same); chunk-major, 32-48 rows (above); else about kBlockBytes and at
   // least kMinBlockRows (each chunk's sums are loaded and stored once per block and panel).
   const int64_t block_rows = stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1);
   int64_t kb = chunks.count == 1
-                   ? stream::kOneChunkBlockRows *
+                   ? stream::one_chunk_block_rows(it.cols * es) *
                          (it.rows > (kPairs ? stream::kAxpyPanelsWideRows : kF32Rows) ? 2 : 1)
                : chunk_major ? std::clamp<int64_t>(block_rows, 32, 48)
                              : std::max(stream::kMinBlockRows, block_rows);
@@ -1455,7 +1457,17 @@ std::atomic<int64_t> wide_sums_for_test{0};  // set_stream_wide_sums_for_test; 0
 
 void set_stream_wide_sums_for_test(int64_t bytes) { wide_sums_for_test = bytes; }
 
+int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes) {
+  const int64_t block = stream::kOneChunkBlockRows * std::max<int64_t>(row_bytes, 1);
+  return stream::kOneChunkBlockRows * std::max<int64_t>(1, l1d_bytes / 2 / block);
+}
+
 namespace stream {
+
+int64_t one_chunk_block_rows(int64_t row_bytes) {
+  static const int64_t l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  return detail::one_chunk_block_rows(row_bytes, l1d);
+}
 
 int64_t wide_sums_bytes() {
   if (const int64_t bytes = wide_sums_for_test.load(); bytes > 0) return bytes;

@@ -712,6 +712,18 @@ TEST(RaggedDotStream, OneChunkSplit) {
   EXPECT_EQ(split(0, 2, 1 << 20, 2048), P(1, 1));
 }
 
+// The blocks of weight rows with one chunk of rows: 8 rows, or a multiple of 8 filling at most half
+// of L1d; 8 where the machine does not say.
+TEST(RaggedDotStream, OneChunkBlocksFillHalfOfL1) {
+  constexpr int64_t kXeon = 48 << 10, kEpyc = 32 << 10;
+  EXPECT_EQ(detail::one_chunk_block_rows(1536, kXeon), 16);  // qwen3-30b-a3b's ffn, bf16
+  EXPECT_EQ(detail::one_chunk_block_rows(1536, kEpyc), 8);
+  EXPECT_EQ(detail::one_chunk_block_rows(3072, kXeon), 8);  // 8 rows fill half already
+  EXPECT_EQ(detail::one_chunk_block_rows(4096, kXeon), 8);  // (and past it: never fewer)
+  EXPECT_EQ(detail::one_chunk_block_rows(1024, kXeon), 24);
+  EXPECT_EQ(detail::one_chunk_block_rows(1536, 0), 8);
+}
+
 // The slabs of bf16 weight rows past 32 KiB in groups of one chunk: their f32 sums take a quarter
 // of a core's L2 at most, within [128 KiB, 1 MiB]; 128 KiB where the machine does not say.
 TEST(RaggedDotStream, WideSumsBudgetIsAQuarterOfL2) {
