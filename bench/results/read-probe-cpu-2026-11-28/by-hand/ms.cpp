@@ -22,33 +22,30 @@ volatile float sink;
 volatile uint64_t isink;
 
 static double now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // out[0, N) += sum over the block's rows k of x[k] * w[k][0, N).
-__attribute__((target("avx512f,avx512bw"))) static void
-block(const uint16_t *w, const float *x, float *out) {
+__attribute__((target("avx512f,avx512bw"))) static void block(const uint16_t* w, const float* x,
+                                                              float* out) {
   for (int64_t c = 0; c < N; c += 64) {
     __m512 s0 = _mm512_loadu_ps(out + c), s1 = _mm512_loadu_ps(out + c + 16),
-           s2 = _mm512_loadu_ps(out + c + 32),
-           s3 = _mm512_loadu_ps(out + c + 48);
+           s2 = _mm512_loadu_ps(out + c + 32), s3 = _mm512_loadu_ps(out + c + 48);
     for (int64_t k = 0; k < kBlock; ++k) {
-      const uint16_t *r = w + k * N + c;
+      const uint16_t* r = w + k * N + c;
       const __m512 xk = _mm512_set1_ps(x[k]);
-      auto wide = [](const uint16_t *p) {
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+      auto wide = [](const uint16_t* p) {
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
       };
-#ifdef CHEAP // the loads alone: two 64-byte lines a panel row, added as
-             // integers
+#ifdef CHEAP  // the loads alone: two 64-byte lines a panel row, added as
+              // integers
       (void)xk;
       (void)wide;
-      s0 = _mm512_castsi512_ps(_mm512_add_epi32(
-          _mm512_castps_si512(s0), _mm512_loadu_si512((const void *)r)));
-      s1 = _mm512_castsi512_ps(_mm512_add_epi32(
-          _mm512_castps_si512(s1), _mm512_loadu_si512((const void *)(r + 32))));
+      s0 = _mm512_castsi512_ps(
+          _mm512_add_epi32(_mm512_castps_si512(s0), _mm512_loadu_si512((const void*)r)));
+      s1 = _mm512_castsi512_ps(
+          _mm512_add_epi32(_mm512_castps_si512(s1), _mm512_loadu_si512((const void*)(r + 32))));
 #else
       s0 = _mm512_fmadd_ps(xk, wide(r), s0);
       s1 = _mm512_fmadd_ps(xk, wide(r + 16), s1);
@@ -63,7 +60,7 @@ block(const uint16_t *w, const float *x, float *out) {
   }
 }
 
-static void forward(const uint16_t *w, const float *x, float *out, int S) {
+static void forward(const uint16_t* w, const float* x, float* out, int S) {
 #pragma omp parallel
   {
     const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
@@ -71,49 +68,41 @@ static void forward(const uint16_t *w, const float *x, float *out, int S) {
     // Set s: groups [g0 + mine * s / S, g0 + mine * (s + 1) / S), each read
     // block by block.
     std::vector<int64_t> g(S), end(S), b(S, 0);
-    for (int s = 0; s < S; ++s)
-      g[s] = g0 + mine * s / S, end[s] = g0 + mine * (s + 1) / S;
+    for (int s = 0; s < S; ++s) g[s] = g0 + mine * s / S, end[s] = g0 + mine * (s + 1) / S;
     const int64_t blocks = K / kBlock;
     for (bool busy = true; busy;) {
       busy = false;
       for (int s = 0; s < S; ++s) {
-        if (g[s] >= end[s])
-          continue;
+        if (g[s] >= end[s]) continue;
         busy = true;
-        block(w + g[s] * K * N + b[s] * kBlock * N,
-              x + g[s] * K + b[s] * kBlock, out + g[s] * N);
-        if (++b[s] == blocks)
-          b[s] = 0, ++g[s];
+        block(w + g[s] * K * N + b[s] * kBlock * N, x + g[s] * K + b[s] * kBlock, out + g[s] * N);
+        if (++b[s] == blocks) b[s] = 0, ++g[s];
       }
     }
   }
 }
 
-static void read4(const uint64_t *w, size_t words) {
+static void read4(const uint64_t* w, size_t words) {
   uint64_t total = 0;
 #pragma omp parallel reduction(+ : total)
   {
     const size_t n = omp_get_num_threads(), i = omp_get_thread_num();
-    const size_t begin = words * i / n, end = words * (i + 1) / n,
-                 part = (end - begin) / 32 * 8;
+    const size_t begin = words * i / n, end = words * (i + 1) / n, part = (end - begin) / 32 * 8;
     uint64_t sum[8] = {};
     for (size_t j = 0; j < part; j += 8)
       for (size_t s = 0; s < 4; ++s)
-        for (size_t u = 0; u < 8; ++u)
-          sum[u] += w[begin + s * part + j + u];
-    for (auto v : sum)
-      total += v;
+        for (size_t u = 0; u < 8; ++u) sum[u] += w[begin + s * part + j + u];
+    for (auto v : sum) total += v;
   }
   isink = total;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   const size_t bytes = size_t(G) * K * N * 2;
-  std::vector<uint16_t *> w(2);
-  for (auto &p : w) {
-    p = static_cast<uint16_t *>(std::aligned_alloc(4096, bytes));
-    for (size_t i = 0; i < bytes / 2; ++i)
-      p[i] = 0x3c00 + (i & 7);
+  std::vector<uint16_t*> w(2);
+  for (auto& p : w) {
+    p = static_cast<uint16_t*>(std::aligned_alloc(4096, bytes));
+    for (size_t i = 0; i < bytes / 2; ++i) p[i] = 0x3c00 + (i & 7);
   }
   std::vector<float> x(G * K, 0.5f), out(G * N);
   for (int round = 0; round < 2; ++round) {
@@ -126,16 +115,16 @@ int main(int argc, char **argv) {
         forward(w[rep % 2], x.data(), out.data(), S);
         tf.push_back(now() - t0);
         t0 = now();
-        read4(reinterpret_cast<const uint64_t *>(w[(rep + 1) % 2]), bytes / 8);
+        read4(reinterpret_cast<const uint64_t*>(w[(rep + 1) % 2]), bytes / 8);
         tr.push_back(now() - t0);
       }
       std::sort(tf.begin(), tf.end());
       std::sort(tr.begin(), tr.end());
       sink = out[5];
-      std::printf("round %d S=%d: forward %.1f GB/s, 4-stream read %.1f GB/s: "
-                  "%.0f%% of it\n",
-                  round, S, bytes / tf[3] / 1e9, bytes / tr[3] / 1e9,
-                  100 * tr[3] / tf[3]);
+      std::printf(
+          "round %d S=%d: forward %.1f GB/s, 4-stream read %.1f GB/s: "
+          "%.0f%% of it\n",
+          round, S, bytes / tf[3] / 1e9, bytes / tr[3] / 1e9, 100 * tr[3] / tf[3]);
     }
   }
 }
