@@ -68,7 +68,8 @@ void set_stream_wide_sums_for_test(int64_t bytes);
 // 1.5 KiB rows in blocks of 16 rows (24 KiB) ran its forward at 2-32 tokens 1.03-1.18x faster
 // than in blocks of 8, 1 token level; 3-5.6 KiB rows (8 rows either way) level with 16
 // (bench/results/ragged_dot_small-cpu-2026-11-28-6). On an AMD EPYC's 32 KiB it stays 8 there,
-// as measured best on it (ragged_dot_stream.cpp).
+// as measured best on it (ragged_dot_stream.cpp). Rows under 1.5 KiB (the router's matmul, under
+// 0.1% of the layer) take blocks of the same bytes: not timed.
 int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes);
 
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.

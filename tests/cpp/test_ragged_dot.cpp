@@ -681,6 +681,18 @@ TEST(RaggedDotStream, ThreeVectorChunksEveryColumnTailAgainstTheReference) {
   }
 }
 
+// kCpuStream's output-contiguous form with one chunk of rows a group, on rows whose blocks
+// one_chunk_block_rows makes longer than 8 where L1d is 48 KiB (1.5 KiB bf16 rows: 16; 768 B: 32)
+// and 8 where it is 32 KiB: contractions of whole blocks and a partial one (87 = 5 x 16 + 7, 75),
+// groups of 0-5 rows, bf16 and f32 (whose 3 KiB rows keep 8). Against the reference.
+TEST(RaggedDotStream, OneChunkBlocksOfEveryLengthAgainstTheReference) {
+  std::mt19937 rng(29);
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    CheckOutputContiguous({1, 3, 0, 5, 2}, 87, 768, dtype, rng);
+    CheckOutputContiguous({2, 0, 4, 1}, 75, 384, dtype, rng);
+  }
+}
+
 // kCpuStream's forward, groups of one chunk of rows: whole, unless the groups are fewer than the
 // threads (then parts of the contraction, enough for every thread, of 64 rows at least) or the
 // threads do not divide their count (then column slabs to even them, never in runs of a weight
