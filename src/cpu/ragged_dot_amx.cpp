@@ -44,6 +44,12 @@ constexpr int64_t kChunkRows = 256;  // weight rows repacked at a time (a multip
 // gpt-oss-20b's and mixtral-8x7b's forward (5.6 and 28 KiB rows) at 64 tokens 1.10-1.15x, at 512
 // level (bench/results/ragged_dot_small-cpu-2026-11-27-7/amx-pairs-bytes.txt).
 constexpr int64_t kPairsBytes = int64_t{1} << 20;
+// The repack reads a chunk as kRepackStreams streams side by side (its pairs in that many parts, a
+// pair from each in turn): a core reads this Xeon's memory faster so than front to back (as the
+// floor's read probe found). By hand (bench/results/ragged_dot_small-cpu-2026-11-28-7/by-hand/;
+// qwen3-30b-a3b's forward, weights cold), against one stream: 1.07-1.12x at 8-32 rows a group,
+// 1.08-1.10x at 64; 2 streams 1.03-1.15x, 8 1.04-1.10x.
+constexpr int64_t kRepackStreams = 4;
 constexpr int64_t kBlockCols = 64;         // the columns of one A tile's four C tiles
 constexpr int64_t kSumsBytes = 512 << 10;  // an item's f32 sums at most (its columns fit them)
 constexpr int64_t kMinSlabCols = 256;
@@ -148,7 +154,7 @@ MOEKIT_AMX_TARGET void configure(int a0, int a1) {
 }
 
 // vnni[kp][c] = (b[2kp][c], b[2kp + 1][c]) for kp < steps * 16 and c < width: zero past kc rows
-// and past cols columns (width a multiple of 32).
+// and past cols columns (width a multiple of 32). The pairs go in kRepackStreams streams.
 MOEKIT_AMX_TARGET void repack(const uint16_t* b, int64_t ldb, int64_t kc, int64_t cols,
                               int64_t width, uint32_t* vnni) {
   alignas(64) static constexpr uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
@@ -156,8 +162,9 @@ MOEKIT_AMX_TARGET void repack(const uint16_t* b, int64_t ldb, int64_t kc, int64_
                                                    11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   const __m512i lo = _mm512_load_si512(kLo);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-  const int64_t pairs = (kc + 31) / 32 * 16;
-  for (int64_t kp = 0; kp < pairs; ++kp) {
+  const int64_t pairs = (kc + 31) / 32 * 16, quarter = pairs / kRepackStreams;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const int64_t kp = i % kRepackStreams * quarter + i / kRepackStreams;
     const uint16_t* r0 = 2 * kp < kc ? b + 2 * kp * ldb : nullptr;
     const uint16_t* r1 = 2 * kp + 1 < kc ? b + (2 * kp + 1) * ldb : nullptr;
     uint32_t* o = vnni + kp * width;
