@@ -40,6 +40,12 @@ bool amx_dot_takes(const RowGroupedGemm& g);
 // Either form, as its b_s1 says.
 void row_grouped_gemm_amx(const RowGroupedGemm& g);
 void set_amx_for_test(bool allowed);
+// Whether the CPU has AMX-BF16 (CPUID; whether the OS grants the tiles aside).
+bool cpu_has_amx();
+// kCpuStream's one chunk of rows on bf16 weights, on a CPU with AVX512-BF16: the even/odd kernels
+// (1) or the pair kernels (0) whatever the CPU, or as the CPU says (-1: even/odd where it has AMX;
+// ragged_dot_stream.cpp gives the measurements).
+void set_even_odd_for_test(int mode);
 // The AMX input gradient's cache budgets (ragged_dot_amx.cpp: kDotRowsBytes, kDotMinPieceRows,
 // kDotSpanPieceRows, kDotSumsBytes), smaller in tests so that small calls take its pieces and
 // spans; 0 restores one.

@@ -121,9 +121,7 @@ DotCut dot_cut(int64_t rows, int64_t row_bytes) {
 // XFEATURE_XTILEDATA), asked once.
 bool amx_granted() {
   static const bool granted = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;
+    if (!cpu_has_amx()) return false;
     if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
         !__builtin_cpu_supports("avx512vl")) {
       return false;
@@ -547,6 +545,15 @@ MOEKIT_AMX_TARGET void run_dot_item(const RowGroupedGemm& g, const Item& it) {
 }
 
 }  // namespace
+
+bool cpu_has_amx() {
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    return (d & (1u << 22)) != 0 && (d & (1u << 24)) != 0;
+  }();
+  return has;
+}
 
 bool amx_forward_available(const RowGroupedGemm& g) {
   return g.in_type == DType::kBF16 && g.b_s1 == 1 && amx_allowed.load() && amx_granted();

@@ -40,13 +40,16 @@
 // output-contiguous form the pairs are two consecutive weight rows interleaved as the first chunk
 // reads them, and kept so for the chunks after it); everywhere else f32 FMA through Highway (bf16
 // widened to f32). Highway 1.0 (Debian 12) has no bf16 dot product, so the pair kernels are
-// written with intrinsics for the one target and chosen at run time. Sums are f32; a bf16 output
-// is rounded once. (vdpbf16ps treats denormal inputs as zero and flushes denormal results, as
-// oneDNN's bf16 matmul on the same instruction does: values below 1e-38 that no model's weights or
-// activations hold.) One of the weights' two dimensions is always contiguous (check_view asks a
-// unit innermost stride of rhs), so the two forms cover every call. The small loops over a kernel's
-// rows and vectors carry `#pragma GCC unroll`: without it GCC 12 kept the sums in a stack array,
-// stored every step (a third of the speed).
+// written with intrinsics for the one target and chosen at run time. On such a CPU with AMX (an
+// Intel Xeon), the output-contiguous form's groups of one chunk of rows take the even/odd kernels
+// instead: each weight row's bf16 columns widened to f32 as they lie (the even ones by a shift,
+// the odd ones by a mask) and FMA'd, with no interleave of two rows (axpy_even_odd_panels says
+// why). Sums are f32; a bf16 output is rounded once. (vdpbf16ps treats denormal inputs as zero and
+// flushes denormal results, as oneDNN's bf16 matmul on the same instruction does: values below
+// 1e-38 that no model's weights or activations hold.) One of the weights' two dimensions is always
+// contiguous (check_view asks a unit innermost stride of rhs), so the two forms cover every call.
+// The small loops over a kernel's rows and vectors carry `#pragma GCC unroll`: without it GCC 12
+// kept the sums in a stack array, stored every step (a third of the speed).
 //
 // A row's result does not depend on the other rows, the chunk it falls in or the thread count,
 // but oneDNN's does, so kAuto never takes this path in the batch-invariant mode (asked for by name,
@@ -349,6 +352,30 @@ void transpose_pairs(const uint16_t* w, int64_t ldw, int64_t kc, int64_t rows, u
 // tile[r][0, 64) in column order from acc[r][0, 64) in the pair order (tile may be acc).
 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc, float* tile,
                            int64_t ld_tile);
+// The even/odd kernels (one chunk of rows, bf16 weights, on a CPU with AVX512-BF16 where
+// even_odd_one_chunk says so): axpy_pairs_panels' contract, but each weight row's 32-bit lanes
+// (two bf16 columns) widened to f32 as they lie, the even column by a shift and the odd one by a
+// mask, and multiplied by A's rows as f32 (af, rows ld_af apart) with FMAs: no interleave of two
+// weight rows, twice the multiplies (exact f32 products; no denormal flushed). acc in the
+// even/odd order (even_odd_to_columns): per 32 columns, a vector of the even ones, then one of the
+// odd ones. By hand on an Intel Xeon (AMX; one row a group, qwen3-30b-a3b's forward, weights cold,
+// no prefetch), share of a 4-stream read: the pair kernel's work 52-56%, the even/odd kernel's
+// 65-69%, the pairs without their interleave (wrong sums) 71-73%, loads alone 72-91% (it moved
+// between builds of the same loop). A/B on the
+// same Xeon (bench/results/ragged_dot_small-cpu-2026-11-28-8/): qwen3-30b-a3b's forward (1.5 KiB
+// rows) at 1-32 tokens 1.03-1.10x (81-85% of the floor, from 69-80%), mixtral-8x7b's (28 KiB
+// rows) at 4-24 tokens 1.05-1.12x and its layer at 1 token 1.07x; deepseek-v3's forward (4 KiB
+// rows), qwen3-30b-a3b's layer (3-4 KiB rows) and its input gradient on [E, n, K] level. The AMD
+// EPYC (AVX512-BF16, no AMX) keeps the pair kernels it was measured on.
+void axpy_even_odd_panels(int rows, const float* af, int64_t ld_af, int64_t kc, const uint16_t* b,
+                          int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
+                          const Lines& ahead);
+// tile[r][0, 64) in column order from acc[r][0, 64) in the even/odd order (tile may be acc).
+void even_odd_to_columns(int rows, const float* acc, int64_t ld_acc, float* tile, int64_t ld_tile);
+// Whether one chunk of rows on bf16 weights takes the even/odd kernels rather than the pair
+// kernels (AVX512-BF16 CPUs): on a CPU with AMX (an Intel Xeon, Sapphire Rapids or later), where
+// they were measured faster; set_even_odd_for_test overrides.
+bool even_odd_one_chunk();
 // out[r][c] = sum_k A[r][k] * B[c][k] for r < rows, c < shape.cols, rows <= shape.rows (a shape
 // dot_shape gives; B's rows ldb apart, contiguous along k), out's rows ld_out apart; `ahead`
 // prefetched as it goes.
@@ -993,6 +1020,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                     : nullptr;
   // One chunk of the f32 kernels on long weight rows: half the next block ahead.
   const bool half = !kPairs && chunks.count == 1 && stream::half_ahead(it.rows, it.cols * es);
+  const bool even_odd = kPairs && chunks.count == 1 && stream::even_odd_one_chunk();
   for (int64_t k0 = 0; k0 < kn; k0 += kb) {
     const int64_t kc = std::min(kb, kn - k0);
     const stream::Lines next =
@@ -1010,6 +1038,13 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
     // qwen3-30b-a3b's and its layer's shapes at 1-6 rows per group.
     if (chunks.count == 1) {
       if constexpr (kPairs) {
+        if (even_odd) {
+          int64_t ld_e = 0;
+          const float* ae = F32Rows(a + k0, g.lda, it.rows, kc, ld_e);
+          stream::axpy_even_odd_panels(static_cast<int>(it.rows), ae, ld_e, kc, b + k0 * g.b_s0,
+                                       g.b_s0, it.cols, acc, width, next);
+          continue;
+        }
         stream::axpy_pairs_panels(it.rows, a + k0, g.lda, kc, b + k0 * g.b_s0, g.b_s0, it.cols, acc,
                                   width, next);
       } else {
@@ -1081,7 +1116,8 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   }
   if constexpr (kPairs) {  // back to column order, in place, panel by panel
     for (int64_t c0 = 0; c0 < width; c0 += panel)
-      stream::pair_order_to_columns(static_cast<int>(it.rows), acc + c0, width, acc + c0, width);
+      (even_odd ? stream::even_odd_to_columns : stream::pair_order_to_columns)(
+          static_cast<int>(it.rows), acc + c0, width, acc + c0, width);
   }
   if (it.partial >= 0) return;  // a part of the contraction: RunItems adds the parts
   StoreTile<kOutBf16>(acc, width, it.rows, it.cols, g.accumulate,
@@ -1453,9 +1489,11 @@ int64_t wide_sums_budget(int64_t l2_bytes) {
 
 namespace {
 std::atomic<int64_t> wide_sums_for_test{0};  // set_stream_wide_sums_for_test; 0: the machine's
+std::atomic<int> even_odd_for_test{-1};      // set_even_odd_for_test; -1: the machine's
 }  // namespace
 
 void set_stream_wide_sums_for_test(int64_t bytes) { wide_sums_for_test = bytes; }
+void set_even_odd_for_test(int mode) { even_odd_for_test = mode; }
 
 int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes) {
   const int64_t block = stream::kOneChunkBlockRows * std::max<int64_t>(row_bytes, 1);
@@ -1798,6 +1836,80 @@ void axpy_pairs_panels(int rows, const uint16_t* a, int64_t lda, int64_t kc, con
   });
 }
 
+namespace {
+template <int R, int V, bool kFull>
+MOEKIT_AVX512_BF16 inline void axpy_even_odd_panel(const float* af, int64_t ld_af, int64_t kc,
+                                                   const uint16_t* b, int64_t ldb, int64_t cols,
+                                                   float* acc, int64_t ld_acc, Ahead<>& pf) {
+  __mmask32 m[V / 2];
+  for (int h = 0; h < V / 2; ++h) {
+    const int64_t c = std::clamp<int64_t>(cols - 32 * h, 0, 32);
+    m[h] = c == 32 ? ~__mmask32{0} : __mmask32((1u << c) - 1);
+  }
+  __m512 s[R][V];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) s[r][i] = _mm512_loadu_ps(acc + r * ld_acc + 16 * i);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int64_t k = 0; k < kc; ++k) {
+    if (k % 2 == 0) pf.step();
+    const uint16_t* row = b + k * ldb;
+    __m512 v[V];
+#pragma GCC unroll 2
+    for (int h = 0; h < V / 2; ++h) {
+      const __m512i x = load_row<kFull>(row + 32 * h, m[h]);
+      v[2 * h] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+      v[2 * h + 1] = _mm512_castsi512_ps(_mm512_and_si512(x, high));
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 ar = _mm512_set1_ps(af[r * ld_af + k]);
+#pragma GCC unroll 4
+      for (int i = 0; i < V; ++i) s[r][i] = _mm512_fmadd_ps(ar, v[i], s[r][i]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * ld_acc + 16 * i, s[r][i]);
+}
+template <int R, int V>
+MOEKIT_AVX512_BF16 void axpy_even_odd_all(const float* af, int64_t ld_af, int64_t kc,
+                                          const uint16_t* b, int64_t ldb, int64_t cols, float* acc,
+                                          int64_t ld_acc, const Lines& ahead) {
+  constexpr int64_t kWidth = 16 * V;
+  const int64_t full = cols / kWidth;
+  Ahead<> pf(ahead, (full + 1) * ((kc + 1) / 2));
+  for (int64_t p = 0; p < full; ++p) {
+    axpy_even_odd_panel<R, V, true>(af, ld_af, kc, b + p * kWidth, ldb, kWidth, acc + p * kWidth,
+                                    ld_acc, pf);
+  }
+  if (cols > full * kWidth) {
+    axpy_even_odd_panel<R, V, false>(af, ld_af, kc, b + full * kWidth, ldb, cols - full * kWidth,
+                                     acc + full * kWidth, ld_acc, pf);
+  }
+}
+}  // namespace
+
+void axpy_even_odd_panels(int rows, const float* af, int64_t ld_af, int64_t kc, const uint16_t* b,
+                          int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
+                          const Lines& ahead) {
+  if (rows <= kAxpyPanelsWideRows) {
+    return with_rows<kAxpyPanelsWideRows>(rows, [&](auto r) {
+      axpy_even_odd_all<decltype(r)::value, 4>(af, ld_af, kc, b, ldb, cols, acc, ld_acc, ahead);
+    });
+  }
+  with_rows<kAxpyPanelsRows>(rows, [&](auto r) {
+    axpy_even_odd_all<decltype(r)::value, 2>(af, ld_af, kc, b, ldb, cols, acc, ld_acc, ahead);
+  });
+}
+
+bool even_odd_one_chunk() {
+  const int forced = even_odd_for_test.load();
+  return forced >= 0 ? forced == 1 : cpu_has_amx();
+}
+
 void dot_pairs(DotShape shape, int rows, const uint16_t* a, int64_t lda, int64_t kc,
                const uint16_t* b, int64_t ldb, float* out, int64_t ld_out, const Lines& ahead) {
   auto run = [&](auto most_rows, auto cols) {
@@ -1836,13 +1948,11 @@ MOEKIT_AVX512_BF16 void transpose_pairs(const uint16_t* w, int64_t ldw, int64_t 
   }
 }
 
-MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc,
-                                              float* tile, int64_t ld_tile) {
-  // Vector 2h + 0 holds, per 128-bit lane q, columns 32h + 8q + [0, 4); vector 2h + 1 columns
-  // 32h + 8q + [4, 8): interleaving them 4 lanes at a time restores the order.
-  const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i hi =
-      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+namespace {
+// tile[r][32h + i] = (x, y)[idx[i]] for i < 32 (lo for i < 16, hi past it), where x and y are
+// acc[r][32h, 32h + 16) and acc[r][32h + 16, 32h + 32), h < 2, r < rows (tile may be acc).
+MOEKIT_AVX512_BF16 void permute_halves(int rows, const float* acc, int64_t ld_acc, float* tile,
+                                       int64_t ld_tile, __m512i lo, __m512i hi) {
 #pragma GCC unroll 8
   for (int r = 0; r < rows; ++r) {
     for (int h = 0; h < 2; ++h) {
@@ -1852,6 +1962,24 @@ MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_
       _mm512_storeu_ps(tile + r * ld_tile + 32 * h + 16, _mm512_permutex2var_ps(x, hi, y));
     }
   }
+}
+}  // namespace
+
+MOEKIT_AVX512_BF16 void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc,
+                                              float* tile, int64_t ld_tile) {
+  // Vector 2h + 0 holds, per 128-bit lane q, columns 32h + 8q + [0, 4); vector 2h + 1 columns
+  // 32h + 8q + [4, 8): interleaving them 4 lanes at a time restores the order.
+  permute_halves(rows, acc, ld_acc, tile, ld_tile,
+                 _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),
+                 _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31));
+}
+
+MOEKIT_AVX512_BF16 void even_odd_to_columns(int rows, const float* acc, int64_t ld_acc, float* tile,
+                                            int64_t ld_tile) {
+  // Vector 2h + 0 holds columns 32h + 2L, vector 2h + 1 columns 32h + 2L + 1, L < 16.
+  permute_halves(rows, acc, ld_acc, tile, ld_tile,
+                 _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                 _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
 }
 
 }  // namespace stream

@@ -693,6 +693,29 @@ TEST(RaggedDotStream, OneChunkBlocksOfEveryLengthAgainstTheReference) {
   }
 }
 
+// kCpuStream's output-contiguous form on bf16, one chunk of rows a group, with each of its two
+// kernels on a CPU with AVX512-BF16 (the even/odd kernels, which a CPU with AMX takes, and the
+// pair kernels, which the others take; set_even_odd_for_test forces each; AMX kept off, as it
+// would take groups of 8 rows): groups of 0-11 rows (panels of 4 vectors to 5 rows, of 2 past
+// them), column counts that leave every tail of a panel (1, 13, 31, 47, 72) and many panels
+// (700), an odd contraction; the forward and the input gradient against transposed weights.
+// Against the reference within f32 accumulation error. (Without AVX512-BF16 both settings run
+// the f32 kernels.)
+TEST(RaggedDotStream, OneChunkEvenOddAndPairKernelsAgainstTheReference) {
+  std::mt19937 rng(31);
+  detail::set_amx_for_test(false);
+  for (const int mode : {1, 0}) {
+    SCOPED_TRACE(mode == 1 ? "even/odd kernels" : "pair kernels");
+    detail::set_even_odd_for_test(mode);
+    for (const int64_t n : {1, 13, 31, 47, 72, 700}) {
+      CheckOutputContiguous({1, 0, 5, 11, 2, 6, 3, 9}, 45, n, DType::kBF16, rng);
+      CheckOutputContiguous({4, 7, 10, 8}, 64, n, DType::kBF16, rng);
+    }
+  }
+  detail::set_even_odd_for_test(-1);
+  detail::set_amx_for_test(true);
+}
+
 // kCpuStream's forward, groups of one chunk of rows: whole, unless the groups are fewer than the
 // threads (then parts of the contraction, enough for every thread, of 64 rows at least) or the
 // threads do not divide their count (then column slabs to even them, never in runs of a weight
