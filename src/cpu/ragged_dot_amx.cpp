@@ -47,8 +47,9 @@ constexpr int64_t kPairsBytes = int64_t{1} << 20;
 // The repack reads a chunk as kRepackStreams streams side by side (its pairs in that many parts, a
 // pair from each in turn): a core reads this Xeon's memory faster so than front to back (as the
 // floor's read probe found). By hand (bench/results/ragged_dot_small-cpu-2026-11-28-7/by-hand/;
-// qwen3-30b-a3b's forward, weights cold), against one stream: 1.07-1.12x at 8-32 rows a group,
-// 1.08-1.10x at 64; 2 streams 1.03-1.15x, 8 1.04-1.10x.
+// qwen3-30b-a3b's forward, weights cold), against one stream: 1.08-1.15x at 1-32 rows a group,
+// 0.95-1.06x at 64 (2 streams 1.02-1.11x, 8 0.89-1.10x); in the library 1.05-1.18x at 128-1024
+// tokens (8-64 rows a group).
 constexpr int64_t kRepackStreams = 4;
 constexpr int64_t kBlockCols = 64;         // the columns of one A tile's four C tiles
 constexpr int64_t kSumsBytes = 512 << 10;  // an item's f32 sums at most (its columns fit them)

@@ -361,12 +361,12 @@ void pair_order_to_columns(int rows, const float* acc, int64_t ld_acc, float* ti
 // odd ones. By hand on an Intel Xeon (AMX; one row a group, qwen3-30b-a3b's forward, weights cold,
 // no prefetch), share of a 4-stream read: the pair kernel's work 52-56%, the even/odd kernel's
 // 65-69%, the pairs without their interleave (wrong sums) 71-73%, loads alone 72-91% (it moved
-// between builds of the same loop). A/B on the
-// same Xeon (bench/results/ragged_dot_small-cpu-2026-11-28-8/): qwen3-30b-a3b's forward (1.5 KiB
-// rows) at 1-32 tokens 1.03-1.10x (81-85% of the floor, from 69-80%), mixtral-8x7b's (28 KiB
-// rows) at 4-24 tokens 1.05-1.12x and its layer at 1 token 1.07x; deepseek-v3's forward (4 KiB
-// rows), qwen3-30b-a3b's layer (3-4 KiB rows) and its input gradient on [E, n, K] level. The AMD
-// EPYC (AVX512-BF16, no AMX) keeps the pair kernels it was measured on.
+// between builds of the same loop). A/B on the same Xeon
+// (bench/results/ragged_dot_small-cpu-2026-11-28-8/): qwen3-30b-a3b's forward (1.5 KiB rows) at
+// 1-32 tokens 1.01-1.12x (78-85% of the floor, from 71-79%), mixtral-8x7b's (28 KiB rows) at 4-24
+// tokens 1.04-1.14x and its layer at 1 token 1.07x; deepseek-v3's forward (4 KiB rows),
+// qwen3-30b-a3b's layer (3-4 KiB rows) and its input gradient on [E, n, K] level. The AMD EPYC
+// (AVX512-BF16, no AMX) keeps the pair kernels it was measured on.
 void axpy_even_odd_panels(int rows, const float* af, int64_t ld_af, int64_t kc, const uint16_t* b,
                           int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
                           const Lines& ahead);
