@@ -1657,6 +1657,32 @@ MOEKIT_AVX512_BF16 inline void axpy_step(__m512 (&s)[R][V], const uint16_t* a, i
 // panel for the chunks after it, kSourceStore), or that panel ([ceil(kc / 2)][64] pairs).
 enum class From { kSource, kSourceStore, kPanel };
 
+// The masks of a panel's V / 2 runs of 32 columns, of which the first `cols` exist.
+template <int V>
+MOEKIT_AVX512_BF16 inline void panel_masks(int64_t cols, __mmask32 (&m)[V / 2]) {
+#pragma GCC unroll 2
+  for (int h = 0; h < V / 2; ++h) {
+    const int64_t c = std::clamp<int64_t>(cols - 32 * h, 0, 32);
+    m[h] = c == 32 ? ~__mmask32{0} : __mmask32((1u << c) - 1);
+  }
+}
+
+// s[r][i] = acc[r][16i, 16i + 16) (kStore false), or the other way, for r < R, i < V.
+template <int R, int V, bool kStore>
+MOEKIT_AVX512_BF16 inline void move_sums(__m512 (&s)[R][V], float* acc, int64_t ld_acc) {
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int i = 0; i < V; ++i) {
+      if constexpr (kStore) {
+        _mm512_storeu_ps(acc + r * ld_acc + 16 * i, s[r][i]);
+      } else {
+        s[r][i] = _mm512_loadu_ps(acc + r * ld_acc + 16 * i);
+      }
+    }
+  }
+}
+
 // acc[r][0, 16V) += the block's products for r < R: R rows of V vectors of sums (16V columns,
 // of which the first `cols` exist where kFull is false).
 template <int R, int V, bool kFull, From kFrom>
@@ -1665,16 +1691,9 @@ MOEKIT_AVX512_BF16 inline void axpy_panel(const uint16_t* a, int64_t lda, int64_
                                           int64_t ld_acc, Ahead<>& pf, uint32_t* panel) {
   static_assert(V == 2 || V == 4);
   __mmask32 m[V / 2];
-#pragma GCC unroll 2
-  for (int h = 0; h < V / 2; ++h) {
-    const int64_t c = std::clamp<int64_t>(cols - 32 * h, 0, 32);
-    m[h] = c == 32 ? ~__mmask32{0} : __mmask32((1u << c) - 1);
-  }
+  panel_masks<V>(cols, m);
   __m512 s[R][V];
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int i = 0; i < V; ++i) s[r][i] = _mm512_loadu_ps(acc + r * ld_acc + 16 * i);
+  move_sums<R, V, false>(s, acc, ld_acc);
   // The pairs of pair kp (the last, of an odd contraction, with zeros for its second row).
   auto pairs_at = [&](int64_t kp, bool odd_last, __m512i(&v)[V]) MOEKIT_AVX512_BF16 {
     if constexpr (kFrom == From::kPanel) {
@@ -1707,10 +1726,7 @@ MOEKIT_AVX512_BF16 inline void axpy_panel(const uint16_t* a, int64_t lda, int64_
     pairs_at(pairs, true, v);
     axpy_step<R, V>(s, a + kc - 1, lda, v, true);
   }
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * ld_acc + 16 * i, s[r][i]);
+  move_sums<R, V, true>(s, acc, ld_acc);
 }
 
 template <int R, bool kFull, From kFrom>
@@ -1721,22 +1737,28 @@ MOEKIT_AVX512_BF16 void axpy(const uint16_t* a, int64_t lda, int64_t kc, const u
   axpy_panel<R, 4, kFull, kFrom>(a, lda, kc, b, ldb, cols, acc, ld_acc, pf, panel);
 }
 
-// Every panel of a block, in one call: the full panels of 16V columns, then a partial one.
+// Every panel of a block, in one call: panel(full, c, cols, pf) for the full panels of 16V
+// columns (full: std::true_type), then a partial one (std::false_type), c its first column and
+// cols its columns; pf prefetching `ahead` over `steps` steps a panel.
+template <int V, class Panel>
+MOEKIT_AVX512_BF16 inline void each_panel(int64_t cols, int64_t steps, const Lines& ahead,
+                                          Panel&& panel) {
+  constexpr int64_t kWidth = 16 * V;
+  const int64_t full = cols / kWidth;
+  Ahead<> pf(ahead, (full + 1) * steps);
+  for (int64_t p = 0; p < full; ++p) panel(std::true_type{}, p * kWidth, kWidth, pf);
+  if (cols > full * kWidth) panel(std::false_type{}, full * kWidth, cols - full * kWidth, pf);
+}
+
 template <int R, int V>
 MOEKIT_AVX512_BF16 void axpy_panels(const uint16_t* a, int64_t lda, int64_t kc, const uint16_t* b,
                                     int64_t ldb, int64_t cols, float* acc, int64_t ld_acc,
                                     const Lines& ahead) {
-  constexpr int64_t kWidth = 16 * V;
-  const int64_t full = cols / kWidth;
-  Ahead<> pf(ahead, (full + 1) * (kc / 2));
-  for (int64_t p = 0; p < full; ++p) {
-    axpy_panel<R, V, true, From::kSource>(a, lda, kc, b + p * kWidth, ldb, kWidth, acc + p * kWidth,
-                                          ld_acc, pf, nullptr);
-  }
-  if (cols > full * kWidth) {
-    axpy_panel<R, V, false, From::kSource>(a, lda, kc, b + full * kWidth, ldb, cols - full * kWidth,
-                                           acc + full * kWidth, ld_acc, pf, nullptr);
-  }
+  each_panel<V>(cols, kc / 2, ahead,
+                [&](auto full, int64_t c, int64_t n, Ahead<>& pf) MOEKIT_AVX512_BF16 {
+                  axpy_panel<R, V, decltype(full)::value, From::kSource>(
+                      a, lda, kc, b + c, ldb, n, acc + c, ld_acc, pf, nullptr);
+                });
 }
 
 // out[r][c] = the sum over k of A[r][k] B[c][k]: 32 bf16 at a time, the tail masked.
@@ -1842,15 +1864,9 @@ MOEKIT_AVX512_BF16 inline void axpy_even_odd_panel(const float* af, int64_t ld_a
                                                    const uint16_t* b, int64_t ldb, int64_t cols,
                                                    float* acc, int64_t ld_acc, Ahead<>& pf) {
   __mmask32 m[V / 2];
-  for (int h = 0; h < V / 2; ++h) {
-    const int64_t c = std::clamp<int64_t>(cols - 32 * h, 0, 32);
-    m[h] = c == 32 ? ~__mmask32{0} : __mmask32((1u << c) - 1);
-  }
+  panel_masks<V>(cols, m);
   __m512 s[R][V];
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int i = 0; i < V; ++i) s[r][i] = _mm512_loadu_ps(acc + r * ld_acc + 16 * i);
+  move_sums<R, V, false>(s, acc, ld_acc);
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   for (int64_t k = 0; k < kc; ++k) {
     if (k % 2 == 0) pf.step();
@@ -1869,26 +1885,17 @@ MOEKIT_AVX512_BF16 inline void axpy_even_odd_panel(const float* af, int64_t ld_a
       for (int i = 0; i < V; ++i) s[r][i] = _mm512_fmadd_ps(ar, v[i], s[r][i]);
     }
   }
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int i = 0; i < V; ++i) _mm512_storeu_ps(acc + r * ld_acc + 16 * i, s[r][i]);
+  move_sums<R, V, true>(s, acc, ld_acc);
 }
 template <int R, int V>
 MOEKIT_AVX512_BF16 void axpy_even_odd_all(const float* af, int64_t ld_af, int64_t kc,
                                           const uint16_t* b, int64_t ldb, int64_t cols, float* acc,
                                           int64_t ld_acc, const Lines& ahead) {
-  constexpr int64_t kWidth = 16 * V;
-  const int64_t full = cols / kWidth;
-  Ahead<> pf(ahead, (full + 1) * ((kc + 1) / 2));
-  for (int64_t p = 0; p < full; ++p) {
-    axpy_even_odd_panel<R, V, true>(af, ld_af, kc, b + p * kWidth, ldb, kWidth, acc + p * kWidth,
-                                    ld_acc, pf);
-  }
-  if (cols > full * kWidth) {
-    axpy_even_odd_panel<R, V, false>(af, ld_af, kc, b + full * kWidth, ldb, cols - full * kWidth,
-                                     acc + full * kWidth, ld_acc, pf);
-  }
+  each_panel<V>(cols, (kc + 1) / 2, ahead,
+                [&](auto full, int64_t c, int64_t n, Ahead<>& pf) MOEKIT_AVX512_BF16 {
+                  axpy_even_odd_panel<R, V, decltype(full)::value>(af, ld_af, kc, b + c, ldb, n,
+                                                                   acc + c, ld_acc, pf);
+                });
 }
 }  // namespace
 
