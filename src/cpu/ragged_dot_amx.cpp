@@ -89,11 +89,13 @@ constexpr int64_t kDotSpanPieceRows = 384;
 constexpr int64_t kDotSumsBytes = 512 << 10;
 
 // The AMX kernel takes a call whose largest local group has kAmxMinRows rows or more; the pair
-// kernels the rest. `moekit bench ragged_dot --preset qwen3-30b-a3b --dtype bf16 --passes fwd
-// --impl stream`, AMX on / off, twice (bench/results/ragged_dot_small-cpu-2026-11-27-7/
-// amx-vs-pairs.txt): 1 / 8 / 16 / 32 tokens (0.5-2 rows a group on average) 75-87% of the floor
-// against the pair kernels' 93-106%, 64 tokens (4) 85-90% against 89-90%, 128 (8) 85-86% against
-// 66-69%.
+// kernels (on this Xeon the even/odd kernels, ragged_dot_stream.cpp) the rest. `moekit bench
+// ragged_dot --preset qwen3-30b-a3b --dtype bf16 --passes fwd --impl stream`, AMX on / off, twice
+// (bench/results/ragged_dot_small-cpu-2026-11-27-7/amx-vs-pairs.txt, against the one-stream
+// probe): 1 / 8 / 16 / 32 tokens (0.5-2 rows a group on average) 75-87% of the floor against the
+// pair kernels' 93-106%, 64 tokens (4) 85-90% against 89-90%, 128 (8) 85-86% against 66-69%.
+// Against the even/odd kernels, 8 and 12 rows (ragged_dot_small-cpu-2026-11-28-8/amx-min-rows.txt):
+// at 96 / 128 tokens 8 ran 1.06-1.07 / 1.06-1.12x faster.
 constexpr int32_t kAmxMinRows = 8;
 
 std::atomic<bool> amx_allowed{true};  // set_amx_for_test
