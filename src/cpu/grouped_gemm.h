@@ -28,9 +28,9 @@ Status row_grouped_gemm_stream(const RowGroupedGemm& g);
 bool stream_picks(const RowGroupedGemm& g);
 // kCpuStream's forward on AMX (src/cpu/ragged_dot_amx.cpp): whether it can take a call (bf16 rows
 // against [K, n] weights, b_s1 1, on a CPU with AMX-BF16 whose OS grants the tiles), whether it
-// takes it (a local group of 8 rows or more; fewer run the pair kernels), and the call (its rows
-// and contraction not empty: row_edges_done first). set_amx_for_test(false) keeps such calls on
-// the other kernels (the tests of each Highway target), true gives them back.
+// takes it (a local group of 8 rows or more; fewer run the even/odd kernels), and the call (its
+// rows and contraction not empty: row_edges_done first). set_amx_for_test(false) keeps such calls
+// on the other kernels (the tests of each Highway target), true gives them back.
 bool amx_forward_available(const RowGroupedGemm& g);
 bool amx_forward_takes(const RowGroupedGemm& g);
 // The same for the contraction-contiguous form (the input gradient against [K, n] weights: b_s0
