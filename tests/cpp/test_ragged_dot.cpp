@@ -811,12 +811,19 @@ TEST(RaggedDotStream, OneChunkSplitAgainstTheReference) {
                           {2, 16448, {5}},
                           {2, 16448, {2, 5, 0}, 1, 2, 7},
                           {2, 16451, {4, 1}}};
-  for (DType in : {DType::kBF16, DType::kF32}) {
+  // bf16 with each one-chunk kernel of an AVX512-BF16 CPU (the even/odd kernels, then the pair
+  // kernels: set_even_odd_for_test), f32 once.
+  struct Kernels {
+    ~Kernels() { detail::set_even_odd_for_test(-1); }
+  } const kernels;
+  const std::pair<DType, int> runs[] = {{DType::kBF16, 1}, {DType::kBF16, 0}, {DType::kF32, -1}};
+  for (const auto& [in, even_odd] : runs) {
+    detail::set_even_odd_for_test(even_odd);
     for (const Shape& sh : shapes) {
       for (bool accumulate : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} threads {} n {} groups {} offset {} accumulate {}",
-                                 dtype_name(in), sh.threads, sh.n, sh.sizes.size(), sh.offset,
-                                 accumulate));
+        SCOPED_TRACE(fmt::format(
+            "{} (even/odd {}) threads {} n {} groups {} offset {} accumulate {}", dtype_name(in),
+            even_odd, sh.threads, sh.n, sh.sizes.size(), sh.offset, accumulate));
         omp_set_num_threads(sh.threads);
         const int64_t K = 263;
         const int64_t E_loc = sh.e_loc > 0 ? sh.e_loc : static_cast<int64_t>(sh.sizes.size());
