@@ -151,6 +151,48 @@ __attribute__((target("amx-tile,amx-bf16"))) static void tiles(int rows, const u
   }
 }
 
+// MODE 6 / 7: rows a multiple of 32, the column blocks outermost, the row blocks inside them (the
+// block's B tiles stay in L1 for the second row block).
+__attribute__((target("amx-tile,amx-bf16"))) static void tiles_couter(int rows, const uint16_t* x,
+                                                                      int64_t lda, int kc,
+                                                                      const uint32_t* vnni,
+                                                                      int64_t n, float* acc,
+                                                                      bool first) {
+  const int64_t ldc = n * 4;
+  for (int64_t cb = 0; cb < n; cb += 32) {
+    for (int r0 = 0; r0 < rows; r0 += 32) {
+      float* c0 = acc + r0 * n + cb;
+      const uint16_t* xr = x + r0 * lda;
+      if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      } else {
+        _tile_loadd(0, c0, ldc);
+        _tile_loadd(1, c0 + 16, ldc);
+        _tile_loadd(2, c0 + 16 * n, ldc);
+        _tile_loadd(3, c0 + 16 * n + 16, ldc);
+      }
+      for (int s = 0; s < kc / 32; ++s) {
+        const uint32_t* b = vnni + 16 * s * n + cb;
+        _tile_loadd(4, xr + 32 * s, lda * 2);
+        _tile_loadd(5, xr + 16 * lda + 32 * s, lda * 2);
+        _tile_loadd(6, b, n * 4);
+        _tile_loadd(7, b + 16, n * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c0, ldc);
+      _tile_stored(1, c0 + 16, ldc);
+      _tile_stored(2, c0 + 16 * n, ldc);
+      _tile_stored(3, c0 + 16 * n + 16, ldc);
+    }
+  }
+}
+
 // One group: out[rows][n] f32 = x[rows][K] * w[K][n]
 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw"))) void group_fwd(
     int rows, const uint16_t* x, int64_t K, const uint16_t* w, int64_t n, float* out,
@@ -158,11 +200,21 @@ __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw"))) void group_fwd(
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int kc = static_cast<int>(std::min<int64_t>(KC, K - k0));
     const uint16_t* wk = w + k0 * n;
-    if (MODE == 3 || MODE == 4)
+    if (MODE == 8) {
+      for (int r = 0; r < rows; ++r)
+        for (int l = 0; l < kc * 2; l += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(x + r * K + k0) + l, _MM_HINT_T0);
+    }
+    if (MODE == 3 || MODE == 4 || MODE == 7 || MODE == 8)
       repack4(wk, n, kc, vnni);
-    else if (MODE != 2)
+    else if (MODE != 2 && MODE != 6)
       repack(wk, n, kc, vnni, nullptr, 0);
     if (MODE == 1 || MODE == 4) continue;
+    if (MODE == 6 || MODE == 7) {
+      configure(16, 16);
+      tiles_couter(rows, x + k0, K, kc, vnni, n, out, k0 == 0);
+      continue;
+    }
     // prefetch the next chunk (or the next group's first) while the tiles run
     const char* pf = k0 + KC < K ? reinterpret_cast<const char*>(wk + kc * n)
                                  : reinterpret_cast<const char*>(wnext);

@@ -54,7 +54,36 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) static void block(const u
           return _mm512_castsi512_ps(
               _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
         };
-        if (v == 8) {  // even / odd columns as f32 (shift, mask), FMA: exact, no interleave
+        if (v == 9) {  // V 8 on 256-bit vectors
+          const __m256i m = _mm256_set1_epi32(int(0xffff0000u));
+          const __m256 x8 = _mm256_set1_ps(x[k]);
+          __m256 t[8];
+          for (int q = 0; q < 4; ++q) {
+            const __m256i a = _mm256_loadu_si256((const __m256i*)(r + 16 * q));
+            t[2 * q] = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+            t[2 * q + 1] = _mm256_castsi256_ps(_mm256_and_si256(a, m));
+          }
+          __m256 lo0 = _mm512_castps512_ps256(s0),
+                 hi0 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s0), 1));
+          __m256 lo1 = _mm512_castps512_ps256(s1),
+                 hi1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s1), 1));
+          __m256 lo2 = _mm512_castps512_ps256(s2),
+                 hi2 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s2), 1));
+          __m256 lo3 = _mm512_castps512_ps256(s3),
+                 hi3 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s3), 1));
+          lo0 = _mm256_fmadd_ps(x8, t[0], lo0);
+          hi0 = _mm256_fmadd_ps(x8, t[1], hi0);
+          lo1 = _mm256_fmadd_ps(x8, t[2], lo1);
+          hi1 = _mm256_fmadd_ps(x8, t[3], hi1);
+          lo2 = _mm256_fmadd_ps(x8, t[4], lo2);
+          hi2 = _mm256_fmadd_ps(x8, t[5], hi2);
+          lo3 = _mm256_fmadd_ps(x8, t[6], lo3);
+          hi3 = _mm256_fmadd_ps(x8, t[7], hi3);
+          s0 = _mm512_insertf32x8(_mm512_castps256_ps512(lo0), hi0, 1);
+          s1 = _mm512_insertf32x8(_mm512_castps256_ps512(lo1), hi1, 1);
+          s2 = _mm512_insertf32x8(_mm512_castps256_ps512(lo2), hi2, 1);
+          s3 = _mm512_insertf32x8(_mm512_castps256_ps512(lo3), hi3, 1);
+        } else if (v == 8) {  // even / odd columns as f32 (shift, mask), FMA: exact, no interleave
           const __m512i a = _mm512_loadu_si512((const void*)r),
                         b = _mm512_loadu_si512((const void*)(r + 32));
           const __m512i m = _mm512_set1_epi32(int(0xffff0000u));
