@@ -78,6 +78,26 @@ void set_stream_wide_sums_for_test(int64_t bytes);
 // 0.1% of the layer) take blocks of the same bytes: not timed.
 int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes);
 
+// kCpuStream's kernels: whether the next block of weights goes into L1 as it is prefetched, or
+// into L2 (the kernels load it from there): into L1 only where it fits beside the block at hand
+// (twice a block's bytes within the L1 data cache of `l1d_bytes`, 32 KiB where the machine does
+// not say). A block prefetched into an L1 that cannot hold both evicts the lines the kernel is
+// using (the block at hand, the pairs the first chunk leaves, the rows of A), which then come
+// back from L2 as the loads wait. Every block but the one-chunk forward's (sized by L1:
+// one_chunk_block_rows) is about kBlockBytes, so into L2. On an AMD EPYC family 25 model 17 (32
+// KiB of L1), A/B in one loop against every block into L1, twice
+// (bench/results/ragged_dot_small-cpu-2026-11-29/ab-prefetch-level*.txt), bf16: qwen3-30b-a3b's
+// forward 1.18-1.25x at 16 rows a group (256 tokens), 1.03-1.14x at 32-64, 0.98-1.14x at 1-8;
+// its input gradient 1.11-1.65x at 2-16 rows, 0.93-1.18x at 1, 0.91-1.01x at 24-64 (and one
+// 0.80x whose repeat read 0.98x); deepseek-v3's forward 1.08-1.43x at every count from 1 to 1024
+// tokens, its input gradient 1.22-1.84x at 128-512 tokens (4-16 rows), 0.90-1.20x at
+// 1-64, 1.04-1.06x at 1024; the layer's gate|up shapes at 1-64 tokens: mixtral-8x7b 1.04-1.45x,
+// gpt-oss-20b 1.02-1.73x, olmoe-1b-7b 0.91-1.57x, deepseek-v2-lite 1.06-1.80x; f32
+// (qwen3) 1.18-1.74x at 4-16 rows, 0.88-1.38x at 1-2, level at 32-64. The Xeon with AMX (48 KiB of
+// L1) was not measured: its AMX kernels prefetch on their own; its one-chunk blocks of 1-5 rows
+// stay in L1 (twice 24 KiB).
+bool prefetch_into_l1(int64_t block_bytes, int64_t l1d_bytes);
+
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.
 inline void zero_rows(void* base, DType t, int64_t ld, int64_t n, int64_t begin, int64_t end) {
   const size_t es = dtype_size(t);

@@ -220,11 +220,16 @@ constexpr int64_t kComputeRows = 16;
 std::pair<int64_t, int64_t> share(const std::vector<Item>& items, int t, int threads);
 
 // Lines of a region to prefetch: rows of `row_lines` cache lines from base, `stride` bytes apart;
-// of those, in row order, the lines [first, last).
+// of those, in row order, the lines [first, last); into L1 (into_l1) or L2.
 struct Lines {
   const char* base = nullptr;
   int64_t stride = 0, row_lines = 0, first = 0, last = 0;
+  bool into_l1 = false;
 };
+
+// Whether a block of `block_bytes` goes into L1 as it is prefetched on this machine
+// (detail::prefetch_into_l1), or into L2.
+bool prefetch_into_l1(int64_t block_bytes);
 
 // The lines of `rows` rows of `row_bytes` bytes, `stride` bytes apart, from p (where the rows do
 // not all start at the same place in a line, one more line per row).
@@ -250,14 +255,14 @@ inline Lines part(Lines all, int64_t call, int64_t calls) {
   return all;
 }
 
-// Prefetches a call's lines over `steps` steps of its loop, in order: per step, as many
-// as there are lines per step, rounded up, so that fewer lines than steps go one a step from the
-// first step; or (kSpread) fewer lines than steps one every steps / lines steps, at about the rate
-// the memory brings them. In bursts of one a step a core's misses in flight filled up and the
-// loads of the block at hand, from L2, waited behind them: the weights' read and the FMAs took
-// about the sum of their times, not the larger. By hand (AMD EPYC family 23 model 49, two cores,
-// the forward's 6 + 2 rows of sums on 16 columns a step): read alone ~17.5 ms, FMAs alone 21.8,
-// together 36.1 in bursts, 27.4 with one line every 4 steps (bench/results/
+// Prefetches a call's lines (into L1 or L2, as they say) over `steps` steps of its loop, in
+// order: per step, as many as there are lines per step, rounded up, so that fewer lines than steps
+// go one a step from the first step; or (kSpread) fewer lines than steps one every steps / lines
+// steps, at about the rate the memory brings them. In bursts of one a step a core's misses in
+// flight filled up and the loads of the block at hand, from L2, waited behind them: the weights'
+// read and the FMAs took about the sum of their times, not the larger. By hand (AMD EPYC family 23
+// model 49, two cores, the forward's 6 + 2 rows of sums on 16 columns a step): read alone ~17.5 ms,
+// FMAs alone 21.8, together 36.1 in bursts, 27.4 with one line every 4 steps (bench/results/
 // ragged_dot_small-cpu-2026-11-27-2/by-hand/). Spread: the dot products (DotF32, DotSplit) and
 // the f32 axpy kernels (AxpyF32); the pair kernels (AVX512-BF16, not measured spread) keep the
 // bursts.
@@ -272,14 +277,19 @@ class Ahead {
         left_(std::max<int64_t>(l.last - l.first, 0)),
         per_(steps > 0 ? (left_ + steps - 1) / steps : left_),
         every_(kSpread && left_ > 0 && steps > left_ ? steps / left_ : 1),
-        count_(every_) {}
+        count_(every_),
+        into_l1_(l.into_l1) {}
   void step() {
     if constexpr (kSpread) {
       if (--count_ > 0) return;
       count_ = every_;
     }
     for (int64_t i = 0; i < per_ && left_ > 0; ++i, --left_) {
-      __builtin_prefetch(row_ + line_ * 64);
+      if (into_l1_) {
+        __builtin_prefetch(row_ + line_ * 64, 0, 3);  // prefetcht0
+      } else {
+        __builtin_prefetch(row_ + line_ * 64, 0, 2);  // prefetcht1
+      }
       if (++line_ == row_lines_) line_ = 0, row_ += stride_;
     }
   }
@@ -287,6 +297,7 @@ class Ahead {
  private:
   const char* row_;
   int64_t line_, row_lines_, stride_, left_, per_, every_, count_;
+  bool into_l1_;
 };
 
 // Rows [0, rows) in the fewest chunks of at most `most`, of near-equal sizes (a last chunk of
@@ -998,7 +1009,14 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                              : std::max(stream::kMinBlockRows, block_rows);
   kb += kb % 2;                      // whole pairs
   const int64_t kn = it.k1 - it.k0;  // the item's contraction rows, from a's and b's
-  stream::Ahead<>(stream::lines_of(b, stride, it.cols * es, std::min(kb, kn)), 1).step();
+  // Where the blocks go as they are prefetched: L1 for one chunk's blocks that fit there twice.
+  const bool into_l1 = chunks.count == 1 && stream::prefetch_into_l1(kb * it.cols * es);
+  auto block_lines = [&](const T* from, int64_t cols, int64_t rows) {
+    stream::Lines l = stream::lines_of(from, stride, cols * es, rows);
+    l.into_l1 = into_l1;
+    return l;
+  };
+  stream::Ahead<>(block_lines(b, it.cols, std::min(kb, kn)), 1).step();
   const int64_t panels = width / panel;
   // The pair kernels' panel buffer, with several chunks (the first leaves the pairs for the rest).
   auto* pairs =
@@ -1024,10 +1042,9 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   for (int64_t k0 = 0; k0 < kn; k0 += kb) {
     const int64_t kc = std::min(kb, kn - k0);
     const stream::Lines next =
-        k0 + kc < kn ? stream::lines_of(b + (k0 + kc) * g.b_s0, stride, it.cols * es,
-                                        std::min(kb, kn - k0 - kc))
-        : next_item  ? stream::lines_of(weights(*next_item), stride, next_item->cols * es,
-                                        std::min(kb, next_item->k1 - next_item->k0))
+        k0 + kc < kn ? block_lines(b + (k0 + kc) * g.b_s0, it.cols, std::min(kb, kn - k0 - kc))
+        : next_item  ? block_lines(weights(*next_item), next_item->cols,
+                                   std::min(kb, next_item->k1 - next_item->k0))
                      : stream::Lines{};
     // The f32 kernels' rows of A over the block, as f32.
     int64_t ld_af = 0;
@@ -1495,6 +1512,10 @@ std::atomic<int> even_odd_for_test{-1};      // set_even_odd_for_test; -1: the m
 void set_stream_wide_sums_for_test(int64_t bytes) { wide_sums_for_test = bytes; }
 void set_even_odd_for_test(int mode) { even_odd_for_test = mode; }
 
+bool prefetch_into_l1(int64_t block_bytes, int64_t l1d_bytes) {
+  return 2 * block_bytes <= (l1d_bytes > 0 ? l1d_bytes : int64_t{32} << 10);
+}
+
 int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes) {
   const int64_t block = stream::kOneChunkBlockRows * std::max<int64_t>(row_bytes, 1);
   return stream::kOneChunkBlockRows * std::max<int64_t>(1, l1d_bytes / 2 / block);
@@ -1505,6 +1526,11 @@ namespace stream {
 int64_t one_chunk_block_rows(int64_t row_bytes) {
   static const int64_t l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
   return detail::one_chunk_block_rows(row_bytes, l1d);
+}
+
+bool prefetch_into_l1(int64_t block_bytes) {
+  static const int64_t l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  return detail::prefetch_into_l1(block_bytes, l1d);
 }
 
 int64_t wide_sums_bytes() {

@@ -759,6 +759,21 @@ TEST(RaggedDotStream, OneChunkBlocksFillHalfOfL1) {
   EXPECT_EQ(detail::one_chunk_block_rows(1536, 0), 8);
 }
 
+// Blocks prefetched into L1 only where two of them fit there (the one at hand and the next);
+// 32 KiB where the machine does not say.
+TEST(RaggedDotStream, PrefetchIntoL1WhereTwoBlocksFit) {
+  constexpr int64_t kXeon = 48 << 10, kEpyc = 32 << 10;
+  EXPECT_TRUE(detail::prefetch_into_l1(8 * 1536, kEpyc));    // qwen3-30b-a3b's, 1-5 rows
+  EXPECT_FALSE(detail::prefetch_into_l1(16 * 1536, kEpyc));  // its blocks at 6-11 rows
+  EXPECT_TRUE(detail::prefetch_into_l1(16 * 1536, kXeon));
+  EXPECT_FALSE(detail::prefetch_into_l1(8 * 4096, kEpyc));  // deepseek-v3's, 4 KiB rows
+  EXPECT_TRUE(detail::prefetch_into_l1(16 << 10, kEpyc));   // the boundary: exactly twice
+  EXPECT_FALSE(detail::prefetch_into_l1((16 << 10) + 64, kEpyc));
+  EXPECT_FALSE(detail::prefetch_into_l1(128 << 10, kXeon));  // kBlockBytes
+  EXPECT_TRUE(detail::prefetch_into_l1(16 << 10, 0));        // unknown L1: 32 KiB
+  EXPECT_FALSE(detail::prefetch_into_l1(24 << 10, -1));
+}
+
 // The slabs of bf16 weight rows past 32 KiB in groups of one chunk: their f32 sums take a quarter
 // of a core's L2 at most, within [128 KiB, 1 MiB]; 128 KiB where the machine does not say.
 TEST(RaggedDotStream, WideSumsBudgetIsAQuarterOfL2) {
