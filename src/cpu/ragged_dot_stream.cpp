@@ -2042,7 +2042,12 @@ HWY_EXPORT(Run);
 //     kSumsBytes the bound was 48-160 rows by the bytes of a weight row: -6/.)
 //   - the f32 kernel of the output-contiguous form: 12 rows, its one chunk on AVX-512 (at 8 rows
 //     on average 1.05-1.09x oneDNN on qwen3 and deepseek-v3; at 16, 20 at most, 0.91-0.93x; at 32
-//     0.93x; -6/fwd-f32-stream.txt).
+//     0.93x; -6/fwd-f32-stream.txt). With its blocks prefetched into L2 (prefetch_into_l1), on an
+//     AMD EPYC family 25 model 17 (ragged_dot_small-cpu-2026-11-29/f32-fwd-stream-vs-onednn*.txt),
+//     f32 weights: qwen3-30b-a3b 1.50-1.55 / 1.23-1.29 / 1.12-1.14 / 1.01-1.02x at 16 / 24 / 32 /
+//     48 rows on average, olmoe-1b-7b 1.62 / 1.15 / 1.05 / 1.02x at 16 / 32 / 48 / 64,
+//     deepseek-v3 1.67 / 1.17 / 1.02x at 16 / 32 / 48: 48 rows for f32 weights. bf16 on AVX-512
+//     without BF16 (widened into the same kernel) keeps 12: no such CPU measured.
 // (The files named: bench/results/ragged_dot_small-cpu-2026-11-26-7/, and -6/ where it says so,
 // kCpuStream forced beside oneDNN.)
 // bf16 on a CPU without AVX512-BF16 runs the f32 kernels (oneDNN there converts to f32 as
@@ -2102,7 +2107,8 @@ int64_t stream_most_rows(const RowGroupedGemm& g) {
   if (g.in_type == DType::kBF16 && stream::has_avx512_bf16()) return amx ? 24 : 256;
   if (g.in_type == DType::kBF16 && runs_avx2()) return g.b_s1 != 1 ? 384 : 256;
   if (runs_avx2()) return g.b_s1 != 1 ? 32 : 40;
-  return g.b_s1 != 1 ? 160 : amx ? 64 : 12;
+  if (g.b_s1 != 1) return 160;
+  return amx ? 64 : g.in_type == DType::kF32 ? 48 : 12;
 }
 }  // namespace
 
