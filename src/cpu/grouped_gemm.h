@@ -93,9 +93,9 @@ int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes);
 // tokens, its input gradient 1.22-1.84x at 128-512 tokens (4-16 rows), 0.90-1.20x at
 // 1-64, 1.04-1.06x at 1024; the layer's gate|up shapes at 1-64 tokens: mixtral-8x7b 1.04-1.45x,
 // gpt-oss-20b 1.02-1.73x, olmoe-1b-7b 0.91-1.57x, deepseek-v2-lite 1.06-1.80x; f32
-// (qwen3) 1.18-1.74x at 4-16 rows, 0.88-1.38x at 1-2, level at 32-64. The Xeon with AMX (48 KiB of
-// L1) was not measured: its AMX kernels prefetch on their own; its one-chunk blocks of 1-5 rows
-// stay in L1 (twice 24 KiB).
+// (qwen3) 1.18-1.74x at 4-16 rows, 0.88-1.38x at 1-2, 0.98-1.11x at 32-64. Not measured on the
+// Xeon with AMX (48 KiB of L1: its AMX kernels prefetch on their own, its one-chunk blocks of 1-5
+// rows stay in L1, twice 24 KiB) nor on an AVX2 CPU (the AMD EPYC family 23's f32 kernels).
 bool prefetch_into_l1(int64_t block_bytes, int64_t l1d_bytes);
 
 // Sets rows [begin, end) of a [rows, n] matrix with row stride ld to zero.
