@@ -94,30 +94,6 @@ constexpr int kAxpyPanelsWideRows = 5, kAxpyPanelsRows = 11;
 // Weight rows per block of the output-contiguous form, and bytes per super-block of the
 // contraction-contiguous one (AxpyItem, DotItem say why).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
-// The f32 kernels' items of one chunk of at most kHalfAheadRows rows, on weight rows (the run of
-// each that the item reads) longer than kHalfAheadRowBytes, whose blocks go into L1
-// (prefetch_into_l1), prefetch the first half of the next block only; the hardware prefetchers,
-// which follow runs that long, and the loads fetch the rest. Measured when every block went into
-// L1: prefetched whole, the next block (8 rows: 22-64 KiB for rows of 2.75-8 KiB) did not fit L1
-// beside the block at hand, and the calls ran below the read rate that reading less ahead
-// reached (the forward's blocks and the input gradient's super-blocks alike). A/B in one loop,
-// weights cold (AMD EPYC family 23 model 49, 32 KiB of L1;
-// bench/results/ragged_dot_small-cpu-2026-11-27-6/ab-half-ahead*.txt), 1 / 2 rows a group, bf16,
-// forward: deepseek-v2-lite's gate|up (2.75 KiB rows) 1.07 / 1.03x, olmoe-1b-7b's (4 KiB) 1.14
-// / 1.13x, deepseek-v3's shape (4 KiB) 1.14 / 1.11x, gpt-oss-20b's down (5.6 KiB) 1.13 / 1.15x,
-// mixtral-8x7b's down (8 KiB) 1.22 / 1.16x; routed (0-6 rows) 1.06-1.16x; f32 weights 1.15-1.21x;
-// input gradient (the same shapes' contractions) 1.07 / 1.02, 1.06 / 1.07, 1.09 / 1.06, 1.12
-// / 1.10, 1.10 / 1.10x. At 3-4 rows 0.88-1.08x, and on rows of 1.5 KiB (qwen3-30b-a3b's in bf16)
-// 0.78-0.88x: the whole block there. Into L2 the whole next block fits: on an AMD EPYC family 25
-// model 17, whole against half in one loop, twice (qwen3-30b-a3b's f32 weights, 3 KiB rows, one row
-// a group; bench/results/ragged_dot_small-cpu-2026-11-29/ab-f32-one-chunk.txt): the
-// forward 1.06-1.24x at 1-16 tokens, the input gradient's super-blocks 0.92-1.17x.
-constexpr int64_t kHalfAheadRows = 2, kHalfAheadRowBytes = 2 << 10;
-// Whether an item of one chunk of `rows` rows on weight rows of `row_bytes` prefetches half the
-// next block only (kHalfAheadRows).
-inline bool half_ahead(int64_t rows, int64_t row_bytes) {
-  return rows <= kHalfAheadRows && row_bytes > kHalfAheadRowBytes;
-}
 // The most bytes of a weight row that one item (output-contiguous form) or one kernel call
 // (contraction-contiguous form, AVX-512) takes: wider rows go in slabs or spans, so that a block's
 // rows stay in L2 and a chunk's rows in L1 (6 rows of the chunk and 4 weight rows of 4 KiB fill 40
@@ -1041,9 +1017,6 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   float* wide = kWidenOnce && !chunk_major && chunks.count > 2
                     ? WidePanel(static_cast<size_t>(kb * panel))
                     : nullptr;
-  // One chunk of the f32 kernels on long weight rows, blocks into L1: half the next block ahead.
-  const bool half =
-      !kPairs && chunks.count == 1 && into_l1 && stream::half_ahead(it.rows, it.cols * es);
   const bool even_odd = kPairs && chunks.count == 1 && stream::even_odd_one_chunk();
   for (int64_t k0 = 0; k0 < kn; k0 += kb) {
     const int64_t kc = std::min(kb, kn - k0);
@@ -1072,7 +1045,7 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                                   width, next);
       } else {
         AxpyF32Block(static_cast<int>(it.rows), af, ld_af, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
-                     acc, width, half ? stream::part(next, 0, 2) : next);
+                     acc, width, next);
       }
       continue;
     }
