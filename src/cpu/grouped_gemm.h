@@ -77,6 +77,23 @@ void set_stream_wide_sums_for_test(int64_t bytes);
 // as measured best on it (ragged_dot_stream.cpp). Rows under 1.5 KiB (the router's matmul, under
 // 0.1% of the layer) take blocks of the same bytes: not timed.
 int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes);
+// The same, for the pair kernels (bf16 on AVX512-BF16) and a group of `rows` rows: 1-2 rows as
+// one_chunk_block_rows; from 3 rows on, that (twice past 5 rows) and at least 128 KiB of rows
+// (kBlockBytes), which go into L2 as they are prefetched (prefetch_into_l1). Each kernel call
+// loads and stores a panel's sums once per block: on blocks of 8 rows that ran the calls at 86-129
+// GFLOP/s on one core of an AMD EPYC family 25 model 17 at 3-11 rows, 139-193 on blocks of 42
+// (weights in L1/L2, 1.5 KiB rows). There (32 KiB L1d), A/B in one loop, weights cold, bf16
+// forward (bench/results/ragged_dot_small-cpu-2026-11-29-2/ab-final.txt, ab-explore-*.txt):
+// qwen3-30b-a3b with rows spread evenly at 3 / 4 / 5 / 6 / 8 / 11 rows a group 1.24 / 1.29 / 1.56
+// / 1.31 / 1.21 / 1.24x (earlier runs 1.17-1.33 / 1.23-1.36 / 1.34-1.38x at 3-5), routed at 4 /
+// 8 rows on average 1.48 / 1.26x, at 1.5-2.5 0.91-1.06x (its rows of 1-3: 2 rows alone, level
+// 0.97-1.00x, keep their blocks); deepseek-v3 at 5.5 / 11 rows 1.19 / 1.20x, 3-4 level
+// (0.97-1.18x over runs); the layer's gate|up and down shapes at 2-8 rows (qwen3-30b-a3b,
+// gpt-oss-20b, deepseek-v2-lite, olmoe-1b-7b) 1.00-1.19x; mixtral-8x7b's 32 KiB slabs (blocks
+// of 8-16 rows either way) level. kMinBlockRows (64 rows), as several chunks take, made 2 MiB
+// blocks of those slabs: 0.71x. Not measured on the Xeon (48 KiB L1d; the even/odd kernels take
+// its one-chunk groups).
+int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes, int64_t l1d_bytes);
 
 // kCpuStream's kernels: whether the next block of weights goes into L1 as it is prefetched, or
 // into L2 (the kernels load it from there): into L1 only where it fits beside the block at hand

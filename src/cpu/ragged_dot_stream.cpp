@@ -20,15 +20,15 @@
 //   - the output's (the forward against [K, n], the input gradient against transposed weights):
 //     a row's output is a sum of weight rows scaled by its elements. The weights go by blocks of
 //     contraction rows. With one chunk of rows (up to 11, or 12 for the f32 kernel), blocks of 8
-//     or 16 rows, one kernel call walking all their panels; with 2 to kChunkMajorMost chunks (the
-//     f32 kernels on AVX2), blocks of 32-48 rows, each chunk in turn walking all
-//     their panels in one call; with more, blocks of about kBlockBytes and at least kMinBlockRows
-//     rows, a panel of output columns at a time, each chunk of rows adding the block's products
-//     to its f32 sums (kept in a per-thread buffer between blocks); either way the next block is
-//     prefetched in order as the panels run. With several chunks and rows past kSpanBytes
-//     (kWholeRowBytes on AVX2), or many rows and sums past kSumsBytes, an item takes a slab of
-//     the columns. (A panel's 128 bytes of every row read straight from memory, a strided walk,
-//     ran at ~70% of a sequential read's rate on an AMD EPYC:
+//     or 16 rows (the pair kernels from 3 rows on: about kBlockBytes), one kernel call walking all
+//     their panels; with 2 to kChunkMajorMost chunks (the f32 kernels on AVX2), blocks of 32-48
+//     rows, each chunk in turn walking all their panels in one call; with more, blocks of about
+//     kBlockBytes and at least kMinBlockRows rows, a panel of output columns at a time, each chunk
+//     of rows adding the block's products to its f32 sums (kept in a per-thread buffer between
+//     blocks); either way the next block is prefetched in order as the panels run. With several
+//     chunks and rows past kSpanBytes (kWholeRowBytes on AVX2), or many rows and sums past
+//     kSumsBytes, an item takes a slab of the columns. (A panel's 128 bytes of every row read
+//     straight from memory, a strided walk, ran at ~70% of a sequential read's rate on an AMD EPYC:
 //     bench/results/ragged_dot_small-cpu-2026-11-25/by-hand/.)
 // A work item is a group (up to kItemRows of its rows), a slab of its output columns, or (the
 // output's form, one chunk of rows, fewer groups than threads) a part of its contraction, whose
@@ -140,6 +140,7 @@ constexpr int64_t kWideRowBytes = 32 << 10;
 constexpr int64_t kMinWideSumsBytes = 128 << 10, kMaxWideSumsBytes = 1 << 20;
 int64_t wide_sums_bytes();                        // this machine's wide_sums_budget, or the test's
 int64_t one_chunk_block_rows(int64_t row_bytes);  // this machine's (one_chunk_block_rows below)
+int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes);  // this machine's
 
 // A group's rows [row, row + rows) and output columns [col, col + cols), over the contraction's
 // rows [k0, k1). partial >= 0: the item is one of several parts of its group's contraction, whose
@@ -919,23 +920,28 @@ const float* SplitRows(const uint16_t* a, int64_t lda, int64_t rows, int64_t kc,
 }
 #endif
 
-// The output-contiguous form (B's columns contiguous: b_s1 == 1), one item: blocks of
-// contraction rows, panel by panel, chunk by chunk, the next block (after the last, the next
-// item's first) prefetched over the calls. kPairs: the bf16-pair kernel (panels of 64, sums in
-// pair order); else the f32 kernel (panels of 4N). The item's sums are in `acc` ([rows][cols
-// rounded up to panels]).
-template <bool kPairs, typename T, bool kOutBf16>
-void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, float* parts) {
-  const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+// How AxpyItem goes over an item of `rows` rows and `cols` output columns of weights of type T:
+// its chunks of rows, whether chunk by chunk over each block (chunk_major), the weight rows per
+// block (kb) and whether the blocks go into L1 as they are prefetched (else into L2). An item
+// prefetches the next one's first block as the next one's plan says.
+struct AxpyPlan {
+  stream::Chunks chunks;
+  bool chunk_major;
+  int64_t kb;
+  bool into_l1;
+};
+template <bool kPairs, typename T>
+AxpyPlan PlanAxpy(int64_t rows, int64_t cols) {
+  const auto es = static_cast<int64_t>(sizeof(T));
   // Chunks of rows: up to kAxpyPanelsRows rows (2 kF32Rows for the f32 kernel) in one, through
   // panels of 2 vectors past kAxpyPanelsWideRows (kF32Rows); more, kAxpyRows (kF32Rows, or
   // 2 kF32Rows where kF32NarrowChunks) at a time.
   constexpr bool kNarrow = !kPairs && kF32NarrowChunks;
   const int64_t one = kPairs ? stream::kAxpyPanelsRows : 2 * kF32Rows;
-  const int64_t most = it.rows <= one ? one
-                       : kPairs       ? stream::kAxpyRows
-                       : kNarrow      ? 2 * kF32Rows
-                                      : kF32Rows;
+  const int64_t most = rows <= one ? one
+                       : kPairs    ? stream::kAxpyRows
+                       : kNarrow   ? 2 * kF32Rows
+                                   : kF32Rows;
   // kNarrow: where whole chunks of `most` leave 1 or 2 rows, those chunks and a last one of the
   // rows left, on 4 vectors: by hand in L1, 6 / 4 rows on 2 vectors ran at 105 / 78 GFLOP/s, 2 / 1
   // rows on 4 vectors at 66 / 43, so 8 rows as 6 + 2 beat 4 + 4 on 2 vectors (7 and 8 rows now go
@@ -945,24 +951,14 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   // near-equal chunks elsewhere (bench/results/ragged_dot_small-cpu-2026-11-27/). Now 7-8 rows, and
   // kF32Rows left over whole chunks (chunk-major), go in chunks of 3 to kF32QuadRows on 3 vectors
   // (kF32QuadRows says why).
-  const int64_t left = it.rows % most;
-  const bool quads = kNarrow && it.rows > 2 * kF32Rows && it.rows <= 2 * kF32QuadRows;
+  const int64_t left = rows % most;
+  const bool quads = kNarrow && rows > 2 * kF32Rows && rows <= 2 * kF32QuadRows;
   const bool three_left =
-      kNarrow && it.rows > most && it.rows <= kChunkMajorMost * most && left == kF32Rows;
+      kNarrow && rows > most && rows <= kChunkMajorMost * most && left == kF32Rows;
   const stream::Chunks chunks =
-      quads ? stream::Chunks(it.rows, kF32QuadRows)
-            : stream::Chunks(it.rows, most,
-                             three_left || (kNarrow && it.rows > most && left > 0 && left <= 2));
-  const int64_t width = round_up(it.cols, panel);
-  float* acc =
-      it.partial >= 0 ? parts + it.partial : ThreadBuffer(static_cast<size_t>(it.rows * width));
-  std::fill(acc, acc + it.rows * width, 0.f);
-  const T* a = static_cast<const T*>(g.a) + it.row * g.lda + it.k0;
-  auto weights = [&](const Item& i) {  // from the item's first contraction row
-    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.k0 * g.b_s0 + i.col;
-  };
-  const T* b = weights(it);
-  const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
+      quads ? stream::Chunks(rows, kF32QuadRows)
+            : stream::Chunks(rows, most,
+                             three_left || (kNarrow && rows > most && left > 0 && left <= 2));
   // The f32 kernels on AVX2, 2 to kChunkMajorMost chunks: chunk by chunk over every panel of a
   // block in one call (AxpyF32Block), the later chunks reading the block from L2, in blocks of
   // 32-48 rows; rather than panel by panel through the chunks (the later ones from L1) in blocks
@@ -980,24 +976,54 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
   // long, out of L1 almost as it arrives: 90-104% of the floor at 1-32 tokens where blocks of 64+
   // rows ran at 62-68%), twice that with panels of 2 vectors (they
   // load and store twice the sums per weight: 12 rows ran 25% faster with 16-row blocks than with
-  // 8, 4 and 8 rows the same); chunk-major, 32-48 rows (above); else about kBlockBytes and at
-  // least kMinBlockRows (each chunk's sums are loaded and stored once per block and panel).
-  const int64_t block_rows = stream::kBlockBytes / std::max<int64_t>(it.cols * es, 1);
-  int64_t kb = chunks.count == 1
-                   ? stream::one_chunk_block_rows(it.cols * es) *
-                         (it.rows > (kPairs ? stream::kAxpyPanelsWideRows : kF32Rows) ? 2 : 1)
-               : chunk_major ? std::clamp<int64_t>(block_rows, 32, 48)
-                             : std::max(stream::kMinBlockRows, block_rows);
-  kb += kb % 2;                      // whole pairs
-  const int64_t kn = it.k1 - it.k0;  // the item's contraction rows, from a's and b's
+  // 8, 4 and 8 rows the same), or for the pair kernels from 3 rows on about kBlockBytes
+  // (detail::one_chunk_pair_block_rows says why); chunk-major, 32-48 rows (above); else about
+  // kBlockBytes and at least kMinBlockRows (each chunk's sums are loaded and stored once per block
+  // and panel).
+  const int64_t block_rows = stream::kBlockBytes / std::max<int64_t>(cols * es, 1);
+  int64_t kb = 0;
+  if (chunks.count > 1) {
+    kb = chunk_major ? std::clamp<int64_t>(block_rows, 32, 48)
+                     : std::max(stream::kMinBlockRows, block_rows);
+  } else {
+    kb = kPairs ? stream::one_chunk_pair_block_rows(rows, cols * es)
+                : stream::one_chunk_block_rows(cols * es) * (rows > kF32Rows ? 2 : 1);
+  }
+  kb += kb % 2;  // whole pairs
   // Where the blocks go as they are prefetched: L1 for one chunk's blocks that fit there twice.
-  const bool into_l1 = chunks.count == 1 && stream::prefetch_into_l1(kb * it.cols * es);
-  auto block_lines = [&](const T* from, int64_t cols, int64_t rows) {
+  return {chunks, chunk_major, kb, chunks.count == 1 && stream::prefetch_into_l1(kb * cols * es)};
+}
+
+// The output-contiguous form (B's columns contiguous: b_s1 == 1), one item: blocks of
+// contraction rows, panel by panel, chunk by chunk, the next block (after the last, the next
+// item's first) prefetched over the calls. kPairs: the bf16-pair kernel (panels of 64, sums in
+// pair order); else the f32 kernel (panels of 4N). The item's sums are in `acc` ([rows][cols
+// rounded up to panels]).
+template <bool kPairs, typename T, bool kOutBf16>
+void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, float* parts) {
+  const int64_t panel = kPairs ? stream::kPanel : static_cast<int64_t>(4 * hn::Lanes(lanes::D()));
+  constexpr bool kNarrow = !kPairs && kF32NarrowChunks;
+  const AxpyPlan plan = PlanAxpy<kPairs, T>(it.rows, it.cols);
+  const stream::Chunks& chunks = plan.chunks;
+  const bool chunk_major = plan.chunk_major;
+  const int64_t kb = plan.kb;
+  const int64_t width = round_up(it.cols, panel);
+  float* acc =
+      it.partial >= 0 ? parts + it.partial : ThreadBuffer(static_cast<size_t>(it.rows * width));
+  std::fill(acc, acc + it.rows * width, 0.f);
+  const T* a = static_cast<const T*>(g.a) + it.row * g.lda + it.k0;
+  auto weights = [&](const Item& i) {  // from the item's first contraction row
+    return static_cast<const T*>(g.b) + i.j * g.b_batch + i.k0 * g.b_s0 + i.col;
+  };
+  const T* b = weights(it);
+  const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s0 * es;
+  const int64_t kn = it.k1 - it.k0;  // the item's contraction rows, from a's and b's
+  auto block_lines = [&](const T* from, int64_t cols, int64_t rows, bool into_l1) {
     stream::Lines l = stream::lines_of(from, stride, cols * es, rows);
     l.into_l1 = into_l1;
     return l;
   };
-  stream::Ahead<>(block_lines(b, it.cols, std::min(kb, kn)), 1).step();
+  stream::Ahead<>(block_lines(b, it.cols, std::min(kb, kn), plan.into_l1), 1).step();
   const int64_t panels = width / panel;
   // The pair kernels' panel buffer, with several chunks (the first leaves the pairs for the rest).
   auto* pairs =
@@ -1018,13 +1044,19 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
                     ? WidePanel(static_cast<size_t>(kb * panel))
                     : nullptr;
   const bool even_odd = kPairs && chunks.count == 1 && stream::even_odd_one_chunk();
+  // The next item's first block, as its plan says.
+  const AxpyPlan next_plan =
+      next_item ? PlanAxpy<kPairs, T>(next_item->rows, next_item->cols) : plan;
+  const stream::Lines next_first =
+      next_item
+          ? block_lines(weights(*next_item), next_item->cols,
+                        std::min(next_plan.kb, next_item->k1 - next_item->k0), next_plan.into_l1)
+          : stream::Lines{};
   for (int64_t k0 = 0; k0 < kn; k0 += kb) {
     const int64_t kc = std::min(kb, kn - k0);
-    const stream::Lines next =
-        k0 + kc < kn ? block_lines(b + (k0 + kc) * g.b_s0, it.cols, std::min(kb, kn - k0 - kc))
-        : next_item  ? block_lines(weights(*next_item), next_item->cols,
-                                   std::min(kb, next_item->k1 - next_item->k0))
-                     : stream::Lines{};
+    const stream::Lines next = k0 + kc < kn ? block_lines(b + (k0 + kc) * g.b_s0, it.cols,
+                                                          std::min(kb, kn - k0 - kc), plan.into_l1)
+                                            : next_first;
     // The f32 kernels' rows of A over the block, as f32.
     int64_t ld_af = 0;
     const float* af = nullptr;
@@ -1496,11 +1528,23 @@ int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes) {
   return stream::kOneChunkBlockRows * std::max<int64_t>(1, l1d_bytes / 2 / block);
 }
 
+int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes, int64_t l1d_bytes) {
+  const int64_t l1 = one_chunk_block_rows(row_bytes, l1d_bytes);
+  if (rows < 3) return l1;
+  return std::max(l1 * (rows > stream::kAxpyPanelsWideRows ? 2 : 1),
+                  stream::kBlockBytes / std::max<int64_t>(row_bytes, 1));
+}
+
 namespace stream {
 
 int64_t one_chunk_block_rows(int64_t row_bytes) {
   static const int64_t l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
   return detail::one_chunk_block_rows(row_bytes, l1d);
+}
+
+int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes) {
+  static const int64_t l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  return detail::one_chunk_pair_block_rows(rows, row_bytes, l1d);
 }
 
 bool prefetch_into_l1(int64_t block_bytes) {

@@ -684,12 +684,27 @@ TEST(RaggedDotStream, ThreeVectorChunksEveryColumnTailAgainstTheReference) {
 // kCpuStream's output-contiguous form with one chunk of rows a group, on rows whose blocks
 // one_chunk_block_rows makes longer than 8 where L1d is 48 KiB (1.5 KiB bf16 rows: 16; 768 B: 32)
 // and 8 where it is 32 KiB: contractions of whole blocks and a partial one (87 = 5 x 16 + 7, 75),
-// groups of 0-5 rows, bf16 and f32 (whose 3 KiB rows keep 8). Against the reference.
+// groups of 0-5 rows, bf16 and f32 (whose 3 KiB rows keep 8). (The pair kernels' groups of 3-5
+// rows take blocks of 128 KiB: OneChunkLongBlocksAgainstTheReference.) Against the reference.
 TEST(RaggedDotStream, OneChunkBlocksOfEveryLengthAgainstTheReference) {
   std::mt19937 rng(29);
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     CheckOutputContiguous({1, 3, 0, 5, 2}, 87, 768, dtype, rng);
     CheckOutputContiguous({2, 0, 4, 1}, 75, 384, dtype, rng);
+  }
+}
+
+// kCpuStream's output-contiguous form, one chunk of rows a group, the pair kernels' blocks of
+// 1-2 rows (L1-sized: 8 of 1536-byte rows where L1d is 32 KiB, 16 where 48) beside those of 3-11
+// rows (about 128 KiB: 85 rows, 86 with whole pairs): a contraction of two such blocks and an odd
+// part (181 = 2 x 86 + 9), groups of 1-11 rows in turn, so that each item prefetches a next one
+// with other blocks; a second call with rows of 26 bytes (one block). bf16 (the pair kernels
+// where the CPU has AVX512-BF16) and f32. Against the reference.
+TEST(RaggedDotStream, OneChunkLongBlocksAgainstTheReference) {
+  std::mt19937 rng(37);
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    CheckOutputContiguous({3, 1, 0, 6, 2, 11, 4, 1, 5}, 181, 768, dtype, rng);
+    CheckOutputContiguous({4, 2, 9}, 181, 13, dtype, rng);
   }
 }
 
@@ -757,6 +772,21 @@ TEST(RaggedDotStream, OneChunkBlocksFillHalfOfL1) {
   EXPECT_EQ(detail::one_chunk_block_rows(4096, kXeon), 8);  // (and past it: never fewer)
   EXPECT_EQ(detail::one_chunk_block_rows(1024, kXeon), 24);
   EXPECT_EQ(detail::one_chunk_block_rows(1536, 0), 8);
+}
+
+// The pair kernels' one-chunk blocks: as one_chunk_block_rows for 1-2 rows; from 3 rows on, twice
+// that past 5 rows and at least 128 KiB of rows.
+TEST(RaggedDotStream, OneChunkPairBlocks) {
+  constexpr int64_t kXeon = 48 << 10, kEpyc = 32 << 10;
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(1, 1536, kEpyc), 8);  // qwen3-30b-a3b's ffn
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(2, 1536, kEpyc), 8);
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(2, 1536, kXeon), 16);
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(3, 1536, kEpyc), 85);  // 128 KiB
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(11, 1536, kXeon), 85);
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(3, 4096, kEpyc), 32);  // deepseek-v3's
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(5, 32768, kEpyc), 8);  // mixtral-8x7b's slabs
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(6, 32768, kEpyc), 16);
+  EXPECT_EQ(detail::one_chunk_pair_block_rows(3, 1536, 0), 85);
 }
 
 // Blocks prefetched into L1 only where two of them fit there (the one at hand and the next);
