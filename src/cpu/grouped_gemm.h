@@ -101,15 +101,15 @@ int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes, int64_t l1d_b
 // not say). A block prefetched into an L1 that cannot hold both evicts the lines the kernel is
 // using (the block at hand, the pairs the first chunk leaves, the rows of A), which then come
 // back from L2 as the loads wait. So only the one-chunk forward's blocks (sized by L1:
-// one_chunk_block_rows) ask; the others (about kBlockBytes; on AVX2 the chunk-major blocks of
-// 32-48 rows) go into L2. This replaces the f32 kernels' half-ahead (items of 1-2 rows on weight
-// rows past 2 KiB prefetched half the next block, measured on an AMD EPYC family 23 model 49 with
-// every block into L1: 1.02-1.22x there, bench/results/ragged_dot_small-cpu-2026-11-27-6/), which
-// served exactly the blocks that do not fit L1 twice: into L2 they go whole (on the family 25
-// model 17, whole against half in one loop, twice: qwen3-30b-a3b's f32 forward at one row a group
-// 1.06-1.24x, the input gradient 0.92-1.17x; ragged_dot_small-cpu-2026-11-29/ab-f32-one-chunk.txt).
-// On an AMD EPYC family 25 model 17 (32
-// KiB of L1), A/B in one loop against every block into L1, twice
+// one_chunk_block_rows; on the pair kernels those of 1-2 rows) ask; the others (about
+// kBlockBytes; on AVX2 the chunk-major blocks of 32-48 rows) go into L2. This replaces the f32
+// kernels' half-ahead (items of 1-2 rows on weight rows past 2 KiB prefetched half the next block,
+// measured on an AMD EPYC family 23 model 49 with every block into L1: 1.02-1.22x there,
+// bench/results/ragged_dot_small-cpu-2026-11-27-6/), which served exactly the blocks that do not
+// fit L1 twice: into L2 they go whole (on the family 25 model 17, whole against half in one loop,
+// twice: qwen3-30b-a3b's f32 forward at one row a group 1.06-1.24x, the input gradient 0.92-1.17x;
+// ragged_dot_small-cpu-2026-11-29/ab-f32-one-chunk.txt). On an AMD EPYC family 25 model 17 (32 KiB
+// of L1), A/B in one loop against every block into L1, twice
 // (bench/results/ragged_dot_small-cpu-2026-11-29/ab-prefetch-level*.txt), bf16: qwen3-30b-a3b's
 // forward 1.18-1.25x at 16 rows a group (256 tokens), 1.03-1.14x at 32-64, 0.98-1.14x at 1-8;
 // its input gradient 1.11-1.65x at 2-16 rows, 0.93-1.18x at 1, 0.91-1.01x at 24-64 (and one

@@ -94,6 +94,9 @@ constexpr int kAxpyPanelsWideRows = 5, kAxpyPanelsRows = 11;
 // Weight rows per block of the output-contiguous form, and bytes per super-block of the
 // contraction-contiguous one (AxpyItem, DotItem say why).
 constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRows = 8;
+// The pair kernels' groups of one chunk of at least this many rows take blocks of at least
+// kBlockBytes (detail::one_chunk_pair_block_rows says why).
+constexpr int64_t kPairLongBlockRows = 3;
 // The most bytes of a weight row that one item (output-contiguous form) or one kernel call
 // (contraction-contiguous form, AVX-512) takes: wider rows go in slabs or spans, so that a block's
 // rows stay in L2 and a chunk's rows in L1 (6 rows of the chunk and 4 weight rows of 4 KiB fill 40
@@ -1530,26 +1533,31 @@ int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes) {
 
 int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes, int64_t l1d_bytes) {
   const int64_t l1 = one_chunk_block_rows(row_bytes, l1d_bytes);
-  if (rows < 3) return l1;
+  if (rows < stream::kPairLongBlockRows) return l1;
   return std::max(l1 * (rows > stream::kAxpyPanelsWideRows ? 2 : 1),
                   stream::kBlockBytes / std::max<int64_t>(row_bytes, 1));
 }
 
 namespace stream {
 
-int64_t one_chunk_block_rows(int64_t row_bytes) {
+namespace {
+// This machine's L1 data cache per core, in bytes (0 or less where it does not say).
+int64_t l1d_bytes() {
   static const int64_t l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-  return detail::one_chunk_block_rows(row_bytes, l1d);
+  return l1d;
+}
+}  // namespace
+
+int64_t one_chunk_block_rows(int64_t row_bytes) {
+  return detail::one_chunk_block_rows(row_bytes, l1d_bytes());
 }
 
 int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes) {
-  static const int64_t l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-  return detail::one_chunk_pair_block_rows(rows, row_bytes, l1d);
+  return detail::one_chunk_pair_block_rows(rows, row_bytes, l1d_bytes());
 }
 
 bool prefetch_into_l1(int64_t block_bytes) {
-  static const int64_t l1d = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-  return detail::prefetch_into_l1(block_bytes, l1d);
+  return detail::prefetch_into_l1(block_bytes, l1d_bytes());
 }
 
 int64_t wide_sums_bytes() {

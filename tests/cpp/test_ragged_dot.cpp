@@ -698,12 +698,16 @@ TEST(RaggedDotStream, OneChunkBlocksOfEveryLengthAgainstTheReference) {
 // 1-2 rows (L1-sized: 8 of 1536-byte rows where L1d is 32 KiB, 16 where 48) beside those of 3-11
 // rows (about 128 KiB: 85 rows, 86 with whole pairs): a contraction of two such blocks and an odd
 // part (181 = 2 x 86 + 9), groups of 1-11 rows in turn, so that each item prefetches a next one
-// with other blocks; a second call with rows of 26 bytes (one block). bf16 (the pair kernels
-// where the CPU has AVX512-BF16) and f32. Against the reference.
+// with other blocks; one group holding every row, alone and between empty groups (fewer groups
+// than threads: parts of the contraction, each of long blocks and a part of one); rows of 26
+// bytes (one block). bf16 (the pair kernels where the CPU has AVX512-BF16) and f32. Against the
+// reference.
 TEST(RaggedDotStream, OneChunkLongBlocksAgainstTheReference) {
   std::mt19937 rng(37);
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     CheckOutputContiguous({3, 1, 0, 6, 2, 11, 4, 1, 5}, 181, 768, dtype, rng);
+    CheckOutputContiguous({7}, 181, 768, dtype, rng);
+    CheckOutputContiguous({0, 3, 0}, 301, 768, dtype, rng);
     CheckOutputContiguous({4, 2, 9}, 181, 13, dtype, rng);
   }
 }
