@@ -1,6 +1,6 @@
 // axpy_pairs_panels alone, one thread, weights of kc rows x cols (in L1/L2), R rows (the one-chunk
-// kernel over every panel; ../../ragged_dot_small-cpu-2026-11-26-7/by-hand/axpy_pairs_kernel.cpp timed
-// axpy_pairs on one panel the same way).
+// kernel over every panel; ../../ragged_dot_small-cpu-2026-11-26-7/by-hand/axpy_pairs_kernel.cpp
+// timed axpy_pairs on one panel the same way).
 //   kern R kc cols
 //   g++ -O2 -std=c++20 -fopenmp kern.cpp build/libmoekit.a -ldnnl -lhwy -lfmt -o kern
 //   (kernel-blocks.txt: for R in 3 4 5 6 8 11; for kc in 8 16 42 84: kern R kc 1536; twice)
