@@ -203,7 +203,8 @@ namespace {
 volatile uint64_t read_sink;  // where parallel_read's sum goes, so that the reads stay
 }  // namespace
 
-void parallel_read(const void* src, size_t bytes) {
+void parallel_read(const void* src, size_t bytes, size_t streams) {
+  streams = std::max<size_t>(streams, 1);
   uint64_t total = 0;
 #pragma omp parallel reduction(+ : total)
   {
@@ -212,18 +213,18 @@ void parallel_read(const void* src, size_t bytes) {
     const size_t words = bytes / sizeof(uint64_t);
     const size_t begin = words * i / n, end = words * (i + 1) / n;
     const auto* w = static_cast<const uint64_t*>(src);
-    // The slice in kStreams parts read side by side, a line (8 words, independent sums so that
+    // The slice in `streams` parts read side by side, a line (8 words, independent sums so that
     // the loop vectorises) of each in turn.
     constexpr size_t kLine = 8;
-    const size_t part = (end - begin) / (kReadStreams * kLine) * kLine;  // words of each part
+    const size_t part = (end - begin) / (streams * kLine) * kLine;  // words of each part
     uint64_t sum[kLine] = {};
     for (size_t j = 0; j < part; j += kLine) {
-      for (size_t s = 0; s < kReadStreams; ++s) {
+      for (size_t s = 0; s < streams; ++s) {
         const uint64_t* p = w + begin + s * part + j;
         for (size_t u = 0; u < kLine; ++u) sum[u] += p[u];
       }
     }
-    for (size_t j = begin + kReadStreams * part; j < end; ++j) sum[0] += w[j];
+    for (size_t j = begin + streams * part; j < end; ++j) sum[0] += w[j];
     for (uint64_t v : sum) total += v;
   }
   read_sink = total;

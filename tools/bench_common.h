@@ -133,15 +133,17 @@ void check(const Status& s);
 void parallel_copy(void* dst, const void* src, size_t bytes);
 
 // Reads `bytes` at src (summing them as 64-bit words into a sink) with every OpenMP thread taking
-// one contiguous slice, read as kReadStreams streams side by side: the ceiling of a kernel that
+// one contiguous slice, read as `streams` streams side by side: the ceiling of a kernel that
 // mostly reads, where a copy's mix of reads and streamed writes can move more bytes per second
-// than reads alone. One stream a thread read below what a kernel reading many streams reached:
-// on an Intel Xeon with AMX, 2 cores, a 1 GiB read ran 23-24 GB/s as one stream a thread, 27-30
-// as 4, 27-29 as 8 to 32 (best of 3, three rounds; bench/results/read-probe-cpu-2026-11-28),
-// where the AMX contraction-contiguous form (the forward on [E, n, K] weights) read
-// qwen3-30b-a3b's and mixtral-8x7b's weights at 26-27.
+// than reads alone. Which count reads fastest depends on the CPU, so the floor's read rate is the
+// faster of one stream a thread and kReadStreams (FloorRead). On an Intel Xeon with AMX, 2 cores,
+// a 1 GiB read ran 23-24 GB/s as one stream a thread, 27-30 as 4, 27-29 as 8 to 32 (best of 3,
+// three rounds; bench/results/read-probe-cpu-2026-11-28), where the AMX contraction-contiguous
+// form (the forward on [E, n, K] weights) read qwen3-30b-a3b's and mixtral-8x7b's weights at
+// 26-27; on an AMD EPYC with Zen 4 cores, 2 cores, 4-15 GiB read at 30-46 GB/s as one stream a
+// thread and 18-25 as 4 in the same loop (bench/results/read-probe-cpu-2026-11-29).
 inline constexpr size_t kReadStreams = 4;
-void parallel_read(const void* src, size_t bytes);
+void parallel_read(const void* src, size_t bytes, size_t streams = kReadStreams);
 
 // "AMD EPYC (2 cores, 2 OpenMP threads)" from /proc/cpuinfo and the runtime.
 std::string machine_description();

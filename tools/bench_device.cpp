@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "dense_matmul.h"
@@ -51,7 +53,9 @@ class CpuBenchDevice : public BenchDevice {
   }
   void copy(void* dst, const void* src, size_t bytes) override { parallel_copy(dst, src, bytes); }
   bool has_read() const override { return true; }
-  void read(const void* src, size_t bytes) override { parallel_read(src, bytes); }
+  void read(const void* src, size_t bytes, size_t streams) override {
+    parallel_read(src, bytes, streams);
+  }
   std::string copy_description() const override {
     return "a copy of the same bytes (half read, half written) and a read of them, each split "
            "over all threads";
@@ -74,10 +78,19 @@ double FloorRead::bytes() const {
 }
 
 void FloorRead::add_to(BenchDevice& dev, std::vector<std::function<void()>>& fns) const {
-  fns.push_back([this, &dev] {
-    for (const Mem* m : timed) dev.read(m->data(), m->bytes());
-  });
+  for (const size_t streams : kFloorReadStreams) {
+    fns.push_back([this, &dev, streams] {
+      for (const Mem* m : timed) dev.read(m->data(), m->bytes(), streams);
+    });
+  }
   if (evict != nullptr) fns.push_back([this, &dev] { dev.read(evict->data(), evict->bytes()); });
+}
+
+double FloorRead::gbps(const std::vector<Timing>& t, size_t at) const {
+  double ms = t.at(at).median_ms;
+  for (size_t i = 1; i < std::size(kFloorReadStreams); ++i)
+    ms = std::min(ms, t.at(at + i).median_ms);
+  return bytes() / (ms * 1e6);
 }
 
 FloorRead floor_read(const std::vector<const Mem*>& weights, const Mem& probe) {

@@ -62,11 +62,11 @@ class BenchDevice {
   // Times fns run by run, alternating, after `warmup` rounds; the median and minimum of each.
   virtual std::vector<Timing> time(int warmup, int reps,
                                    const std::vector<std::function<void()>>& fns) = 0;
-  // The memory-bound references: a copy of `bytes` from src to dst; a read of `bytes` at src
-  // where the device has one (has_read).
+  // The memory-bound references: a copy of `bytes` from src to dst; a read of `bytes` at src as
+  // `streams` streams a thread (parallel_read) where the device has one (has_read).
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   virtual bool has_read() const = 0;
-  virtual void read(const void* src, size_t bytes) = 0;
+  virtual void read(const void* src, size_t bytes, size_t streams = kReadStreams) = 0;
   virtual std::string copy_description() const = 0;
   virtual std::unique_ptr<DenseRef> dense(DType in, DType out, int64_t M, int64_t K, int64_t N,
                                           bool a_transposed = false, bool b_transposed = false) = 0;
@@ -77,17 +77,23 @@ class BenchDevice {
 };
 
 // The read of a floor's read rate (issue 35; CPU): a plain parallel read of the weights' own
-// buffers where together they hold at least read_probe_bytes(), else of the probe; and after it,
-// untimed, a read of the probe, so that no weights stay cached for the next call. In a VM where a
-// buffer lands decides its read rate (a process's buffers of 256 MiB read at 21-30 GB/s by where
-// they fall, bench/results/ragged_dot_small-cpu-2026-11-27-6/by-hand/read_placement.txt), a probe
-// apart from the weights could say 1.4x more or less than their own memory gives.
+// buffers where together they hold at least read_probe_bytes(), else of the probe, timed twice in
+// the loop, as each of kFloorReadStreams streams a thread (the faster is the rate: which reads
+// faster depends on the CPU, parallel_read says); and after them, untimed, a read of the probe, so
+// that no weights stay cached for the next call. In a VM where a buffer lands decides its read
+// rate (a process's buffers of 256 MiB read at 21-30 GB/s by where they fall,
+// bench/results/ragged_dot_small-cpu-2026-11-27-6/by-hand/read_placement.txt), a probe apart from
+// the weights could say 1.4x more or less than their own memory gives.
+inline constexpr size_t kFloorReadStreams[] = {1, kReadStreams};
 struct FloorRead {
   std::vector<const Mem*> timed;  // read one after another; the rate's bytes
   const Mem* evict = nullptr;     // read after them, untimed (none when the probe is timed)
   double bytes() const;
-  // fns' parts of dev.time's loop: the timed read, then (if any) the untimed one.
+  // fns' parts of dev.time's loop: the timed reads (one per kFloorReadStreams), then (if any) the
+  // untimed one.
   void add_to(BenchDevice& dev, std::vector<std::function<void()>>& fns) const;
+  // The read rate in GB/s from dev.time's timings, add_to's parts from t[at]: the faster read's.
+  double gbps(const std::vector<Timing>& t, size_t at) const;
 };
 FloorRead floor_read(const std::vector<const Mem*>& weights, const Mem& probe);
 

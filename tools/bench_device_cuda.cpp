@@ -155,7 +155,7 @@ class CudaBenchDevice : public BenchDevice {
                "cudaMemcpyAsync");
   }
   bool has_read() const override { return false; }
-  void read(const void*, size_t) override {}
+  void read(const void*, size_t, size_t) override {}
   std::string copy_description() const override {
     return "cudaMemcpyAsync of the same bytes (half read, half written, device to device) on the "
            "same stream";

@@ -239,7 +239,7 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
   }
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
   if (peak) {
-    r.roof.read_gbps = floor.bytes() / (t[read_at].median_ms * 1e6);
+    r.roof.read_gbps = floor.gbps(t, read_at);
     r.roof.dense_tflops = 2.0 * kPeakRows * H * W / (t.back().median_ms * 1e9);
   }
   if (!profile_timed) {  // the steps in runs of their own, as many

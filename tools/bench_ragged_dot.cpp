@@ -256,7 +256,7 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
   const size_t per_call = o.invariant ? 2 : 1;  // timings per call: the default, the mode
   if (read) {                                   // the read rate of these very runs
-    full.roof.read_gbps = read->bytes() / (t[read_at].median_ms * 1e6);
+    full.roof.read_gbps = read->gbps(t, read_at);
     one.roof.read_gbps = full.roof.read_gbps;
   }
   full.t = t[0], full.dense = t[1], full.full_ms = t[0].median_ms;
@@ -334,7 +334,7 @@ Rates measure_rates(BenchDevice& dev, const Options& o, const RaggedDotProblem& 
     fns.push_back([&, d = dense.back().get(), b_data] { d->run(a.data(), b_data, c.data()); });
   }
   const std::vector<Timing> t = dev.time(o.warmup, o.reps, fns);
-  r.read_gbps = read.bytes() / (t[0].median_ms * 1e6);
+  r.read_gbps = read.gbps(t, 0);
   for (size_t i = 0; i < o.passes.size(); ++i)
     r.dense_tflops[o.passes[i]] = 2.0 * M * K * n / (t[dense_at + i].median_ms * 1e9);
   return r;
@@ -513,9 +513,10 @@ int run(const Options& o) {
     fmt::print(
         text,
         "floor = max(MB read / read rate, FLOPs / dense rate): MB read = the weights of the "
-        "groups with rows (written, for drhs); read rate: a parallel read of the weights' own "
-        "buffers (every copy; of a {} MiB probe where they hold less), timed in the same loop "
-        "as the pass (cold) or before it (warm); dense rate: a {}-row dense matmul of the "
+        "groups with rows (written, for drhs); read rate: the faster of two parallel reads of the "
+        "weights' own buffers (every copy; of a {} MiB probe where they hold less), one stream "
+        "a thread and four side by side, timed in the same loop as the pass (cold) or before it "
+        "(warm); dense rate: a {}-row dense matmul of the "
         "pass's layout, timed before each token count's passes. Weights {}.\n",
         read_probe_bytes() >> 20, kPeakRows,
         o.cache == "cold" ? "cold: the forward and input gradient cycle through copies of "
