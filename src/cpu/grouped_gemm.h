@@ -94,6 +94,12 @@ int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes);
 // blocks of those slabs: 0.71x. Not measured on the Xeon (48 KiB L1d; the even/odd kernels take
 // its one-chunk groups).
 int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes, int64_t l1d_bytes);
+// The same form's groups of 1-2 rows on f32 weights, on AVX-512: whether their sums, `rows` rows
+// of `cols` columns, are few enough (kRowMajorSumsBytes, 6 KiB) for the row-major kernel (each
+// weight row of a block read front to back, the sums added to in L1) rather than the panels (a
+// few columns of every row of the block at a time, the sums in registers).
+// ragged_dot_stream.cpp gives the measurements.
+bool one_chunk_row_major(int64_t rows, int64_t cols);
 
 // kCpuStream's kernels: whether the next block of weights goes into L1 as it is prefetched, or
 // into L2 (the kernels load it from there): into L1 only where it fits beside the block at hand

@@ -97,6 +97,9 @@ constexpr int64_t kBlockBytes = 128 << 10, kMinBlockRows = 64, kOneChunkBlockRow
 // The pair kernels' groups of one chunk of at least this many rows take blocks of at least
 // kBlockBytes (detail::one_chunk_pair_block_rows says why).
 constexpr int64_t kPairLongBlockRows = 3;
+// The f32 kernels' groups of 1-2 rows whose sums take at most this many bytes run row-major
+// (detail::one_chunk_row_major; AxpyRowMajor says why).
+constexpr int64_t kRowMajorSumsBytes = 6 << 10;
 // The most bytes of a weight row that one item (output-contiguous form) or one kernel call
 // (contraction-contiguous form, AVX-512) takes: wider rows go in slabs or spans, so that a block's
 // rows stay in L2 and a chunk's rows in L1 (6 rows of the chunk and 4 weight rows of 4 KiB fill 40
@@ -828,6 +831,46 @@ const float* PaddedPanel(const T* b, int64_t ldb, int64_t kc, int64_t cols, int6
   return pp;
 }
 
+// acc[r][0, cols) += sum_{k < kc} A[r][k] * B[k][0, cols) for r < R, row-major: each weight row
+// read front to back (one stream), its products added to the sums in memory (L1). The panels
+// (AxpyF32Block) keep a few columns' sums in registers instead and walk every row of the block a
+// few columns at a time. For 1-2 rows whose sums fit L1 easily this read faster; A/B in one loop,
+// f32 forward, weights cold, one row a group (1-8 tokens), the same blocks (AMD EPYC family 25
+// model 17, AVX-512; bench/results/ragged_dot_small-cpu-2026-11-29-3/): row-major against panels
+// 1.06-1.44x on qwen3-30b-a3b's 3 KiB rows (three runs), 1.07-1.18x on olmoe-1b-7b's 4 KiB,
+// 1.07-1.18x on deepseek-v2-lite's 5.5 KiB; 8 KiB level (deepseek-v3 0.92-1.02x over three
+// runs, qwen3-30b-a3b's down 0.99-1.08x), 11 KiB 0.92-1.04x (gpt-oss-20b), 56 KiB 0.73-0.79x
+// (mixtral-8x7b, the sums out of L1): kRowMajorSumsBytes. pf steps once per vector of a row.
+template <int R, typename T>
+HWY_NOINLINE void AxpyRowMajor(const float* a, int64_t lda, int64_t kc, const T* b, int64_t ldb,
+                               int64_t cols, float* acc, int64_t ld_acc,
+                               const stream::Lines& next) {
+  const lanes::D d;
+  const auto N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t full = cols / N * N;
+  stream::Ahead<true> pf(next, kc * std::max<int64_t>(full / N, 1));
+  for (int64_t k = 0; k < kc; ++k) {
+    const T* row = b + k * ldb;
+    lanes::V av[R];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) av[r] = hn::Set(d, a[r * lda + k]);
+    if (full == 0) pf.step();
+    for (int64_t c = 0; c < full; c += N) {
+      pf.step();
+      const lanes::V w = Load(d, row, static_cast<size_t>(c));
+#pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) {
+        float* s = acc + r * ld_acc + c;
+        hn::StoreU(hn::MulAdd(av[r], w, hn::LoadU(d, s)), d, s);
+      }
+    }
+    for (int64_t c = full; c < cols; ++c) {
+#pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) acc[r * ld_acc + c] += a[r * lda + k] * as_float(row[c]);
+    }
+  }
+}
+
 // One chunk of up to 2 kF32Rows rows through the f32 kernel, over every panel of a block in one
 // call: panels of 4N columns up to kF32Rows rows, of 2N past that (twice the rows' sums in as
 // many registers); a last partial panel through a zero-padded f32 copy. acc as in AxpyItem.
@@ -932,6 +975,7 @@ struct AxpyPlan {
   bool chunk_major;
   int64_t kb;
   bool into_l1;
+  bool row_major;  // the f32 kernels' 1-2 rows: AxpyRowMajor rather than the panels
 };
 template <bool kPairs, typename T>
 AxpyPlan PlanAxpy(int64_t rows, int64_t cols) {
@@ -994,7 +1038,10 @@ AxpyPlan PlanAxpy(int64_t rows, int64_t cols) {
   }
   kb += kb % 2;  // whole pairs
   // Where the blocks go as they are prefetched: L1 for one chunk's blocks that fit there twice.
-  return {chunks, chunk_major, kb, chunks.count == 1 && stream::prefetch_into_l1(kb * cols * es)};
+  // Row-major: f32 weights on AVX-512, as measured (AxpyRowMajor).
+  constexpr bool kRowMajor = !kPairs && std::is_same_v<T, float> && HWY_TARGET <= HWY_AVX3;
+  return {chunks, chunk_major, kb, chunks.count == 1 && stream::prefetch_into_l1(kb * cols * es),
+          kRowMajor && chunks.count == 1 && one_chunk_row_major(rows, cols)};
 }
 
 // The output-contiguous form (B's columns contiguous: b_s1 == 1), one item: blocks of
@@ -1078,6 +1125,9 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
         }
         stream::axpy_pairs_panels(it.rows, a + k0, g.lda, kc, b + k0 * g.b_s0, g.b_s0, it.cols, acc,
                                   width, next);
+      } else if (plan.row_major) {
+        (it.rows == 1 ? AxpyRowMajor<1, T> : AxpyRowMajor<2, T>)(af, ld_af, kc, b + k0 * g.b_s0,
+                                                                 g.b_s0, it.cols, acc, width, next);
       } else {
         AxpyF32Block(static_cast<int>(it.rows), af, ld_af, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
                      acc, width, next);
@@ -1529,6 +1579,11 @@ bool prefetch_into_l1(int64_t block_bytes, int64_t l1d_bytes) {
 int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes) {
   const int64_t block = stream::kOneChunkBlockRows * std::max<int64_t>(row_bytes, 1);
   return stream::kOneChunkBlockRows * std::max<int64_t>(1, l1d_bytes / 2 / block);
+}
+
+bool one_chunk_row_major(int64_t rows, int64_t cols) {
+  return rows >= 1 && rows <= 2 && cols >= 0 &&
+         rows * cols * static_cast<int64_t>(sizeof(float)) <= stream::kRowMajorSumsBytes;
 }
 
 int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes, int64_t l1d_bytes) {

@@ -793,6 +793,33 @@ TEST(RaggedDotStream, OneChunkPairBlocks) {
   EXPECT_EQ(detail::one_chunk_pair_block_rows(3, 1536, 0), 85);
 }
 
+// The f32 kernels' groups of 1-2 rows whose sums take at most 6 KiB run row-major.
+TEST(RaggedDotStream, OneChunkRowMajorRule) {
+  EXPECT_TRUE(detail::one_chunk_row_major(1, 768));  // qwen3-30b-a3b's ffn: 3 KiB of sums
+  EXPECT_TRUE(detail::one_chunk_row_major(2, 768));  // 6 KiB: the boundary
+  EXPECT_FALSE(detail::one_chunk_row_major(2, 769));
+  EXPECT_TRUE(detail::one_chunk_row_major(1, 1536));
+  EXPECT_FALSE(detail::one_chunk_row_major(1, 1537));
+  EXPECT_FALSE(detail::one_chunk_row_major(1, 2048));  // deepseek-v3's: 8 KiB
+  EXPECT_FALSE(detail::one_chunk_row_major(3, 13));    // 3 rows: the panels
+  EXPECT_FALSE(detail::one_chunk_row_major(0, 13));
+  EXPECT_TRUE(detail::one_chunk_row_major(1, 1));
+}
+
+// kCpuStream's output-contiguous form on f32, groups of 1-2 rows row-major (on AVX-512; below it
+// the panels) beside groups of 0 and 3 rows (the panels): column counts with every tail of a
+// vector (1, 13, 17, 31) and each side of the 6 KiB boundary (768 at 2 rows, 1536 at 1, and 1537
+// past it); a contraction of several blocks and a partial one (45), and one of 301 with a lone
+// group of 2 rows between empty ones (parts of the contraction); the forward and the input
+// gradient against transposed weights. Against the reference within f32 accumulation error.
+TEST(RaggedDotStream, OneChunkRowMajorAgainstTheReference) {
+  std::mt19937 rng(41);
+  for (const int64_t n : {1, 13, 17, 31, 768, 1536, 1537}) {
+    CheckOutputContiguous({1, 2, 0, 1, 3, 2}, 45, n, DType::kF32, rng);
+    CheckOutputContiguous({0, 2, 0}, 301, n, DType::kF32, rng);
+  }
+}
+
 // Blocks prefetched into L1 only where two of them fit there (the one at hand and the next);
 // 32 KiB where the machine does not say.
 TEST(RaggedDotStream, PrefetchIntoL1WhereTwoBlocksFit) {
