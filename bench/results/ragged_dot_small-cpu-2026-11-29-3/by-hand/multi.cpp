@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   const int R = atoi(argv[1]);
   const int64_t kc = atoi(argv[2]), cols = atoi(argv[3]);
   const int mode = atoi(argv[4]), most = argc > 5 ? atoi(argv[5]) : 6;
-  const int64_t pad = argc > 6 ? atoi(argv[6]) : 0, ldc = cols + pad, ldw = cols + (argc > 7 ? atoi(argv[7]) : 0);
+  const int64_t pad = argc > 6 ? atoi(argv[6]) : 0, ldc = cols + pad,
+                ldw = cols + (argc > 7 ? atoi(argv[7]) : 0);
   const int64_t lda = 4096;
   std::vector<uint16_t> a(R * lda, 0x3f80), b(kc * ldw, 0x3c00);
   std::vector<float> acc(R * ldc, 0.f);
