@@ -1125,10 +1125,15 @@ void AxpyItem(const RowGroupedGemm& g, const Item& it, const Item* next_item, fl
         }
         stream::axpy_pairs_panels(it.rows, a + k0, g.lda, kc, b + k0 * g.b_s0, g.b_s0, it.cols, acc,
                                   width, next);
-      } else if (plan.row_major) {
-        (it.rows == 1 ? AxpyRowMajor<1, T> : AxpyRowMajor<2, T>)(af, ld_af, kc, b + k0 * g.b_s0,
-                                                                 g.b_s0, it.cols, acc, width, next);
       } else {
+        if constexpr (std::is_same_v<T, float>) {  // plan.row_major only on f32 weights
+          if (plan.row_major) {
+            (it.rows == 1 ? AxpyRowMajor<1, float>
+                          : AxpyRowMajor<2, float>)(af, ld_af, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
+                                                    acc, width, next);
+            continue;
+          }
+        }
         AxpyF32Block(static_cast<int>(it.rows), af, ld_af, kc, b + k0 * g.b_s0, g.b_s0, it.cols,
                      acc, width, next);
       }
