@@ -810,13 +810,15 @@ TEST(RaggedDotStream, OneChunkRowMajorRule) {
 // the panels) beside groups of 0 and 3 rows (the panels): column counts with every tail of a
 // vector (1, 13, 17, 31) and each side of the 6 KiB boundary (768 at 2 rows, 1536 at 1, and 1537
 // past it); a contraction of several blocks and a partial one (45), and one of 301 with a lone
-// group of 2 rows between empty ones (parts of the contraction); the forward and the input
+// group of 2 rows between empty ones and one group of 1 row holding every row (parts of the
+// contraction); the forward and the input
 // gradient against transposed weights. Against the reference within f32 accumulation error.
 TEST(RaggedDotStream, OneChunkRowMajorAgainstTheReference) {
   std::mt19937 rng(41);
   for (const int64_t n : {1, 13, 17, 31, 768, 1536, 1537}) {
     CheckOutputContiguous({1, 2, 0, 1, 3, 2}, 45, n, DType::kF32, rng);
     CheckOutputContiguous({0, 2, 0}, 301, n, DType::kF32, rng);
+    CheckOutputContiguous({1}, 301, n, DType::kF32, rng);
   }
 }
 
