@@ -100,6 +100,14 @@ int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes, int64_t l1d_b
 // few columns of every row of the block at a time, the sums in registers).
 // ragged_dot_stream.cpp gives the measurements.
 bool one_chunk_row_major(int64_t rows, int64_t cols);
+// The contraction-contiguous form's dot products: whether a chunk's rows, `chunk_bytes` of them as
+// one kernel call reads them (its rows times a span, or their whole length), stay in an L1 data
+// cache of `l1d_bytes` (32 KiB where the machine does not say) beside the weight rows streaming
+// through it: at most three quarters of it. The shapes of one or two weight rows a call (few rows
+// a group) read the chunk's rows again for every weight row; where they do not stay in L1 those
+// reads go to L2, and the chunks of 6 rows against 4 weight rows (a quarter of the reads per
+// product) run faster. ragged_dot_stream.cpp (DotItem) gives the measurements.
+bool dot_chunk_fits_l1(int64_t chunk_bytes, int64_t l1d_bytes);
 
 // kCpuStream's kernels: whether the next block of weights goes into L1 as it is prefetched, or
 // into L2 (the kernels load it from there): into L1 only where it fits beside the block at hand

@@ -218,6 +218,7 @@ struct Lines {
 // Whether a block of `block_bytes` goes into L1 as it is prefetched on this machine
 // (detail::prefetch_into_l1), or into L2.
 bool prefetch_into_l1(int64_t block_bytes);
+bool dot_chunk_fits_l1(int64_t chunk_bytes);  // this machine's (detail::dot_chunk_fits_l1)
 
 // The lines of `rows` rows of `row_bytes` bytes, `stride` bytes apart, from p (where the rows do
 // not all start at the same place in a line, one more line per row).
@@ -317,8 +318,11 @@ struct Chunks {
 struct DotShape {
   int rows, cols;
 };
+// Chunks of 6 rows against 4 weight rows: past 16 rows, and where a chunk of the other shapes
+// would not stay in L1 (DotItem says why).
+constexpr DotShape kDotWide{6, 4};
 constexpr DotShape dot_shape(int64_t rows) {
-  return rows <= 8 ? DotShape{8, 1} : rows <= 16 ? DotShape{8, 2} : DotShape{6, 4};
+  return rows <= 8 ? DotShape{8, 1} : rows <= 16 ? DotShape{8, 2} : kDotWide;
 }
 // The most sums a dot-product call returns (rows x cols of any shape above).
 constexpr int kDotMostSums = 24;
@@ -429,7 +433,8 @@ constexpr int64_t kChunkMajorMost = 6;
 constexpr int kF32QuadRows = 4;
 constexpr int kF32DotRows = HWY_TARGET <= HWY_AVX3 ? 6 : 2;
 // The f32 dot products' shape (stream::dot_shape says why the fewest chunks): on AVX-512, up to 4
-// rows one chunk against 1 weight row, up to 8 one against 2, more chunks of kF32DotRows against 4;
+// rows one chunk against 1 weight row (6 x 4 where those rows do not stay in L1: DotItem), up to 8
+// one against 2, more chunks of kF32DotRows against 4;
 // A/B in one loop, qwen3-30b-a3b's input gradient in f32, rows spread evenly / routed, share of
 // the floor (ragged_dot_small-cpu-2026-11-26-10): 2 rows a group 88 -> 108% / 85 -> 100%, 4 rows
 // 89 -> 100% / 88 -> 97%, 8 rows 82 -> 85% / 88 -> 90%; 8 x 2 past 8 rows level or slower. On AVX2
@@ -1355,9 +1360,41 @@ void TransposedItem(const RowGroupedGemm& g, const Item& it, const Item* next_it
 template <bool kPairs, typename T, bool kOutBf16>
 void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   constexpr bool kSplit = !kPairs && kSplitDot<T>;
-  const stream::DotShape shape = kPairs   ? stream::dot_shape(it.rows)
-                                 : kSplit ? DotShapeSplit(it.rows)
-                                          : DotShapeF32(it.rows);
+  constexpr bool kSpans = HWY_TARGET <= HWY_AVX3;
+  const auto es = static_cast<int64_t>(sizeof(T));
+  // The contraction's span (elements, whole steps of the kernels: 32) of an item in `count`
+  // chunks: spans of near-equal length of about kSpanBytes with several chunks on AVX-512, else
+  // the whole contraction (one chunk reads whole weight rows: a streamed row is read front to
+  // back).
+  auto span_of = [&](int64_t count) {
+    const int64_t spans =
+        !kSpans || count == 1 ? 1 : (g.kc * es + stream::kSpanBytes - 1) / stream::kSpanBytes;
+    return ((g.kc + spans - 1) / spans + 31) / 32 * 32;
+  };
+  stream::DotShape shape = kPairs   ? stream::dot_shape(it.rows)
+                           : kSplit ? DotShapeSplit(it.rows)
+                                    : DotShapeF32(it.rows);
+  // The shapes of one weight row a call (and the pair kernels' of two) read the chunk's rows again
+  // for every weight row: where those rows do not stay in L1 (their span's bytes past three
+  // quarters of it: dot_chunk_fits_l1), chunks of 6 against 4 read them a quarter as often. A/B in
+  // one loop against the same build without this, weights cold, every group the same rows / rows
+  // spread (--imbalance 0 / 0.25), on an AMD EPYC family 25 model 17 (32 KiB of L1d;
+  // bench/results/ragged_dot_small-cpu-2026-11-29-4/dot-l1-committed.txt), bf16 input gradients:
+  // mixtral-8x7b's (28 KiB rows) at 1 / 2 / 4 / 6 / 8 rows a group 1.05 / 1.07 / 1.43 / 1.96 /
+  // 1.79x and 1.09 / 1.26 / 1.54 / 1.57 / 1.44x, gpt-oss-20b's (5.6 KiB) at 5 / 6 / 8 rows 1.14 /
+  // 1.79 / 1.49x and 1.55 / 1.78 / 1.54x, deepseek-v3's (4 KiB) at 8 / 16 rows 1.31 / 1.14x
+  // (spread: 0.99-1.07x); f32, deepseek-v3's (8 KiB) at 4 rows 1.24x, spread 1.08-1.10x at 3-5 on
+  // average, mixtral-8x7b's (56 KiB) at 1 / 2 / 4 rows 1.05 / 1.15 / 1.40x and 1.08 / 1.11 / 1.21x;
+  // where every chunk fits (qwen3-30b-a3b's, 12 rows of mixtral-8x7b's: two chunks of 6 on spans)
+  // level. Found and sized with forced shapes (dot-l1.txt): 6 x 4 where the chunk fits ran
+  // 0.85-0.99x (deepseek-v3's f32 at 1-3 rows, bf16 at 10-12), and the f32 kernels' chunks of 5-8
+  // rows against 2 stay (6 x 4 there 0.89-1.00x on mixtral-8x7b's f32).
+  if (kSpans && !kSplit && (shape.cols == 1 || (kPairs && shape.cols == 2))) {
+    const stream::Chunks c(it.rows, shape.rows);
+    const int64_t most = (it.rows + c.count - 1) / c.count;  // its largest chunk's rows
+    if (!stream::dot_chunk_fits_l1(most * std::min(span_of(c.count), g.kc) * es))
+      shape = stream::kDotWide;
+  }
   const stream::Chunks chunks(it.rows, shape.rows);
   const int64_t per_call = shape.cols;  // weight rows (output columns) per kernel call
   const int64_t width = (it.cols + 3) / 4 * 4;
@@ -1381,15 +1418,11 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
                                                     out + r0 * width, width, stream::Lines{});
     }
   } else {
-    const auto es = static_cast<int64_t>(sizeof(T)), stride = g.b_s1 * es;
-    // Contraction spans of near-equal length, whole steps of the kernels (32 elements); within
-    // a span, super-blocks of weight rows of about kBlockBytes.
-    // (One chunk of rows reads whole weight rows: a streamed row is read front to back.)
-    constexpr bool kSpans = HWY_TARGET <= HWY_AVX3;
-    const int64_t spans = !kSpans || chunks.count == 1
-                              ? 1
-                              : (g.kc * es + stream::kSpanBytes - 1) / stream::kSpanBytes;
-    const int64_t span = ((g.kc + spans - 1) / spans + 31) / 32 * 32;
+    const int64_t stride = g.b_s1 * es;
+    // Contraction spans (span_of); within a span, super-blocks of weight rows of about
+    // kBlockBytes.
+    const int64_t span = span_of(chunks.count);
+    const int64_t spans = (g.kc + span - 1) / span;
     if (spans > 1) std::fill(out, out + it.rows * width, 0.f);  // sums added span by span
     const int64_t sb = std::max<int64_t>(4, stream::kBlockBytes / (span * es) / 4 * 4);
     // The lines of super-block [s0, s0 + sb) of span k0 of an item's weights.
@@ -1586,6 +1619,11 @@ int64_t one_chunk_block_rows(int64_t row_bytes, int64_t l1d_bytes) {
   return stream::kOneChunkBlockRows * std::max<int64_t>(1, l1d_bytes / 2 / block);
 }
 
+bool dot_chunk_fits_l1(int64_t chunk_bytes, int64_t l1d_bytes) {
+  const int64_t l1 = l1d_bytes > 0 ? l1d_bytes : int64_t{32} << 10;
+  return chunk_bytes <= l1 / 4 * 3;
+}
+
 bool one_chunk_row_major(int64_t rows, int64_t cols) {
   return rows >= 1 && rows <= 2 && cols >= 0 &&
          rows * cols * static_cast<int64_t>(sizeof(float)) <= stream::kRowMajorSumsBytes;
@@ -1618,6 +1656,10 @@ int64_t one_chunk_pair_block_rows(int64_t rows, int64_t row_bytes) {
 
 bool prefetch_into_l1(int64_t block_bytes) {
   return detail::prefetch_into_l1(block_bytes, l1d_bytes());
+}
+
+bool dot_chunk_fits_l1(int64_t chunk_bytes) {
+  return detail::dot_chunk_fits_l1(chunk_bytes, l1d_bytes());
 }
 
 int64_t wide_sums_bytes() {

@@ -625,6 +625,50 @@ TEST(RaggedDotStream, DotShapesAgainstTheReference) {
   }
 }
 
+// The dot products' chunks stay in L1 while their bytes take at most three quarters of it (32 KiB
+// where the machine does not say).
+TEST(RaggedDotStream, DotChunkFitsL1Rule) {
+  constexpr int64_t kEpyc = 32 << 10, kXeon = 48 << 10;
+  EXPECT_TRUE(detail::dot_chunk_fits_l1(3 * 8192, kEpyc));  // deepseek-v3's f32 rows, 3 of them
+  EXPECT_FALSE(detail::dot_chunk_fits_l1(4 * 8192, kEpyc));
+  EXPECT_TRUE(detail::dot_chunk_fits_l1(24 << 10, kEpyc));  // the boundary
+  EXPECT_FALSE(detail::dot_chunk_fits_l1((24 << 10) + 1, kEpyc));
+  EXPECT_TRUE(detail::dot_chunk_fits_l1(4 * 8192, kXeon));
+  EXPECT_FALSE(detail::dot_chunk_fits_l1((36 << 10) + 1, kXeon));
+  EXPECT_TRUE(detail::dot_chunk_fits_l1(24 << 10, 0));
+  EXPECT_FALSE(detail::dot_chunk_fits_l1((24 << 10) + 1, 0));
+}
+
+// kCpuStream's input gradient (the dot products) on a contraction of 12289 (bf16 rows of 24 KiB,
+// f32 of 48 KiB): from 2 bf16 rows and 1 f32 row a chunk's rows take more than three quarters of
+// an L1 of up to 64 KiB, so on AVX-512 groups of 1-8 rows (and 14 and 16: two chunks of 7-8 on
+// spans) run as chunks of 6 against 4 weight rows, 1-5 rows of them in one chunk of whole rows
+// (the pair kernels' 1-4 rows against 4 weight rows nowhere else); 37 outputs (the last call of
+// 4 weight rows moves back) and a shard (group_offset 1). Against the reference within f32
+// accumulation error.
+TEST(RaggedDotStream, DotShapesPastL1AgainstTheReference) {
+  struct Problem {
+    std::vector<int32_t> sizes;
+    int32_t offset;
+    int64_t local, m;
+  };
+  const std::vector<Problem> problems{{{1, 2, 3, 4, 0, 5, 6, 7, 8}, 0, 9, 36},
+                                      {{2, 14, 16, 1}, 1, 2, 33}};
+  const int64_t K = 37, kc = 12289;
+  std::mt19937 rng(43);
+  for (const Problem& p : problems) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE(fmt::format("{} rows in groups of {}, offset {}; {}", p.m,
+                               fmt::join(p.sizes, "/"), p.offset, dtype_name(dtype)));
+      HostTensor d_out(dtype, {p.m, kc}), w(dtype, {p.local, K, kc});
+      d_out.fill_random(rng);
+      w.fill_random(rng);
+      const auto run = f32_run({p.sizes, p.offset}, p.m, K, /*dlhs=*/true);
+      StreamChecker(run, d_out, w, kc)(run(d_out, w, RaggedDotImpl::kCpuStream));
+    }
+  }
+}
+
 // kCpuStream's output-contiguous form on random operands of `dtype`, groups of `sizes` rows against
 // [K, n] weights: the forward, and the input gradient against the same tensor read as transposed
 // weights ([n, K]), each against the reference within f32 accumulation error (StreamChecker).
