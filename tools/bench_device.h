@@ -85,6 +85,8 @@ class BenchDevice {
 // bench/results/ragged_dot_small-cpu-2026-11-27-6/by-hand/read_placement.txt), a probe apart from
 // the weights could say 1.4x more or less than their own memory gives.
 inline constexpr size_t kFloorReadStreams[] = {1, kReadStreams};
+// Of dev.time's timings, the faster of the reads timed as each of kFloorReadStreams, from t[at].
+Timing faster_read(const std::vector<Timing>& t, size_t at);
 struct FloorRead {
   std::vector<const Mem*> timed;  // read one after another; the rate's bytes
   const Mem* evict = nullptr;     // read after them, untimed (none when the probe is timed)

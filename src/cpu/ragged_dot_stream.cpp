@@ -1389,7 +1389,7 @@ void DotItem(const RowGroupedGemm& g, const Item& it, const Item* next_item) {
   // level. Found and sized with forced shapes (dot-l1.txt): 6 x 4 where the chunk fits ran
   // 0.85-0.99x (deepseek-v3's f32 at 1-3 rows, bf16 at 10-12), and the f32 kernels' chunks of 5-8
   // rows against 2 stay (6 x 4 there 0.89-1.00x on mixtral-8x7b's f32).
-  if (kSpans && !kSplit && (shape.cols == 1 || (kPairs && shape.cols == 2))) {
+  if (kSpans && (shape.cols == 1 || (kPairs && shape.cols == 2))) {  // AVX-512 (no DotSplit)
     const stream::Chunks c(it.rows, shape.rows);
     const int64_t most = (it.rows + c.count - 1) / c.count;  // its largest chunk's rows
     if (!stream::dot_chunk_fits_l1(most * std::min(span_of(c.count), g.kc) * es))

@@ -644,8 +644,9 @@ TEST(RaggedDotStream, DotChunkFitsL1Rule) {
 // an L1 of up to 64 KiB, so on AVX-512 groups of 1-8 rows (and 14 and 16: two chunks of 7-8 on
 // spans) run as chunks of 6 against 4 weight rows, 1-5 rows of them in one chunk of whole rows
 // (the pair kernels' 1-4 rows against 4 weight rows nowhere else); 37 outputs (the last call of
-// 4 weight rows moves back) and a shard (group_offset 1). Against the reference within f32
-// accumulation error.
+// 4 weight rows moves back), a shard (group_offset 1), and one group holding every row: 8 rows
+// (bf16: two chunks of 4 on spans) and 3 (one chunk of whole rows). Against the reference within
+// f32 accumulation error.
 TEST(RaggedDotStream, DotShapesPastL1AgainstTheReference) {
   struct Problem {
     std::vector<int32_t> sizes;
@@ -653,7 +654,9 @@ TEST(RaggedDotStream, DotShapesPastL1AgainstTheReference) {
     int64_t local, m;
   };
   const std::vector<Problem> problems{{{1, 2, 3, 4, 0, 5, 6, 7, 8}, 0, 9, 36},
-                                      {{2, 14, 16, 1}, 1, 2, 33}};
+                                      {{2, 14, 16, 1}, 1, 2, 33},
+                                      {{8}, 0, 1, 8},
+                                      {{3}, 0, 1, 3}};
   const int64_t K = 37, kc = 12289;
   std::mt19937 rng(43);
   for (const Problem& p : problems) {
