@@ -1,9 +1,10 @@
 // Prototype: one chunk of R rows on bf16 weights packed panel-major, pairs interleaved
-// (P[e][panel][kp][16V columns][2]): each panel a contiguous run over the whole contraction, the sums
-// in registers from the first pair to the last. Cold weights, two threads, against a read of
+// (P[e][panel][kp][16V columns][2]): each panel a contiguous run over the whole contraction, the
+// sums in registers from the first pair to the last. Cold weights, two threads, against a read of
 // the same buffer.   packed E K n R V reps
 #include <immintrin.h>
 #include <omp.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -27,11 +28,15 @@ T512 void panel_kernel(const int32_t* a, int64_t lda_pairs, int64_t kp_count, co
   for (int64_t kp = 0; kp < kp_count; ++kp) {
     if (g_dist > 0 && (kp * V) % 1 == 0) {
 #pragma GCC unroll 4
-      for (int i = 0; i < V; ++i) _mm_prefetch((const char*)(g_split ? w + i * kp_count + kp + g_dist : w + kp * V + i + g_dist), _MM_HINT_T0);
+      for (int i = 0; i < V; ++i)
+        _mm_prefetch(
+            (const char*)(g_split ? w + i * kp_count + kp + g_dist : w + kp * V + i + g_dist),
+            _MM_HINT_T0);
     }
     __m512i v[V];
 #pragma GCC unroll 4
-    for (int i = 0; i < V; ++i) v[i] = _mm512_load_si512(g_split ? w + i * kp_count + kp : w + kp * V + i);
+    for (int i = 0; i < V; ++i)
+      v[i] = _mm512_load_si512(g_split ? w + i * kp_count + kp : w + kp * V + i);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512bh av = (__m512bh)_mm512_set1_epi32(a[r * lda_pairs + kp]);
@@ -74,17 +79,39 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < reps; ++rep) {
     double t = now();
     switch (R * 10 + V) {
-      case 82: run<8, 2>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 83: run<8, 3>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 62: run<6, 2>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 64: run<6, 4>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 122: run<12, 2>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 161: run<16, 1>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 101: run<10, 1>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 42: run<4, 2>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 44: run<4, 4>(E, K, n, w, a.data(), out.data(), chunks); break;
-      case 12: run<1, 2>(E, K, n, w, a.data(), out.data(), chunks); break;
-      default: std::printf("no kernel R %d V %d\n", R, V); return 1;
+      case 82:
+        run<8, 2>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 83:
+        run<8, 3>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 62:
+        run<6, 2>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 64:
+        run<6, 4>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 122:
+        run<12, 2>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 161:
+        run<16, 1>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 101:
+        run<10, 1>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 42:
+        run<4, 2>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 44:
+        run<4, 4>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      case 12:
+        run<1, 2>(E, K, n, w, a.data(), out.data(), chunks);
+        break;
+      default:
+        std::printf("no kernel R %d V %d\n", R, V);
+        return 1;
     }
     best_k = std::min(best_k, now() - t);
     // the read of the same buffer, two threads
@@ -111,7 +138,9 @@ int main(int argc, char** argv) {
     volatile int sink = _mm512_reduce_add_epi32(acc);
     (void)sink;
   }
-  std::printf("E %d K %ld n %ld rows %d (R %d x %d) V %d: kernel %.2f ms (%.1f GFLOP/s, %.1f GB/s)  read %.2f ms (%.1f GB/s)  kernel/read %.2f\n",
-              E, (long)K, (long)n, R * chunks, R, chunks, V, best_k * 1e3, flops / best_k / 1e9,
-              wbytes / best_k / 1e9, best_r * 1e3, wbytes / best_r / 1e9, best_k / best_r);
+  std::printf(
+      "E %d K %ld n %ld rows %d (R %d x %d) V %d: kernel %.2f ms (%.1f GFLOP/s, %.1f GB/s)  read "
+      "%.2f ms (%.1f GB/s)  kernel/read %.2f\n",
+      E, (long)K, (long)n, R * chunks, R, chunks, V, best_k * 1e3, flops / best_k / 1e9,
+      wbytes / best_k / 1e9, best_r * 1e3, wbytes / best_r / 1e9, best_k / best_r);
 }
