@@ -82,9 +82,16 @@ constexpr const char* kSm80Needs =
 // The streaming kernel's calls: on the CPU, outside the batch-invariant mode (where kAuto keeps
 // oneDNN's invariant schedule; asked for by name it would be invariant too, but not the same
 // bits). kAuto picks it where its groups are small enough (detail::stream_picks).
-bool stream_takes(const RowGroupedGemm& g) { return on_cpu(g) && !g.batch_invariant; }
-bool stream_picks(const RowGroupedGemm& g) { return detail::stream_picks(g); }
-constexpr const char* kStreamNeeds = "host buffers and the default mode (not batch_invariant)";
+// On packed weights it takes every call (its kernel there is batch-invariant as it is), and is
+// the one kAuto picks: oneDNN does not read that layout.
+bool stream_takes(const RowGroupedGemm& g) {
+  return on_cpu(g) && (!g.batch_invariant || g.b_packed);
+}
+bool stream_picks(const RowGroupedGemm& g) { return g.b_packed || detail::stream_picks(g); }
+constexpr const char* kStreamNeeds =
+    "host buffers and the default mode (not batch_invariant) unless the weights are packed";
+bool onednn_takes(const RowGroupedGemm& g) { return on_cpu(g) && !g.b_packed; }
+constexpr const char* kOneDnnNeeds = "host buffers (Exec::device = kCpu) and weights not packed";
 
 // In order of preference; the CPU's reference last.
 constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
@@ -101,7 +108,7 @@ constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
 #endif
     {RaggedDotImpl::kCpuStream, detail::row_grouped_gemm_stream, stream_takes, kStreamNeeds,
      stream_picks},
-    {RaggedDotImpl::kOneDnn, detail::row_grouped_gemm_onednn, on_cpu, kCpuNeeds},
+    {RaggedDotImpl::kOneDnn, detail::row_grouped_gemm_onednn, onednn_takes, kOneDnnNeeds},
     {RaggedDotImpl::kReference, detail::row_grouped_gemm_ref, on_cpu, kCpuNeeds},
 };
 constexpr Implementation<RaggedDotImpl, ContractionGroupedGemm> kContractionImpls[] = {
@@ -168,6 +175,64 @@ Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out, const RaggedD
   MOEKIT_RETURN_IF_ERROR(
       check_call(op, {"d_rhs", d_rhs}, {"lhs", lhs}, {"d_out", d_out}, groups, exec));
   return detail::run_implementation(op, kContractionImpls, options.impl, g, options.ran);
+}
+
+PackedRhsShape packed_rhs_shape(int64_t num_local_groups, int64_t K, int64_t n) {
+  constexpr PackedRhsShape kBad{{-1, -1, -1}};
+  if (num_local_groups < 0 || K < 0 || n < 0) return kBad;
+  const int64_t panels = n / detail::kPackedPanel + (n % detail::kPackedPanel != 0);
+  const int64_t pairs = K / 2 + K % 2;
+  int64_t panel_elems = 0, elems = 0;
+  if (!detail::mul_fits(pairs, detail::kPackedPairElems, &panel_elems) ||
+      !detail::mul_fits(panels, panel_elems, &elems) ||
+      !detail::mul_fits(num_local_groups, elems, &elems)) {
+    return kBad;
+  }
+  return {{num_local_groups, panels, panel_elems}};
+}
+
+Status pack_ragged_rhs(ConstTensorView rhs, TensorView packed, const RaggedDotOptions& options,
+                       const Exec& exec) {
+  const char* op = "pack_ragged_rhs";
+  MOEKIT_RETURN_IF_ERROR(detail::check_exec(op, exec));
+  if (exec.device != Device::kCpu) {
+    return Status::unimplemented(op, "exec.device = kCuda: packed weights are the CPU's");
+  }
+  MOEKIT_RETURN_IF_ERROR(detail::check_view(op, "rhs", rhs, 3));
+  MOEKIT_RETURN_IF_ERROR(detail::check_view(op, "packed", packed, 3));
+  MOEKIT_RETURN_IF_ERROR(detail::check_dtype(op, "rhs", rhs.dtype, DType::kBF16));
+  MOEKIT_RETURN_IF_ERROR(detail::check_dtype(op, "packed", packed.dtype, DType::kBF16));
+  const int k_dim = options.rhs_transposed ? 2 : 1, n_dim = options.rhs_transposed ? 1 : 2;
+  const int64_t E = rhs.shape[0], K = rhs.shape[k_dim], n = rhs.shape[n_dim];
+  const PackedRhsShape want = packed_rhs_shape(E, K, n);
+  for (int d = 0; d < 3; ++d) {
+    if (packed.shape[d] != want.dims[d]) {
+      return Status::invalid_argument(
+          op, fmt::format("packed.shape[{}]", d), std::to_string(packed.shape[d]),
+          fmt::format("rhs of {} groups of K = {}, n = {} packs into [{}, {}, {}] "
+                      "(packed_rhs_shape)",
+                      E, K, n, want.dims[0], want.dims[1], want.dims[2]));
+    }
+  }
+  MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"packed", packed}}, {{"rhs", rhs}}));
+  const auto* w = static_cast<const bf16_bits*>(rhs.data);
+  auto* out = static_cast<bf16_bits*>(packed.data);
+  const int64_t sk = rhs.stride[k_dim], sn = rhs.stride[n_dim], panels = want.dims[1];
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t j = 0; j < E; ++j) {
+    for (int64_t p = 0; p < panels; ++p) {
+      const bf16_bits* from = w + j * rhs.stride[0];
+      bf16_bits* to = out + j * packed.stride[0] + p * packed.stride[1];
+      for (int64_t k = 0; k < want.dims[2] / 32; ++k) {  // one contraction row a step, padded
+        for (int64_t c = 0; c < detail::kPackedPanel; ++c) {
+          const int64_t col = p * detail::kPackedPanel + c;
+          to[detail::packed_b_offset(0, k, c)] =
+              k < K && col < n ? from[k * sk + col * sn] : bf16_bits{0};
+        }
+      }
+    }
+  }
+  return {};
 }
 
 size_t ragged_dot_workspace_size(Device device, int64_t num_local_groups) {

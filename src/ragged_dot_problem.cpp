@@ -23,6 +23,65 @@ Status check_mode(const char* op, const RaggedDotOptions& opt, const Exec& exec)
   return {};
 }
 
+// The forward on packed weights (RaggedDotOptions::rhs_packed): a [m, K], rhs [E_loc, ceil(n /
+// 32), 64 ceil(K / 2)] bf16, c [m, n], on the CPU. The common checks are row_problem's.
+Status packed_row_problem(const char* op, const char* a_name, ConstTensorView a,
+                          ConstTensorView rhs, const char* c_name, TensorView c,
+                          const RaggedDotOptions& opt, const Exec& exec, bool contract_over_rhs_n,
+                          RowGroupedGemm* out) {
+  if (contract_over_rhs_n) {
+    return Status::invalid_argument(op, "options.rhs_packed", "true",
+                                    "packed weights serve the forward only (ragged_dot)");
+  }
+  if (opt.rhs_transposed) {
+    return Status::invalid_argument(op, "options.rhs_transposed", "true",
+                                    "packed weights have one layout: rhs_transposed must be false "
+                                    "with rhs_packed");
+  }
+  if (exec.device != Device::kCpu) {
+    return Status::unimplemented(op,
+                                 "options.rhs_packed on CUDA buffers: packed weights run on "
+                                 "the CPU only");
+  }
+  if (a.dtype != DType::kBF16) {
+    return Status::invalid_argument(op, fmt::format("{}.dtype", a_name),
+                                    std::string(dtype_name(a.dtype)),
+                                    "packed weights are bf16: the forward on them takes bf16 rows");
+  }
+  const PackedRhsShape want = packed_rhs_shape(rhs.shape[0], a.shape[1], c.shape[1]);
+  for (int d = 1; d < 3; ++d) {
+    if (rhs.shape[d] != want.dims[d]) {
+      return Status::invalid_argument(
+          op, fmt::format("rhs.shape[{}]", d), std::to_string(rhs.shape[d]),
+          fmt::format(
+              "packed weights for K = {} ({}.shape[1]) and n = {} ({}.shape[1]) are [E_loc, "
+              "{}, {}] (packed_rhs_shape)",
+              a.shape[1], a_name, c.shape[1], c_name, want.dims[1], want.dims[2]));
+    }
+  }
+  MOEKIT_RETURN_IF_ERROR(
+      check_dim(op, c_name, c, 0, a.shape[0], fmt::format("{}.shape[0]", a_name).c_str()));
+  *out = RowGroupedGemm{.in_type = a.dtype,
+                        .out_type = c.dtype,
+                        .m = a.shape[0],
+                        .kc = a.shape[1],
+                        .n = c.shape[1],
+                        .a = a.data,
+                        .lda = a.stride[0],
+                        .b = rhs.data,
+                        .b_batch = rhs.stride[0],
+                        .b_s0 = rhs.stride[1],
+                        .b_s1 = 1,
+                        .c = c.data,
+                        .ldc = c.stride[0],
+                        .groups = {},
+                        .accumulate = opt.accumulate,
+                        .batch_invariant = opt.batch_invariant,
+                        .exec = exec,
+                        .b_packed = true};
+  return {};
+}
+
 }  // namespace
 
 Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstTensorView rhs,
@@ -36,6 +95,8 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
   MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "rhs", rhs.dtype, a_name, a.dtype));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, c_name, c.dtype, a.dtype));
 
+  if (opt.rhs_packed)
+    return packed_row_problem(op, a_name, a, rhs, c_name, c, opt, exec, contract_over_rhs_n, out);
   // rhs[j] is [K, n] (or [n, K] transposed). Its dims and strides, named by role:
   const int k_dim = opt.rhs_transposed ? 2 : 1, n_dim = opt.rhs_transposed ? 1 : 2;
   const int in_dim = contract_over_rhs_n ? n_dim : k_dim;   // contracted with a's columns

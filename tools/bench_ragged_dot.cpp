@@ -38,6 +38,7 @@ struct RaggedDotBenchOptions : BenchOptions {
   std::string baseline;         // also time the full call with this impl, in the same loop
   std::string matmul = "ffn";   // the shape: ffn (K = H, n = F), up (K = H, n = 2F), down (F, H)
   bool rhs_transposed = false;  // the weights stored [E, n, K] (RaggedDotOptions::rhs_transposed)
+  bool rhs_packed = false;  // the forward on packed weights (pack_ragged_rhs; --baseline unpacked)
 };
 
 // The contraction K and output width n of --matmul's shape on a preset.
@@ -157,8 +158,9 @@ RaggedDotProblem ragged_dot_problem(const Preset& p, int64_t tokens, DType in, D
       floor_rates ? static_cast<double>(read_probe_bytes() + in_es * (rb.a + rb.b) + out_es * rb.c)
                   : 0.0;
   auto bytes = [&](int64_t e, int64_t mm) {
-    return rates_bytes + static_cast<double>(in_es * (mm * K + e * K * n + mm * n) +
-                                             out_es * (mm * n + mm * K + (drhs ? e * K * n : 0)));
+    return rates_bytes +
+           static_cast<double>(in_es * (mm * K + (1 + o.rhs_packed) * e * K * n + mm * n) +
+                               out_es * (mm * n + mm * K + (drhs ? e * K * n : 0)));
   };
   const double limit = o.mem_limit_gib * (1ull << 30);
   if (bytes(E, m) > limit) {
@@ -219,6 +221,7 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
   RaggedDotOptions plain, invariant;
   plain.impl = parse_impl(o.impl);
   plain.rhs_transposed = invariant.rhs_transposed = o.rhs_transposed;
+  plain.rhs_packed = invariant.rhs_packed = o.rhs_packed;
   plain.ran = &full.ran;
   invariant.batch_invariant = true;
   std::vector<std::function<void()>> fns{[&] { check(call(pr.E, 0, plain)); }, dense};
@@ -293,9 +296,13 @@ Weights make_weights(BenchDevice& dev, const Options& o, const RaggedDotProblem&
     w.copies = cold_copies(static_cast<double>(w.touched * w.expert_bytes));
     // Within the memory limit, beside what is held already (the read probe), leaving a GiB for
     // everything else.
+    // (With --rhs-packed each copy is there twice, packed and not.)
     const double room = (o.mem_limit_gib - 1) * (1ull << 30) - static_cast<double>(held_bytes()) -
-                        static_cast<double>(pr.E * w.expert_bytes) - 4.0 * pr.m * (pr.K + pr.n);
-    const auto fit = static_cast<int64_t>(room / std::max<double>(1, w.span * w.expert_bytes)) + 1;
+                        static_cast<double>((1 + o.rhs_packed) * pr.E * w.expert_bytes) -
+                        4.0 * pr.m * (pr.K + pr.n);
+    const auto fit = static_cast<int64_t>(
+                         room / std::max<double>(1, (1 + o.rhs_packed) * w.span * w.expert_bytes)) +
+                     1;
     if (fit < w.copies) {
       fmt::print(text, "note: T={}: {} copies of the weights would pass --mem-limit-gib; {}\n",
                  pr.tokens, w.copies, fit > 1 ? fmt::format("{} copies", fit) : "warm");
@@ -306,6 +313,19 @@ Weights make_weights(BenchDevice& dev, const Options& o, const RaggedDotProblem&
   w.mem = dev.alloc(experts * w.expert_bytes);
   dev.fill(w.mem.data(), in, experts * pr.K * pr.n, o.seed + 2);
   return w;
+}
+
+// With --rhs-packed, `w`'s copies packed (pack_ragged_rhs), expert by expert at the same places.
+Weights pack_weights(BenchDevice& dev, const RaggedDotProblem& pr, DType in, const Weights& w) {
+  Weights p = w;
+  p.next = 0;
+  const PackedRhsShape s = packed_rhs_shape(1, pr.K, pr.n);
+  p.expert_bytes = static_cast<size_t>(s.dims[1] * s.dims[2]) * dtype_size(in);
+  const int64_t experts = pr.E + (w.copies - 1) * w.span;
+  p.mem = dev.alloc(experts * p.expert_bytes);
+  check(pack_ragged_rhs(ConstTensorView(w.mem.bytes_data(), in, {experts, pr.K, pr.n}),
+                        TensorView(p.mem.bytes_data(), in, {experts, s.dims[1], s.dims[2]})));
+  return p;
 }
 
 // The read rate and the dense rate of each pass's layout, measured together (CPU).
@@ -357,13 +377,14 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
     }
     const int64_t m = pr.m, E = pr.E, K = pr.K, n = pr.n;
     Weights rhs = make_weights(dev, o, pr, in, text);
+    Weights packed = o.rhs_packed ? pack_weights(dev, pr, in, rhs) : Weights{};
     Mem lhs = dev.alloc(m * K * in_es), d_out = dev.alloc(m * n * in_es);
     Mem y = dev.alloc(m * n * out_es), d_lhs = dev.alloc(m * K * out_es),
         d_rhs = dev.alloc(drhs ? E * K * n * out_es : 1);
     dev.fill(lhs.data(), in, m * K, o.seed + 1);
     dev.fill(d_out.data(), in, m * n, o.seed + 3);
     Rates rates;
-    const FloorRead floor = floor_read({&rhs.mem}, probe);
+    const FloorRead floor = floor_read({o.rhs_packed ? &packed.mem : &rhs.mem}, probe);
     if (dev.has_read()) {
       progress.step(fmt::format("{} T={}: read rate, dense rate ({} rows)", p.name, T, kPeakRows));
       rates = measure_rates(dev, o, pr, in, out, floor, rhs.mem.data());
@@ -387,6 +408,11 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
         if (pass == "drhs") {
           return ragged_dot_drhs(lhs_v, d_out_v, groups,
                                  TensorView(d_rhs.data(), out, {e_loc, rows, cols}), opt, exec);
+        }
+        if (opt.rhs_packed) {
+          const PackedRhsShape s = packed_rhs_shape(e_loc, K, n);
+          const ConstTensorView w(packed.data(), in, {e_loc, s.dims[1], s.dims[2]});
+          return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
         }
         const ConstTensorView w(rhs.data(), in, {e_loc, rows, cols});
         if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
@@ -432,6 +458,12 @@ int run(const Options& o) {
   if (o.shards < 1 || p->E % o.shards != 0) {
     throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
   }
+  if (o.rhs_packed && (cuda || in != DType::kBF16 || o.rhs_transposed ||
+                       o.passes != std::vector<std::string>{"fwd"})) {
+    throw CLI::ValidationError("--rhs-packed",
+                               "packed weights serve the CPU's bf16 forward: --passes fwd, bf16, "
+                               "no --rhs-transposed, --device cpu");
+  }
   if (o.invariant && cuda) {
     throw CLI::ValidationError("--invariant", "the batch-invariant mode runs on the CPU only");
   }
@@ -444,8 +476,10 @@ int run(const Options& o) {
              "moekit bench ragged_dot  preset={} (H={} F={} E={} k={})  matmul={} (K={} n={})  "
              "rhs={}  dtype={} out={}  device={}  impl={}  cache={}  {}\n",
              p->name, p->H, p->F, p->E, p->k, o.matmul, shape.K, shape.n,
-             o.rhs_transposed ? "[E, n, K]" : "[E, K, n]", dtype_name(in), dtype_name(out),
-             o.device, o.impl, o.cache, today_iso());
+             o.rhs_packed       ? "packed (pack_ragged_rhs)"
+             : o.rhs_transposed ? "[E, n, K]"
+                                : "[E, K, n]",
+             dtype_name(in), dtype_name(out), o.device, o.impl, o.cache, today_iso());
   fmt::print(text,
              "groups: expert e gets rows in proportion to 1 + {}*u_e, u_e ~ U(-1,1), seed {}\n",
              o.imbalance, o.seed);
@@ -569,6 +603,7 @@ int run(const Options& o) {
                        {"K", shape.K},
                        {"n", shape.n},
                        {"rhs_transposed", o.rhs_transposed},
+                       {"rhs_packed", o.rhs_packed},
                        {"ms", r.t.median_ms},
                        {"min_ms", r.t.min_ms},
                        {"tflops", r.flops / (r.t.median_ms * 1e9)},
@@ -651,6 +686,9 @@ void register_bench_ragged_dot(CLI::App& bench) {
   cmd->add_flag("--rhs-transposed", opts->rhs_transposed,
                 "The weights stored [E, n, K] (RaggedDotOptions::rhs_transposed), each pass and "
                 "its dense matmul in that layout");
+  cmd->add_flag("--rhs-packed", opts->rhs_packed,
+                "The forward on packed weights (pack_ragged_rhs, RaggedDotOptions::rhs_packed; "
+                "--passes fwd, bf16, CPU); --baseline runs on the same weights unpacked");
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();

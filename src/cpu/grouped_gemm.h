@@ -26,6 +26,15 @@ bool onednn_runs_amx();
 // whether it runs faster than oneDNN on a call (by its largest local group, as measured).
 Status row_grouped_gemm_stream(const RowGroupedGemm& g);
 bool stream_picks(const RowGroupedGemm& g);
+// kCpuStream's forward on packed weights (RowGroupedGemm::b_packed; src/cpu/ragged_dot_packed.cpp),
+// its rows and contraction not empty (row_edges_done first). set_packed_pairs_for_test(0) runs
+// the Highway kernels on a CPU with AVX512-BF16 too, -1 gives the choice back to the CPU.
+void row_grouped_gemm_packed(const RowGroupedGemm& g);
+void set_packed_pairs_for_test(int mode);
+namespace stream {
+// Whether this CPU runs the bf16-pair kernels (AVX512-BF16).
+bool has_avx512_bf16();
+}  // namespace stream
 // kCpuStream's forward on AMX (src/cpu/ragged_dot_amx.cpp): whether it can take a call (bf16 rows
 // against [K, n] weights, b_s1 1, on a CPU with AMX-BF16 whose OS grants the tiles), whether it
 // takes it (a local group of 8 rows or more; fewer run the even/odd kernels), and the call (its

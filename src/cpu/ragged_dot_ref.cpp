@@ -19,7 +19,9 @@ Status row_grouped_gemm_ref(const RowGroupedGemm& g) {
         float acc = 0.f;
         for (int64_t k = 0; k < g.kc; ++k) {
           acc += load_as_float(g.a, g.in_type, r * g.lda + k) *
-                 load_as_float(g.b, g.in_type, j * g.b_batch + k * g.b_s0 + c * g.b_s1);
+                 load_as_float(g.b, g.in_type,
+                               j * g.b_batch + (g.b_packed ? packed_b_offset(g.b_s0, k, c)
+                                                           : k * g.b_s0 + c * g.b_s1));
         }
         const int64_t o = r * g.ldc + c;
         if (g.accumulate) acc += load_as_float(g.c, g.out_type, o);

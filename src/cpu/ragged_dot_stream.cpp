@@ -2249,6 +2249,10 @@ bool stream_picks(const RowGroupedGemm& g) {
 
 Status row_grouped_gemm_stream(const RowGroupedGemm& g) {
   if (!row_edges_done(g)) return {};
+  if (g.b_packed) {
+    row_grouped_gemm_packed(g);
+    return {};
+  }
   if (amx_forward_takes(g) || amx_dot_takes(g)) {
     row_grouped_gemm_amx(g);
     return {};
