@@ -328,11 +328,10 @@ Status check_weight(const char* op, const char* name, const ConstTensorView& w, 
   return {};
 }
 
-Status check_weights(const char* op, const MoeLayerWeights& w, const Dims& d,
-                     const MoeLayerConfig& c) {
-  MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.router", w.router, d.dt, {d.H, d.E}, "[H, E]"));
+// The experts' weights: [E, in, out], or [E, out, in] (config.expert_weights_transposed).
+Status check_expert_weights(const char* op, const MoeLayerWeights& w, const Dims& d,
+                            const MoeLayerConfig& c) {
   const bool local = d.El != d.E;  // over P ranks: this rank's experts only
-  // The experts' weights: [E, in, out], or [E, out, in] (config.expert_weights_transposed).
   const bool t = c.expert_weights_transposed;
   auto expert_weight = [&](const char* name, const ConstTensorView& v, int64_t in, int64_t out,
                            const char* in_name, const char* out_name, const char* note) {
@@ -345,6 +344,46 @@ Status check_weights(const char* op, const MoeLayerWeights& w, const Dims& d,
       d.W == d.F ? expert_weight("weights.w_in", w.w_in, d.H, d.W, "H", "F", "")
                  : expert_weight("weights.w_in", w.w_in, d.H, d.W, "H", "2F", " (gate | up)"));
   MOEKIT_RETURN_IF_ERROR(expert_weight("weights.w_out", w.w_out, d.F, d.H, "F", "H", ""));
+  return {};
+}
+
+// The experts' weights packed (config.expert_weights_packed): bf16 on the CPU, w_in and w_out as
+// packed_rhs_shape says.
+Status check_packed_experts(const char* op, const MoeLayerWeights& w, const Dims& d,
+                            const MoeLayerConfig& c) {
+  if (c.expert_weights_transposed) {
+    return Status::invalid_argument(op, "config.expert_weights_transposed", "true",
+                                    "packed weights have one layout: it must be false with "
+                                    "config.expert_weights_packed");
+  }
+  if (d.dev != Device::kCpu || d.dt != DType::kBF16) {
+    return Status::invalid_argument(
+        op, "config.expert_weights_packed", "true",
+        fmt::format("packed weights serve the CPU's bf16 forward (here {} on {})", dtype_name(d.dt),
+                    d.dev == Device::kCpu ? "the CPU" : "CUDA"));
+  }
+  const bool local = d.El != d.E;
+  auto packed = [&](const char* name, const ConstTensorView& v, int64_t K, int64_t n,
+                    const char* from) {
+    const PackedRhsShape s = packed_rhs_shape(d.El, K, n);
+    const std::string what = fmt::format("{} packed (packed_rhs_shape)", from);
+    return check_weight(op, name, v, d.dt, {s.dims[0], s.dims[1], s.dims[2]}, what.c_str());
+  };
+  MOEKIT_RETURN_IF_ERROR(packed("weights.w_in", w.w_in, d.H, d.W,
+                                local ? (d.W == d.F ? "[E_loc, H, F]" : "[E_loc, H, 2F]")
+                                      : (d.W == d.F ? "[E, H, F]" : "[E, H, 2F]")));
+  return packed("weights.w_out", w.w_out, d.F, d.H, local ? "[E_loc, F, H]" : "[E, F, H]");
+}
+
+Status check_weights(const char* op, const MoeLayerWeights& w, const Dims& d,
+                     const MoeLayerConfig& c) {
+  MOEKIT_RETURN_IF_ERROR(check_weight(op, "weights.router", w.router, d.dt, {d.H, d.E}, "[H, E]"));
+  const bool local = d.El != d.E;  // over P ranks: this rank's experts only
+  if (c.expert_weights_packed) {
+    MOEKIT_RETURN_IF_ERROR(check_packed_experts(op, w, d, c));
+  } else {
+    MOEKIT_RETURN_IF_ERROR(check_expert_weights(op, w, d, c));
+  }
   if (present(w.b_in)) {
     MOEKIT_RETURN_IF_ERROR(check_weight(
         op, "weights.b_in", w.b_in, d.dt, {d.El, d.W},
@@ -425,6 +464,20 @@ Status check_inputs(const char* op, const ConstTensorView& x, const MoeLayerWeig
   return check_weights(op, w, d, c);
 }
 
+// Where packed experts' weights are refused: the backward (it needs the weights' transposes,
+// which the packed layout does not give) and, not yet built, the layer over P ranks.
+Status check_not_packed(const char* op, const MoeLayerConfig& c, bool backward) {
+  if (!c.expert_weights_packed) return {};
+  if (backward) {
+    return Status::invalid_argument(op, "config.expert_weights_packed", "true",
+                                    "packed weights serve the forward only (inference): the "
+                                    "backward takes the weights unpacked");
+  }
+  return Status::unimplemented(op,
+                               "config.expert_weights_packed over P ranks: packed weights "
+                               "run in the one-rank layer only, for now");
+}
+
 // A view of the first `rows` rows.
 template <class View>
 View first_rows(View v, int64_t rows) {
@@ -445,6 +498,7 @@ RaggedDotOptions gemm(const MoeLayerConfig& config, bool accumulate = false) {
 RaggedDotOptions expert_gemm(const MoeLayerConfig& config) {
   RaggedDotOptions o = gemm(config);
   o.rhs_transposed = config.expert_weights_transposed;
+  o.rhs_packed = config.expert_weights_packed;
   return o;
 }
 
@@ -872,6 +926,7 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
   constexpr const char* op = "moe_layer_backward";
   Dims d;
   MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, 1, exec));
+  MOEKIT_RETURN_IF_ERROR(check_not_packed(op, config, /*backward=*/true));
   MOEKIT_RETURN_IF_ERROR(
       check_backward_args(op, d, weights, d_out, d_aux_loss, d_z_loss, d_x, grads));
   const MoeLayerWorkspace need = workspace_of(d);
@@ -936,7 +991,7 @@ uint64_t config_fingerprint(const MoeLayerConfig& c) {
   put(c.hidden), put(c.ffn), put(c.num_experts), put(c.shared_ffn), put(c.align_size);
   put(static_cast<int>(c.activation)), put(c.capacity_factor), put(static_cast<int>(c.drop_policy));
   put(c.pad_to_capacity), put(c.aux_loss_coeff), put(c.aux_loss_sequences), put(c.z_loss_coeff);
-  put(c.batch_invariant), put(c.expert_weights_transposed);
+  put(c.batch_invariant), put(c.expert_weights_transposed), put(c.expert_weights_packed);
   const RouteOptions& r = c.route;
   put(r.k), put(static_cast<int>(r.score)), put(r.pre_softmax), put(r.num_groups);
   put(r.group_topk), put(r.scaling_factor), put(r.expert_bias.size());
@@ -1032,6 +1087,7 @@ Status moe_layer_ep_forward(ConstTensorView x, const MoeLayerWeights& weights,
       return Status::invalid_argument(op, "state", "null", "must point to a MoeLayerEpState");
     }
     MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, comm.size()));
+    MOEKIT_RETURN_IF_ERROR(check_not_packed(op, config, /*backward=*/false));
     MOEKIT_RETURN_IF_ERROR(check_outputs(op, d, out));
     return check_forward_disjoint(op, x, weights, config, out, {}, {});
   }();
@@ -1093,6 +1149,7 @@ Status moe_layer_ep_backward(ConstTensorView x, const MoeLayerWeights& weights,
       return Status::invalid_argument(op, "state", "null", "must point to a MoeLayerEpState");
     }
     MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, comm.size()));
+    MOEKIT_RETURN_IF_ERROR(check_not_packed(op, config, /*backward=*/true));
     const MoeLayerEpState::Impl& st = *state->impl;
     if (!st.ready || st.tokens != d.T || st.dtype != d.dt || st.plan.rank != comm.rank() ||
         st.plan.num_ranks != comm.size()) {

@@ -18,6 +18,7 @@
 #include "bench_device.h"
 #include "benches.h"
 #include "moekit/layer.h"
+#include "moekit/ragged_dot.h"
 #include "presets.h"
 #include "roofline.h"
 
@@ -35,6 +36,8 @@ struct Result {
   int64_t experts = 0, stands_for = 0;
   Timing fwd, bwd, dense_up, dense_down;
   Timing fwd_inv, bwd_inv;  // with --invariant: the batch-invariant mode's, in the same loop
+  Timing fwd_packed;        // with --packed-weights: the forward on them, in the same loop
+  std::array<double, kMoeSteps> fwd_steps_packed{};                // its steps' medians, ms
   std::array<double, kMoeSteps> fwd_steps{}, bwd_steps{};          // medians, ms
   std::array<double, kMoeSteps> fwd_steps_inv{}, bwd_steps_inv{};  // the mode's, with --invariant
   std::array<double, kMoeSteps> step_flops{}, step_bytes{};  // forward; backward twice the flops
@@ -85,7 +88,8 @@ double run_bytes(BenchDevice& dev, const Preset& p, int64_t T, const Options& o,
   const double weights = static_cast<double>(H * E + E * H * W + E * F * H + H * 2 * Fs + Fs * H);
   const double floor_bytes =
       dev.has_read() ? static_cast<double>(read_probe_bytes() + kPeakRows * (H + W) * es) : 0.0;
-  return 2 * weights * es + 4.0 * T * H * es + ws.saved_bytes + ws.forward_bytes +
+  const double packed = o.packed ? static_cast<double>(E * (H * W + F * H)) : 0.0;
+  return (2 * weights + packed) * es + 4.0 * T * H * es + ws.saved_bytes + ws.forward_bytes +
          ws.backward_bytes + static_cast<double>(N * (H + W + F + H) * es) + floor_bytes;
 }
 
@@ -180,7 +184,7 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
   // in the caches (the router's and the shared expert's are read by every forward as they are).
   if (o.cache == "cold" && dev.has_read()) {
     int64_t copies = cold_copies(touched * expert_bytes);
-    const double more = static_cast<double>(E) * expert_bytes;
+    const double more = (1 + o.packed) * static_cast<double>(E) * expert_bytes;
     if (bytes + (copies - 1) * more > o.mem_limit_gib * kGiB) {
       copies =
           std::max<int64_t>(1, static_cast<int64_t>((o.mem_limit_gib * kGiB - bytes) / more) + 1);
@@ -197,6 +201,37 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
     }
     r.copies = copies;
   }
+
+  // --packed-weights: each copy packed (pack_ragged_rhs), and the forward on them.
+  std::vector<Mem> packed;
+  std::vector<MoeLayerWeights> wvs_packed;
+  MoeLayerConfig cfg_packed = cfg;
+  cfg_packed.expert_weights_packed = true;
+  std::vector<MoeLayerProfile> fwd_prof_packed;
+  size_t cur_packed = 0;
+  if (o.packed) {
+    auto pack = [&](const ConstTensorView& w) {
+      const PackedRhsShape s = packed_rhs_shape(w.shape[0], w.shape[1], w.shape[2]);
+      packed.push_back(dev.alloc(s.dims[0] * s.dims[1] * s.dims[2] * es));
+      const TensorView to(packed.back().data(), dt, {s.dims[0], s.dims[1], s.dims[2]});
+      check(pack_ragged_rhs(w, to));
+      return ConstTensorView(to);
+    };
+    for (const MoeLayerWeights& w : wvs) {
+      MoeLayerWeights p = w;
+      p.w_in = pack(w.w_in);
+      p.w_out = pack(w.w_out);
+      wvs_packed.push_back(p);
+    }
+  }
+  auto forward_packed = [&] {
+    MoeLayerProfile prof;
+    cur_packed = (cur_packed + 1) % wvs_packed.size();
+    check(moe_layer_forward(xv, wvs_packed[cur_packed], cfg_packed,
+                            {saved.bytes_data(), saved.bytes()},
+                            {fwd_scratch.bytes_data(), fwd_scratch.bytes()}, outs, &prof, exec));
+    fwd_prof_packed.push_back(prof);
+  };
 
   // Dense references: [rows, H] @ [H, 2F] and [rows, F] @ [F, H] (the weights in the experts'
   // layout), on buffers of their own.
@@ -229,8 +264,11 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
     fns.push_back([&] { forward_with(cfg_inv, &fwd_prof_inv); });
     fns.push_back([&] { backward_with(cfg_inv, &bwd_prof_inv); });
   }
+  const size_t packed_at = fns.size();
+  if (o.packed) fns.push_back(forward_packed);
   std::vector<const Mem*> weights;
   for (size_t c = 0; c < w_in.size(); ++c) weights.insert(weights.end(), {&w_in[c], &w_out[c]});
+  for (const Mem& m : packed) weights.push_back(&m);
   const FloorRead floor = floor_read(weights, probe);
   const size_t read_at = fns.size();
   if (peak) {
@@ -252,6 +290,7 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
   if (r.stands_for == 0) r.stands_for = T;
   r.fwd = t[0], r.bwd = t[1], r.dense_up = t[2], r.dense_down = t[3];
   if (o.invariant) r.fwd_inv = t[4], r.bwd_inv = t[5];
+  if (o.packed) r.fwd_packed = t[packed_at];
   // Each step's median over the timed runs (the warm-up ones dropped).
   auto medians = [&](const std::vector<MoeLayerProfile>& profiles) {
     std::array<double, kMoeSteps> m{};
@@ -264,6 +303,7 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
   };
   r.fwd_steps = medians(fwd_prof), r.bwd_steps = medians(bwd_prof);
   r.fwd_steps_inv = medians(fwd_prof_inv), r.bwd_steps_inv = medians(bwd_prof_inv);
+  r.fwd_steps_packed = medians(fwd_prof_packed);
   auto at = [](MoeStep s) { return static_cast<int>(s); };
   const double up_flops = 2.0 * rows * H * W, down_flops = 2.0 * rows * F * H;
   r.step_flops[at(MoeStep::kRouterGemm)] = 2.0 * T * H * E;
@@ -391,6 +431,16 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
                r.fwd_weight_bytes / (r.roof.read_gbps * 1e6), r.fwd_flops / 1e9,
                r.roof.dense_tflops, r.fwd_flops / (r.roof.dense_tflops * 1e9), r.copies,
                100 * r.fwd_floor_ms() / r.fwd.median_ms);
+    if (r.fwd_packed.median_ms > 0) {
+      auto step = [&](MoeStep s) { return r.fwd_steps_packed[static_cast<int>(s)]; };
+      fmt::print(f,
+                 "forward on packed expert weights (expert_weights_packed), in the same loop: "
+                 "{:.2f} ms, {:.1f}% of the floor, {:.2f}x the forward's speed (gmm_up {:.2f} ms, "
+                 "gmm_down {:.2f} ms)\n",
+                 r.fwd_packed.median_ms, 100 * r.fwd_floor_ms() / r.fwd_packed.median_ms,
+                 r.fwd.median_ms / r.fwd_packed.median_ms, step(MoeStep::kGmmUp),
+                 step(MoeStep::kGmmDown));
+    }
     std::string steps;
     for (int s = 0; s < kMoeSteps; ++s) {
       const double share = r.step_share_of_floor(s);
@@ -456,6 +506,11 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
 int run(const Options& o) {
   if (o.invariant && o.device != "cpu") {
     throw CLI::ValidationError("--invariant", "the batch-invariant mode runs on the CPU only");
+  }
+  if (o.packed && (o.device != "cpu" || o.dtype != "bf16" || o.weights_transposed || o.ep > 0)) {
+    throw CLI::ValidationError("--packed-weights",
+                               "packed weights serve the one-rank layer's bf16 forward on the "
+                               "CPU: --dtype bf16, no --expert-weights-transposed or --ep");
   }
   if (o.ep > 0) {
     if (o.invariant) throw CLI::ValidationError("--invariant", "not with --ep (yet)");
@@ -591,6 +646,9 @@ void register_bench_layer(CLI::App& bench) {
                 "The experts' weights stored [E, out, in], each a linear layer's weight "
                 "(MoeLayerConfig::expert_weights_transposed), the dense references and the floor's "
                 "dense rate in that layout");
+  cmd->add_flag("--packed-weights", opts->packed,
+                "Also time the forward on the experts' weights packed (pack_ragged_rhs, "
+                "MoeLayerConfig::expert_weights_packed), in the same loop (CPU, bf16)");
   cmd->add_flag("--invariant", opts->invariant,
                 "Also time the batch-invariant mode (MoeLayerConfig::batch_invariant), in the "
                 "same loop");

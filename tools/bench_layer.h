@@ -20,6 +20,8 @@ struct LayerOptions : BenchOptions {
   bool invariant = false;           // also time the batch-invariant mode
   std::string cache = "cold";       // cold: cycle through copies of the expert weights (CPU)
   bool weights_transposed = false;  // MoeLayerConfig::expert_weights_transposed
+  bool packed =
+      false;  // also the forward on packed weights (MoeLayerConfig::expert_weights_packed)
   EpGroupOptions group;
 };
 

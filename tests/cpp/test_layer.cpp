@@ -19,6 +19,7 @@
 
 #include "host_tensor.h"
 #include "moekit/layer.h"
+#include "moekit/ragged_dot.h"
 
 namespace moekit {
 namespace {
@@ -814,6 +815,88 @@ TEST(Layer, ExpertWeightsTransposedComputeTheSameLayer) {
       if (c.b_out) close(g_ref.b_out, g.b_out, "d_b_out");
     }
   }
+}
+
+// config.expert_weights_packed: the forward on the same bf16 values with the experts' weights
+// packed (pack_ragged_rhs) against the default layout's (which the grid checks against the
+// oracle), to the bf16 results' rounding; the backward refuses it, as do the wrong shapes, f32,
+// and expert_weights_transposed beside it.
+TEST(Layer, ExpertWeightsPackedComputeTheSameForward) {
+  const std::vector<LayerCase> cases = {
+      {.name = "gated_shared_biases",
+       .T = 67,
+       .H = 64,
+       .F = 48,
+       .E = 8,
+       .k = 2,
+       .Fs = 32,
+       .aux_coeff = 1.0f,
+       .b_in = true,
+       .b_out = true},
+      {.name = "gelu_capacity_aligned_odd",
+       .T = 40,
+       .H = 25,
+       .F = 19,
+       .E = 4,
+       .k = 2,
+       .act = Activation::kGelu,
+       .capacity_factor = 1.0,
+       .align = 4},
+      {.name = "one_group_many_rows", .T = 45, .H = 40, .F = 33, .E = 4, .k = 1}};
+  auto pack = [](const HostTensor& w) {
+    const PackedRhsShape s = packed_rhs_shape(w.shape[0], w.shape[1], w.shape[2]);
+    HostTensor p(DType::kBF16, {s.dims[0], s.dims[1], s.dims[2]});
+    HostTensor src = w;
+    EXPECT_TRUE(pack_ragged_rhs(src.in(), p.mut()).ok());
+    return p;
+  };
+  for (const LayerCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    LayerRun ref(c, DType::kBF16, 7), run(c, DType::kBF16, 7);
+    if (c.name == "one_group_many_rows") ref.router.fill(0.0f), run.router.fill(0.0f);
+    run.w_in = pack(run.w_in);
+    run.w_out = pack(run.w_out);
+    run.cfg.expert_weights_packed = true;
+    ASSERT_TRUE(forward_backward(ref).ok());
+    const Status s = forward_backward(run);
+    ASSERT_TRUE(s.ok()) << s.message();
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < c.T * c.H; ++i) {
+      num += std::pow(ref.out.get_flat(i) - run.out.get_flat(i), 2);
+      den += std::pow(ref.out.get_flat(i), 2);
+    }
+    EXPECT_GT(den, 0.0);
+    EXPECT_LE(std::sqrt(num / den), 1e-2);
+    // The backward refuses packed weights, naming the field.
+    Grads g(run, DType::kBF16);
+    const Status b = forward_backward(run, &g);
+    EXPECT_FALSE(b.ok());
+    EXPECT_NE(b.message().find("config.expert_weights_packed"), std::string::npos) << b.message();
+  }
+  // Refused: expert_weights_transposed beside it, f32, weights packed for another shape, and
+  // weights not packed at all.
+  const LayerCase c = cases[0];
+  LayerRun run(c, DType::kBF16, 7);
+  const HostTensor w_in = run.w_in, w_out = run.w_out;
+  run.w_in = pack(w_in);
+  run.w_out = pack(w_out);
+  run.cfg.expert_weights_packed = true;
+  auto refused = [&](LayerRun& r, const char* names) {
+    const Status s = forward_backward(r);
+    EXPECT_FALSE(s.ok()) << names;
+    EXPECT_NE(s.message().find(names), std::string::npos) << s.message();
+  };
+  run.cfg.expert_weights_transposed = true;
+  refused(run, "config.expert_weights_transposed");
+  run.cfg.expert_weights_transposed = false;
+  LayerRun f32(c, DType::kF32, 7);
+  f32.cfg.expert_weights_packed = true;
+  refused(f32, "config.expert_weights_packed");
+  run.w_out = pack(w_in);  // w_in's packing where w_out's belongs
+  refused(run, "weights.w_out");
+  run.w_out = pack(w_out);
+  run.w_in = w_in;  // unpacked
+  refused(run, "weights.w_in");
 }
 
 TEST(Activation, ReluHasNoGradientAtZeroAndEveryActivationMapsZeroToZero) {
