@@ -23,6 +23,29 @@ Status check_mode(const char* op, const RaggedDotOptions& opt, const Exec& exec)
   return {};
 }
 
+// The row problem of a [m, K], rhs and c [m, n] (checked), rhs's contraction stride b_s0 and
+// output stride b_s1.
+RowGroupedGemm row_gemm(const ConstTensorView& a, const ConstTensorView& rhs, const TensorView& c,
+                        int64_t b_s0, int64_t b_s1, const RaggedDotOptions& opt, const Exec& exec) {
+  return RowGroupedGemm{.in_type = a.dtype,
+                        .out_type = c.dtype,
+                        .m = a.shape[0],
+                        .kc = a.shape[1],
+                        .n = c.shape[1],
+                        .a = a.data,
+                        .lda = a.stride[0],
+                        .b = rhs.data,
+                        .b_batch = rhs.stride[0],
+                        .b_s0 = b_s0,
+                        .b_s1 = b_s1,
+                        .c = c.data,
+                        .ldc = c.stride[0],
+                        .groups = {},
+                        .accumulate = opt.accumulate,
+                        .batch_invariant = opt.batch_invariant,
+                        .exec = exec};
+}
+
 // The forward on packed weights (RaggedDotOptions::rhs_packed): a [m, K], rhs [E_loc, ceil(n /
 // 32), 64 ceil(K / 2)] bf16, c [m, n], on the CPU. The common checks are row_problem's.
 Status packed_row_problem(const char* op, const char* a_name, ConstTensorView a,
@@ -61,24 +84,8 @@ Status packed_row_problem(const char* op, const char* a_name, ConstTensorView a,
   }
   MOEKIT_RETURN_IF_ERROR(
       check_dim(op, c_name, c, 0, a.shape[0], fmt::format("{}.shape[0]", a_name).c_str()));
-  *out = RowGroupedGemm{.in_type = a.dtype,
-                        .out_type = c.dtype,
-                        .m = a.shape[0],
-                        .kc = a.shape[1],
-                        .n = c.shape[1],
-                        .a = a.data,
-                        .lda = a.stride[0],
-                        .b = rhs.data,
-                        .b_batch = rhs.stride[0],
-                        .b_s0 = rhs.stride[1],
-                        .b_s1 = 1,
-                        .c = c.data,
-                        .ldc = c.stride[0],
-                        .groups = {},
-                        .accumulate = opt.accumulate,
-                        .batch_invariant = opt.batch_invariant,
-                        .exec = exec,
-                        .b_packed = true};
+  *out = row_gemm(a, rhs, c, rhs.stride[1], 1, opt, exec);
+  out->b_packed = true;
   return {};
 }
 
@@ -108,23 +115,7 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
       check_dim(op, c_name, c, 0, m, fmt::format("{}.shape[0]", a_name).c_str()));
   MOEKIT_RETURN_IF_ERROR(check_dim(op, c_name, c, 1, rhs.shape[out_dim],
                                    fmt::format("rhs.shape[{}]", out_dim).c_str()));
-  *out = RowGroupedGemm{.in_type = a.dtype,
-                        .out_type = c.dtype,
-                        .m = m,
-                        .kc = a.shape[1],
-                        .n = c.shape[1],
-                        .a = a.data,
-                        .lda = a.stride[0],
-                        .b = rhs.data,
-                        .b_batch = rhs.stride[0],
-                        .b_s0 = rhs.stride[in_dim],
-                        .b_s1 = rhs.stride[out_dim],
-                        .c = c.data,
-                        .ldc = c.stride[0],
-                        .groups = {},
-                        .accumulate = opt.accumulate,
-                        .batch_invariant = opt.batch_invariant,
-                        .exec = exec};
+  *out = row_gemm(a, rhs, c, rhs.stride[in_dim], rhs.stride[out_dim], opt, exec);
   return {};
 }
 

@@ -240,26 +240,18 @@ MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
 }
 }  // namespace
 
+template <int R>
+void pairs_rows(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
+                Tile& tile) {
+  if constexpr (R > 1) {
+    if (rows < R) return pairs_rows<R - 1>(rows, a, lda, kc, panel, tile);
+  }
+  pairs_kernel<R>(a, lda, kc, panel, tile);
+}
+
 void pairs_panel(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
                  Tile& tile) {
-  switch (rows) {
-    case 1:
-      return pairs_kernel<1>(a, lda, kc, panel, tile);
-    case 2:
-      return pairs_kernel<2>(a, lda, kc, panel, tile);
-    case 3:
-      return pairs_kernel<3>(a, lda, kc, panel, tile);
-    case 4:
-      return pairs_kernel<4>(a, lda, kc, panel, tile);
-    case 5:
-      return pairs_kernel<5>(a, lda, kc, panel, tile);
-    case 6:
-      return pairs_kernel<6>(a, lda, kc, panel, tile);
-    case 7:
-      return pairs_kernel<7>(a, lda, kc, panel, tile);
-    default:
-      return pairs_kernel<8>(a, lda, kc, panel, tile);
-  }
+  pairs_rows<kPairRows>(rows, a, lda, kc, panel, tile);
 }
 
 }  // namespace packed
