@@ -75,7 +75,8 @@ struct RaggedDotGroups {
 // group (outside the batch-invariant mode; the bound
 // depends on the dtype and the layout, as measured), kCpuStream, which streams each group's
 // weights once with the rows' sums in registers (asked for by name it takes any group sizes), and
-// oneDNN for everything else. kReference is the
+// oneDNN for everything else (on packed weights, RaggedDotOptions::rhs_packed, kCpuStream
+// always). kReference is the
 // CPU's scalar reference the tests compare against (slow; for checking only). Naming an
 // implementation that cannot take the call is an error that says what it needs.
 enum class RaggedDotImpl {
@@ -142,9 +143,10 @@ Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroup
 // once, in order, with every row's sums in registers from its first element to its last. On
 // weight rows too long for a block of them and the rows' sums to stay in a core's caches, the
 // [E_loc, K, n] and [E_loc, n, K] forwards read them in short runs or move the sums through L2 at
-// 4-16 rows a group: on mixtral-8x7b's gate|up ([4096, 28672], an AMD EPYC with AVX512-BF16) a
-// by-hand kernel on this layout ran 1.4x faster there
-// (bench/results/ragged_dot_small-cpu-2026-11-29-5). bf16 only.
+// 4-16 rows a group: on mixtral-8x7b's gate|up ([4096, 28672], an AMD EPYC with AVX512-BF16) the
+// forward on this layout ran 1.44-1.61x faster there, and 0.98-1.55x the unpacked weights' kAuto
+// on four presets' shapes at 1-2048 tokens (bench/results/ragged_dot_small-cpu-2026-11-29-5).
+// bf16 only.
 //   rhs          [E_loc, K, n]  ([E_loc, n, K] if options.rhs_transposed)   bf16, host memory
 //   packed       [E_loc, ceil(n / 32), 64 * ceil(K / 2)]                    bf16, host memory
 Status pack_ragged_rhs(ConstTensorView rhs, TensorView packed, const RaggedDotOptions& options = {},
