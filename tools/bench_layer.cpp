@@ -483,6 +483,7 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
                    {"dense_impl", r.dense_impl},
                    {"fwd_bwd_ratio_to_dense", r.ratio()},
                    {"fwd_bwd_ratio_to_dense_with_shared", r.ratio_with_shared()}};
+  if (!backward && r.fwd_packed.median_ms > 0) j["packed_weights_ms"] = r.fwd_packed.median_ms;
   if (o.invariant) {
     j["invariant_ms"] = (backward ? r.bwd_inv : r.fwd_inv).median_ms;
     j["fwd_bwd_invariant_rate"] = r.invariant_rate();

@@ -35,6 +35,8 @@ namespace stream {
 // Whether this CPU runs the bf16-pair kernels (AVX512-BF16).
 bool has_avx512_bf16();
 }  // namespace stream
+// The attribute that compiles a function for those kernels (called where has_avx512_bf16 says).
+#define MOEKIT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 // kCpuStream's forward on AMX (src/cpu/ragged_dot_amx.cpp): whether it can take a call (bf16 rows
 // against [K, n] weights, b_s1 1, on a CPU with AMX-BF16 whose OS grants the tiles), whether it
 // takes it (a local group of 8 rows or more; fewer run the even/odd kernels), and the call (its

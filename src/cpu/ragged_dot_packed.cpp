@@ -206,8 +206,6 @@ bool runs_pairs() {
   return forced >= 0 ? forced == 1 && stream::has_avx512_bf16() : stream::has_avx512_bf16();
 }
 
-#define MOEKIT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
-
 namespace {
 template <int R>
 MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
@@ -221,8 +219,12 @@ MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       // The pair (A[r][2kp], A[r][2kp + 1]), or A[r][2kp] alone past A's last element.
-      int32_t w = a[r * lda + 2 * kp];
-      if (!last_odd) std::memcpy(&w, a + r * lda + 2 * kp, sizeof(w));
+      int32_t w;
+      if (last_odd) {
+        w = a[r * lda + 2 * kp];
+      } else {
+        std::memcpy(&w, a + r * lda + 2 * kp, sizeof(w));
+      }
       const __m512bh av = (__m512bh)_mm512_set1_epi32(w);
       s[r][0] = _mm512_dpbf16_ps(s[r][0], av, (__m512bh)v0);
       s[r][1] = _mm512_dpbf16_ps(s[r][1], av, (__m512bh)v1);
@@ -231,9 +233,9 @@ MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
   const int64_t full = kc / 2;
   for (int64_t kp = 0; kp < full; ++kp) step(kp, false);
   if (kc % 2 != 0) step(full, true);
-    // Lane i of the pair vectors is column i (v0) and 16 + i (v1): the panel's own order.
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    // Lane i of the pair vectors is column i (v0) and 16 + i (v1): the panel's own order.
     _mm512_store_ps(tile[r], s[r][0]);
     _mm512_store_ps(tile[r] + 16, s[r][1]);
   }

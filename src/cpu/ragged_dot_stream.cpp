@@ -327,9 +327,6 @@ constexpr DotShape dot_shape(int64_t rows) {
 // The most sums a dot-product call returns (rows x cols of any shape above).
 constexpr int kDotMostSums = 24;
 
-// Whether this CPU runs the pair kernels (AVX512-BF16).
-bool has_avx512_bf16();
-
 // The pair kernels (defined once, for AVX512-BF16), on bf16 bits.
 // acc[r][0, 64) += sum over the block's kc contraction rows of A[r][k] * B[k][0, 64) for
 // r < rows <= kAxpyRows: B's rows ldb apart, 64 columns of which the first `cols` exist; acc in
@@ -1758,8 +1755,6 @@ bool has_avx512_bf16() {
                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f");
   return has;
 }
-
-#define MOEKIT_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 namespace {
 
