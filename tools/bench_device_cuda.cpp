@@ -108,10 +108,13 @@ class CudaBenchDevice : public BenchDevice {
   void fill(void* dst, DType t, int64_t n, uint64_t seed) override {
     Buffer host(static_cast<size_t>(n) * dtype_size(t));
     fill_uniform(host.data(), t, n, seed);
-    cuda_check(cudaMemcpy(dst, host.data(), host.bytes(), cudaMemcpyHostToDevice), "upload");
+    upload(dst, host.data(), host.bytes());
   }
+  // On the calls' stream, and landed on return: a cudaMemcpy from pageable memory may return
+  // before its DMA ends, and the non-blocking stream would not wait for it.
   void upload(void* dst, const void* host, size_t bytes) override {
-    cuda_check(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
   void to_host(void* host, const void* src, size_t bytes) override {
     cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");

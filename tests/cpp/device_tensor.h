@@ -39,8 +39,12 @@ struct DeviceTensor {
   DeviceTensor(const DeviceTensor&) = delete;
   DeviceTensor& operator=(const DeviceTensor&) = delete;
   ~DeviceTensor() { cudaFree(ptr); }
+  // Returns once the copy has landed: cudaMemcpy from pageable memory may return before its DMA
+  // ends, and work on a stream created cudaStreamNonBlocking does not wait for it (a graph replay
+  // once read the output as it was before the upload, on an H200).
   void upload(const void* src, size_t n) {
     expect_cuda(cudaMemcpy(ptr, src, n, cudaMemcpyHostToDevice), "upload");
+    expect_cuda(cudaDeviceSynchronize(), "upload");
   }
   void upload(const HostTensor& h) { upload(h.bytes.data(), h.bytes.size()); }
   void download(HostTensor& h) const {
