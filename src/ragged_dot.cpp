@@ -61,8 +61,7 @@ constexpr const char* kSm90Bf16Needs =
 
 // Which sm90 schedule kAuto runs bf16 calls on, by shape and card: the weight gradient by
 // cu::sm90_contraction_on_pingpong (cooperative 256x128 but for few groups of few rows on an
-// H200), the forward and input gradient by cu::sm90_rows_on_cooperative256. f16 calls run
-// kCudaSm90.
+// H200), the forward and input gradient by cu::sm90_row_schedule. f16 calls run kCudaSm90.
 bool card_is_bandwidth_rich() {
   cu::DeviceInfo info;
   return cu::device_info(&info).ok() && cu::sm90_bandwidth_rich(info);
@@ -70,9 +69,15 @@ bool card_is_bandwidth_rich() {
 bool sm90_contraction_picks_cooperative256(const ContractionGroupedGemm& g) {
   return !cu::sm90_contraction_on_pingpong(g.m, g.groups.count, card_is_bandwidth_rich());
 }
-bool sm90_rows_picks_cooperative256(const RowGroupedGemm& g) {
-  return cu::sm90_rows_on_cooperative256(
-      {g.m, g.groups.count, g.groups.num_local, g.kc, g.n, g.b_s1 == 1}, card_is_bandwidth_rich());
+RaggedDotImpl sm90_row_schedule(const RowGroupedGemm& g) {
+  return cu::sm90_row_schedule({g.m, g.groups.count, g.groups.num_local, g.kc, g.n, g.b_s1 == 1},
+                               card_is_bandwidth_rich());
+}
+bool sm90_rows_pick_cooperative256(const RowGroupedGemm& g) {
+  return sm90_row_schedule(g) == RaggedDotImpl::kCudaSm90Cooperative256;
+}
+bool sm90_rows_pick_pingpong64(const RowGroupedGemm& g) {
+  return sm90_row_schedule(g) == RaggedDotImpl::kCudaSm90Pingpong64x256;
 }
 constexpr const char* kSm80Needs =
     "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability "
@@ -97,11 +102,10 @@ constexpr const char* kOneDnnNeeds = "host buffers (Exec::device = kCpu) and wei
 constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
 #if MOEKIT_HAS_CUDA
     {RaggedDotImpl::kCudaSm90Cooperative256, cu::row_grouped_sm90_coop256, on_sm90_bf16,
-     kSm90Bf16Needs, sm90_rows_picks_cooperative256},
-    {RaggedDotImpl::kCudaSm90Pingpong, cu::row_grouped_sm90_pingpong, on_sm90_bf16, kSm90Bf16Needs},
-    // By name only (pingpong above takes every call it takes) until a GPU has measured it.
+     kSm90Bf16Needs, sm90_rows_pick_cooperative256},
     {RaggedDotImpl::kCudaSm90Pingpong64x256, cu::row_grouped_sm90_pingpong64, on_sm90_bf16,
-     kSm90Bf16Needs},
+     kSm90Bf16Needs, sm90_rows_pick_pingpong64},
+    {RaggedDotImpl::kCudaSm90Pingpong, cu::row_grouped_sm90_pingpong, on_sm90_bf16, kSm90Bf16Needs},
     {RaggedDotImpl::kCudaSm90, cu::row_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::row_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, kCudaNeeds},

@@ -63,13 +63,14 @@ struct RaggedDotGroups {
 // strides, K and n multiples of 8), then a portable kernel. The sm90 kernels come in four tile
 // schedules: kCudaSm90 (cooperative, 128x128 tiles), kCudaSm90Pingpong (128x128, each consumer
 // warpgroup its own tile), kCudaSm90Pingpong64x256 (the same on 64x256 tiles: fewer wasted rows
-// in a group's last tile; kAuto does not run it yet, it awaits its measurement on a GPU) and
-// kCudaSm90Cooperative256 (256x128 tiles on clusters of 2), the last three for bf16 only. kAuto
-// picks a bf16 call's schedule by its shape and the card (an H100's rule and an H200's, told
-// apart by memory bandwidth per multiprocessor): cooperative 256x128 where the groups are long
-// (on an H100 about 1024 rows each and 16384 in all, or a contraction of 7168+ to at most 2048
-// columns with 256 rows a group; on an H200 longer, by layout), pingpong otherwise; the weight
-// gradient on cooperative 256x128 but for few groups of few rows on an H200 (pingpong), as measured
+// in a group's last tile) and kCudaSm90Cooperative256 (256x128 tiles on clusters of 2), the last
+// three for bf16 only. kAuto picks a bf16 call's schedule by its shape and the card (an H100's
+// rule and an H200's, told apart by memory bandwidth per multiprocessor): for the forward and
+// input gradient cooperative 256x128 where the groups are long (on an H100 about 1024 rows each
+// and 16384 in all, or a contraction of 7168+ to at most 2048 columns with 256 rows a group; on
+// an H200 longer, by layout), on an H200 pingpong 64x256 up to 256 rows a group, or up to 1024
+// on an output width that is a multiple of 256, pingpong 128x128 otherwise; the weight gradient
+// on cooperative 256x128 but for few groups of few rows on an H200 (pingpong), as measured
 // (src/cuda/grouped_gemm_cuda.h); f16 on kCudaSm90. RaggedDotOptions::ran
 // says which one ran. On the CPU, for the forward and input gradient with few rows in every local
 // group (outside the batch-invariant mode; the bound

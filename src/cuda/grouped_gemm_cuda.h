@@ -85,35 +85,45 @@ struct Sm90RowShape {
   bool b_row_major;
 };
 
-// Which sm90 bf16 schedule kAuto runs a row-grouped call (forward, input gradient) on: cooperative
-// 256x128 tiles, or pingpong 128x128. r = m / groups is the rows per group expected; the larger
-// tiles on long groups need the local groups to hold 16384 rows or more (mixtral-8x7b's 8 groups
-// at 4096 tokens lost 5-12% on them on an H100). Pingpong otherwise. Each sweep of the three
-// schedules chose its card's clauses, over every preset
-// (bench/results/gpu-h100-2026-11-26/README.md and gpu-h200-2026-11-28/README.md, "Which
-// schedule"):
-//   H100 SXM: r >= 1024 on either layout, or a long contraction to few columns (kc >= 7168,
-//     n <= 2048, r >= 256: deepseek-v3's forward, 1.05x and 1.53x pingpong's rate at 256 and 512
-//     rows a group).
-//   H200, B row-major (the forward): r >= 1024 below 8192 columns, or r >= 6144 (mixtral-8x7b,
-//     n = 14336, ran pingpong faster up to 4096 rows a group, cooperative 256x128 1.23x faster at
-//     6144). The H100's deepseek-v3 clause ran 1.19x and 1.55x slower than the 128x128 tiles here.
-//   H200, B column-major (the input gradient): r >= 4096 and kc > 2048 only (mixtral-8x7b,
-//     gpt-oss-20b); with a contraction of 768-2048 pingpong ran 1.13-1.27x faster than
-//     cooperative 256x128 at up to 8192 rows a group.
-// On the H200 its choice took 1.007-1.010x the best schedule's time on average over each of three
-// runs (132 forward and input-gradient shapes, 2048-65536 tokens; the H100's clauses there
-// 1.02-1.05x; gpu-h200-2026-11-28/rules.py).
-inline bool sm90_rows_on_cooperative256(const Sm90RowShape& s, bool bandwidth_rich) {
-  if (s.groups <= 0) return false;
+// Which sm90 bf16 schedule kAuto runs a row-grouped call (forward, input gradient) on: pingpong
+// 128x128, pingpong 64x256 or cooperative 256x128. r = m / groups is the rows per group expected;
+// the cooperative 256x128 tiles on long groups need the local groups to hold 16384 rows or more
+// (mixtral-8x7b's 8 groups at 4096 tokens lost 5-12% on them on an H100). Each card's clauses
+// come from sweeps of the schedules by name beside kAuto, over every preset
+// (bench/results/gpu-h100-2026-11-26, gpu-h200-2026-11-28 and gpu-h200-2026-11-29, "Which
+// schedule" and "The 64x256 pingpong schedule"):
+//   H100 SXM: cooperative 256x128 at r >= 1024 on either layout, or on a long contraction to few
+//     columns (kc >= 7168, n <= 2048, r >= 256: deepseek-v3's forward, 1.05x and 1.53x pingpong's
+//     rate at 256 and 512 rows a group); pingpong 128x128 otherwise. 64x256 not measured there.
+//   H200, either layout: pingpong 64x256 at r <= 256, or at r <= 1024 where the output width n is
+//     a multiple of 256 (its tiles full): up to 1.53x faster than the rule before it in the
+//     forward and input gradient there, at 41 of its 44 shapes (1024-16384 tokens, every preset;
+//     the other 3 1.004-1.044x slower); slower past 1024 rows a group, and from 512 on widths of
+//     1408 and 2880 (5.5 and 11.25 tiles of 256). Scored on by-name times (0.906x kAuto's time on
+//     average over 60 shapes, the best schedule of each 0.902x), not yet run as kAuto on a GPU.
+//   H200, B row-major (the forward), otherwise: cooperative 256x128 at r >= 1024 below 8192
+//     columns, or at r >= 6144 (mixtral-8x7b, n = 14336, ran pingpong faster up to 4096 rows a
+//     group, cooperative 256x128 1.23x faster at 6144). The H100's deepseek-v3 clause ran 1.19x
+//     and 1.55x slower than the 128x128 tiles here.
+//   H200, B column-major (the input gradient), otherwise: cooperative 256x128 at r >= 4096 with
+//     kc > 2048 only (mixtral-8x7b, gpt-oss-20b); with a contraction of 768-2048 pingpong ran
+//     1.13-1.27x faster than cooperative 256x128 at up to 8192 rows a group.
+// Returns kCudaSm90Pingpong, kCudaSm90Pingpong64x256 or kCudaSm90Cooperative256.
+inline RaggedDotImpl sm90_row_schedule(const Sm90RowShape& s, bool bandwidth_rich) {
+  if (s.groups <= 0) return RaggedDotImpl::kCudaSm90Pingpong;
   const int64_t r = s.m / s.groups;
   const bool rows_fill = r * s.local_groups >= 16384;
+  bool coop256;
   if (!bandwidth_rich) {
-    return (r >= 1024 && rows_fill) || (s.kc >= 7168 && s.n <= 2048 && r >= 256);
+    coop256 = (r >= 1024 && rows_fill) || (s.kc >= 7168 && s.n <= 2048 && r >= 256);
+  } else if (r <= 256 || (s.n % 256 == 0 && r <= 1024)) {
+    return RaggedDotImpl::kCudaSm90Pingpong64x256;
+  } else if (s.b_row_major) {
+    coop256 = rows_fill && ((r >= 1024 && s.n < 8192) || r >= 6144);
+  } else {
+    coop256 = rows_fill && r >= 4096 && s.kc > 2048;
   }
-  if (!rows_fill) return false;
-  if (s.b_row_major) return (r >= 1024 && s.n < 8192) || r >= 6144;
-  return r >= 4096 && s.kc > 2048;
+  return coop256 ? RaggedDotImpl::kCudaSm90Cooperative256 : RaggedDotImpl::kCudaSm90Pingpong;
 }
 
 // Which sm90 bf16 schedule kAuto runs a contraction-grouped call (the weight gradient: each

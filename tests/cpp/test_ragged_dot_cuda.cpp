@@ -29,6 +29,10 @@
 #endif
 
 namespace moekit {
+
+// gtest prints an implementation by its name (ADL finds it here, beside the enum).
+inline void PrintTo(RaggedDotImpl impl, std::ostream* os) { *os << impl_name(impl); }
+
 namespace {
 
 // --- The device-side rules, on the host -------------------------------------------------------
@@ -62,10 +66,13 @@ TEST(CudaPlanRules, RowsAreClippedToM) {
 // kAuto's sm90 schedule for the forward and input gradient, at each edge of the rule: m rows over
 // `groups` groups, `local` of them on this shard, contraction kc, output width n, B row-major (the
 // forward) or not (the input gradient); on an H100's memory bandwidth per SM and an H200's.
-TEST(CudaScheduleRules, RowsGoToCooperative256ByShapeAndCard) {
+TEST(CudaScheduleRules, RowSchedulesByShapeAndCard) {
   using detail::cuda::Sm90RowShape;
-  const auto coop256 = detail::cuda::sm90_rows_on_cooperative256;
+  const auto rule = detail::cuda::sm90_row_schedule;
   const bool h100 = false, h200 = true;
+  constexpr RaggedDotImpl pp = RaggedDotImpl::kCudaSm90Pingpong,
+                          pp64 = RaggedDotImpl::kCudaSm90Pingpong64x256,
+                          coop256 = RaggedDotImpl::kCudaSm90Cooperative256;
   const auto fwd = [](int64_t m, int64_t groups, int64_t local, int64_t kc, int64_t n) {
     return Sm90RowShape{m, groups, local, kc, n, true};
   };
@@ -73,40 +80,50 @@ TEST(CudaScheduleRules, RowsGoToCooperative256ByShapeAndCard) {
     return Sm90RowShape{m, groups, local, kc, n, false};
   };
   // H100: long groups with rows enough (1024 rows per group expected, 16384 local rows), either
-  // layout.
-  EXPECT_TRUE(coop256(fwd(131072, 128, 128, 2048, 768), h100));  // qwen3-30b-a3b, 16384 tokens
-  EXPECT_TRUE(coop256(dlhs(131072, 128, 128, 768, 2048), h100));
-  EXPECT_FALSE(coop256(fwd(130944, 128, 128, 2048, 768), h100));  // 1023 rows per group
-  EXPECT_TRUE(coop256(fwd(16384, 16, 16, 2048, 768), h100));
-  EXPECT_FALSE(coop256(fwd(8192, 8, 8, 4096, 14336), h100));     // mixtral-8x7b, 4096 tokens
-  EXPECT_TRUE(coop256(fwd(131072, 128, 16, 2048, 768), h100));   // a shard of 16 groups
-  EXPECT_FALSE(coop256(fwd(131072, 128, 15, 2048, 768), h100));  // of 15: 15360 rows
+  // layout; never 64x256 (not measured there).
+  EXPECT_EQ(rule(fwd(131072, 128, 128, 2048, 768), h100), coop256);  // qwen3-30b-a3b, 16384 tokens
+  EXPECT_EQ(rule(dlhs(131072, 128, 128, 768, 2048), h100), coop256);
+  EXPECT_EQ(rule(fwd(130944, 128, 128, 2048, 768), h100), pp);  // 1023 rows per group
+  EXPECT_EQ(rule(fwd(16384, 16, 16, 2048, 768), h100), coop256);
+  EXPECT_EQ(rule(fwd(8192, 8, 8, 4096, 14336), h100), pp);          // mixtral-8x7b, 4096 tokens
+  EXPECT_EQ(rule(fwd(131072, 128, 16, 2048, 768), h100), coop256);  // a shard of 16 groups
+  EXPECT_EQ(rule(fwd(131072, 128, 15, 2048, 768), h100), pp);       // of 15: 15360 rows
+  EXPECT_EQ(rule(fwd(4096, 128, 128, 2048, 768), h100), pp);        // 32 rows a group
   // H100: a long contraction to few columns, from 256 rows per group.
-  EXPECT_TRUE(coop256(fwd(65536, 256, 64, 7168, 2048), h100));  // deepseek-v3, 8192 tokens
-  EXPECT_FALSE(coop256(fwd(65280, 256, 64, 7168, 2048), h100));
-  EXPECT_FALSE(coop256(fwd(65536, 256, 64, 7167, 2048), h100));
-  EXPECT_FALSE(coop256(fwd(65536, 256, 64, 7168, 2056), h100));
-  EXPECT_FALSE(coop256(dlhs(65536, 256, 64, 2048, 7168), h100));  // its input gradient
-  // H200, B row-major: 1024 rows per group below 8192 columns, or 6144 rows per group.
-  EXPECT_TRUE(coop256(fwd(131072, 128, 128, 2048, 768), h200));    // qwen3, 1024 rows a group
-  EXPECT_FALSE(coop256(fwd(130944, 128, 128, 2048, 768), h200));   // 1023
-  EXPECT_FALSE(coop256(fwd(131072, 256, 256, 7168, 2048), h200));  // deepseek-v3, 512
-  EXPECT_FALSE(coop256(fwd(65536, 256, 64, 7168, 2048), h200));    // the H100's clause
-  EXPECT_TRUE(coop256(fwd(131072, 128, 128, 2048, 8184), h200));
-  EXPECT_FALSE(coop256(fwd(131072, 128, 128, 2048, 8192), h200));  // 8192 columns
-  EXPECT_FALSE(coop256(fwd(32768, 8, 8, 4096, 14336), h200));      // mixtral, 4096 rows a group
-  EXPECT_FALSE(coop256(fwd(49144, 8, 8, 4096, 14336), h200));      // 6143
-  EXPECT_TRUE(coop256(fwd(49152, 8, 8, 4096, 14336), h200));       // 6144
-  EXPECT_FALSE(coop256(fwd(262144, 128, 7, 2048, 768), h200));     // 14336 local rows
-  // H200, B column-major: 4096 rows per group and a contraction past 2048.
-  EXPECT_TRUE(coop256(dlhs(32768, 8, 8, 14336, 4096), h200));   // mixtral, 4096 rows a group
-  EXPECT_FALSE(coop256(dlhs(16384, 8, 8, 14336, 4096), h200));  // 2048
-  EXPECT_TRUE(coop256(dlhs(131072, 32, 32, 2056, 2880), h200));
-  EXPECT_FALSE(coop256(dlhs(131072, 32, 32, 2048, 2880), h200));
-  EXPECT_FALSE(coop256(dlhs(1048576, 128, 128, 768, 2048), h200));  // qwen3, 8192 rows a group
+  EXPECT_EQ(rule(fwd(65536, 256, 64, 7168, 2048), h100), coop256);  // deepseek-v3, 8192 tokens
+  EXPECT_EQ(rule(fwd(65280, 256, 64, 7168, 2048), h100), pp);
+  EXPECT_EQ(rule(fwd(65536, 256, 64, 7167, 2048), h100), pp);
+  EXPECT_EQ(rule(fwd(65536, 256, 64, 7168, 2056), h100), pp);
+  EXPECT_EQ(rule(dlhs(65536, 256, 64, 2048, 7168), h100), pp);  // its input gradient
+  // H200, either layout: 64x256 up to 256 rows a group on any width, up to 1024 on a width that
+  // is a multiple of 256.
+  EXPECT_EQ(rule(fwd(16384, 64, 64, 2048, 1408), h200), pp64);    // deepseek-v2-lite, 256 rows
+  EXPECT_EQ(rule(fwd(16448, 64, 64, 2048, 1408), h200), pp);      // 257
+  EXPECT_EQ(rule(dlhs(8192, 32, 32, 2880, 2880), h200), pp64);    // gpt-oss-20b, 256
+  EXPECT_EQ(rule(dlhs(16384, 32, 32, 2880, 2880), h200), pp);     // 512
+  EXPECT_EQ(rule(fwd(131072, 128, 128, 2048, 768), h200), pp64);  // qwen3, 1024 rows a group
+  EXPECT_EQ(rule(dlhs(131072, 128, 128, 768, 2048), h200), pp64);
+  EXPECT_EQ(rule(fwd(131200, 128, 128, 2048, 768), h200), coop256);  // 1025: the clause below
+  EXPECT_EQ(rule(dlhs(131200, 128, 128, 768, 2048), h200), pp);
+  EXPECT_EQ(rule(fwd(131072, 256, 256, 7168, 2048), h200), pp64);  // deepseek-v3, 512
+  EXPECT_EQ(rule(fwd(131072, 128, 128, 2048, 8192), h200), pp64);  // 8192 columns, 1024 rows
+  EXPECT_EQ(rule(fwd(1, 128, 1, 2048, 768), h200), pp64);          // one token
+  // H200, B row-major, past 64x256: 1024 rows per group below 8192 columns, or 6144 rows.
+  EXPECT_EQ(rule(fwd(131072, 128, 128, 2048, 8184), h200), coop256);  // not a multiple of 256
+  EXPECT_EQ(rule(fwd(131200, 128, 128, 2048, 8192), h200), pp);       // 8192 columns, 1025 rows
+  EXPECT_EQ(rule(fwd(32768, 8, 8, 4096, 14336), h200), pp);           // mixtral, 4096 rows
+  EXPECT_EQ(rule(fwd(49144, 8, 8, 4096, 14336), h200), pp);           // 6143
+  EXPECT_EQ(rule(fwd(49152, 8, 8, 4096, 14336), h200), coop256);      // 6144
+  EXPECT_EQ(rule(fwd(262144, 128, 7, 2048, 768), h200), pp);          // 14336 local rows
+  // H200, B column-major, past 64x256: 4096 rows per group and a contraction past 2048.
+  EXPECT_EQ(rule(dlhs(32768, 8, 8, 14336, 4096), h200), coop256);  // mixtral, 4096 rows a group
+  EXPECT_EQ(rule(dlhs(16384, 8, 8, 14336, 4096), h200), pp);       // 2048
+  EXPECT_EQ(rule(dlhs(131072, 32, 32, 2056, 2880), h200), coop256);
+  EXPECT_EQ(rule(dlhs(131072, 32, 32, 2048, 2880), h200), pp);
+  EXPECT_EQ(rule(dlhs(1048576, 128, 128, 768, 2048), h200), pp);  // qwen3, 8192 rows a group
   // No groups.
-  EXPECT_FALSE(coop256(fwd(1 << 20, 0, 0, 7168, 2048), h100));
-  EXPECT_FALSE(coop256(fwd(1 << 20, 0, 0, 7168, 2048), h200));
+  EXPECT_EQ(rule(fwd(1 << 20, 0, 0, 7168, 2048), h100), pp);
+  EXPECT_EQ(rule(fwd(1 << 20, 0, 0, 7168, 2048), h200), pp);
 }
 
 // kAuto's sm90 schedule for the weight gradient: pingpong on an H200 for 32 groups or fewer and
@@ -722,26 +739,22 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
   }
 }
 
-// kAuto on long groups (8192 rows each, 16384 rows in 2 groups, bf16): on an sm90 build and
-// device, the forward on cooperative 256x128 on either card's rule, the input gradient (its
-// contraction short) and the weight gradient (few groups of few rows) where this card's rule says
-// (cooperative 256x128 on an H100, pingpong on an H200), with the reference's results; elsewhere
-// whatever takes the call, the same results.
-TEST(RaggedDotCudaDispatch, LongGroupsRunWhereTheCardsRuleSays) {
-  MOEKIT_REQUIRE_GPU();
+// kAuto on an sm90 build and device runs each pass where the card's rule says, with the
+// reference's results (elsewhere whatever takes the call, the same results): G groups of `rows`
+// rows each, bf16.
+void expect_auto_runs_the_rule(int64_t G, int64_t rows, int64_t K, int64_t n) {
+  SCOPED_TRACE(fmt::format("G={} rows={} K={} n={}", G, rows, K, n));
   const bool sm90 = MOEKIT_CUDA_SM90 && current_arch() == 90;
-  const int64_t G = 2, m = 8192 * G, K = 64, n = 72;
+  const int64_t m = rows * G;
   detail::cuda::DeviceInfo info{};
   ASSERT_TRUE(detail::cuda::device_info(&info).ok());
-  const char* dlhs_impl = detail::cuda::sm90_rows_on_cooperative256(
-                              {m, G, G, n, K, false}, detail::cuda::sm90_bandwidth_rich(info))
-                              ? "sm90-cooperative-256"
-                              : "sm90-pingpong";
-  const char* drhs_impl =
-      detail::cuda::sm90_contraction_on_pingpong(m, G, detail::cuda::sm90_bandwidth_rich(info))
-          ? "sm90-pingpong"
-          : "sm90-cooperative-256";
-  const std::vector<int32_t> host_sizes(G, 8192);
+  const bool rich = detail::cuda::sm90_bandwidth_rich(info);
+  const RaggedDotImpl fwd_impl = detail::cuda::sm90_row_schedule({m, G, G, K, n, true}, rich);
+  const RaggedDotImpl dlhs_impl = detail::cuda::sm90_row_schedule({m, G, G, n, K, false}, rich);
+  const RaggedDotImpl drhs_impl = detail::cuda::sm90_contraction_on_pingpong(m, G, rich)
+                                      ? RaggedDotImpl::kCudaSm90Pingpong
+                                      : RaggedDotImpl::kCudaSm90Cooperative256;
+  const std::vector<int32_t> host_sizes(G, static_cast<int32_t>(rows));
   DeviceTensor sizes(host_sizes.size() * sizeof(int32_t));
   sizes.upload(host_sizes.data(), host_sizes.size() * sizeof(int32_t));
   const RaggedDotGroups groups = device_groups(static_cast<const int32_t*>(sizes.ptr), G, nullptr);
@@ -763,17 +776,17 @@ TEST(RaggedDotCudaDispatch, LongGroupsRunWhereTheCardsRuleSays) {
   ASSERT_TRUE(ragged_dot(dl.view_as<ConstTensorView>(lhs), dr.view_as<ConstTensorView>(rhs), groups,
                          dy.view_as<TensorView>(out), opt, exec)
                   .ok());
-  if (sm90) EXPECT_STREQ(impl_name(ran), "sm90-cooperative-256");
+  if (sm90) EXPECT_STREQ(impl_name(ran), impl_name(fwd_impl));
   ran = RaggedDotImpl::kAuto;
   ASSERT_TRUE(ragged_dot_dlhs(dd.view_as<ConstTensorView>(d_out), dr.view_as<ConstTensorView>(rhs),
                               groups, dx.view_as<TensorView>(d_lhs), opt, exec)
                   .ok());
-  if (sm90) EXPECT_STREQ(impl_name(ran), dlhs_impl);
+  if (sm90) EXPECT_STREQ(impl_name(ran), impl_name(dlhs_impl));
   ran = RaggedDotImpl::kAuto;
   ASSERT_TRUE(ragged_dot_drhs(dl.view_as<ConstTensorView>(lhs), dd.view_as<ConstTensorView>(d_out),
                               groups, dw.view_as<TensorView>(d_rhs), opt, exec)
                   .ok());
-  if (sm90) EXPECT_STREQ(impl_name(ran), drhs_impl);
+  if (sm90) EXPECT_STREQ(impl_name(ran), impl_name(drhs_impl));
   CUDA_OK(cudaDeviceSynchronize());
   dy.download(out), dx.download(d_lhs), dw.download(d_rhs);
   HostTensor want(DType::kF32, {m, n}), want_dx(DType::kF32, {m, K}),
@@ -787,6 +800,24 @@ TEST(RaggedDotCudaDispatch, LongGroupsRunWhereTheCardsRuleSays) {
   expect_equal(out, want, "out");
   expect_equal(d_lhs, want_dx, "d_lhs");
   expect_equal(d_rhs, want_dw, "d_rhs");
+}
+
+// Long groups (8192 rows each, 16384 in 2 groups): the forward on cooperative 256x128 on either
+// card's rule, the input gradient (its contraction short) and the weight gradient (few groups of
+// few rows) where the card's rule says (cooperative 256x128 on an H100, pingpong on an H200).
+// Short groups (200 rows each, 4 groups, widths of 256 and 64): on an H200 the forward and input
+// gradient on pingpong 64x256, on an H100 on pingpong 128x128.
+TEST(RaggedDotCudaDispatch, LongAndShortGroupsRunWhereTheCardsRuleSays) {
+  MOEKIT_REQUIRE_GPU();
+  // The shapes reach the clauses they are for.
+  EXPECT_EQ(detail::cuda::sm90_row_schedule({16384, 2, 2, 64, 72, true}, false),
+            RaggedDotImpl::kCudaSm90Cooperative256);
+  EXPECT_EQ(detail::cuda::sm90_row_schedule({16384, 2, 2, 64, 72, true}, true),
+            RaggedDotImpl::kCudaSm90Cooperative256);
+  EXPECT_EQ(detail::cuda::sm90_row_schedule({800, 4, 4, 64, 256, true}, true),
+            RaggedDotImpl::kCudaSm90Pingpong64x256);
+  expect_auto_runs_the_rule(2, 8192, 64, 72);
+  expect_auto_runs_the_rule(4, 200, 64, 256);
 }
 
 #endif  // MOEKIT_HAS_CUDA
