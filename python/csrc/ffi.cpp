@@ -45,6 +45,16 @@ ffi::Error ragged_dot_fwd(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Buffer<ff
                      {batch_invariant, rhs_transposed});
 }
 
+// out [m, n] = ragged_dot(lhs [m, K], packed) on weights in pack_ragged_rhs's layout
+// ([E_loc, ceil(n / 32), 64 ceil(K / 2)] bf16; n is the result's): the forward only, for
+// inference.
+ffi::Error ragged_dot_fwd_packed(ffi::AnyBuffer lhs, ffi::AnyBuffer packed,
+                                 ffi::Buffer<ffi::S32> sizes, ffi::Buffer<ffi::S32> offset,
+                                 ffi::Result<ffi::AnyBuffer> out, bool batch_invariant) {
+  return call_ragged(ragged_dot, {"lhs", "rhs", "out"}, lhs, packed, sizes, offset, *out,
+                     {.batch_invariant = batch_invariant, .rhs_packed = true});
+}
+
 // d_lhs [m, K] = ragged_dot(d_out [m, n], rhs^T).
 ffi::Error ragged_dot_dlhs(ffi::AnyBuffer d_out, ffi::AnyBuffer rhs, ffi::Buffer<ffi::S32> sizes,
                            ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> d_lhs,
@@ -66,6 +76,8 @@ ffi::Error ragged_dot_drhs(ffi::AnyBuffer lhs, ffi::AnyBuffer d_out, ffi::Buffer
 auto cpu_binding() { return ragged_attrs(ragged_binding(ffi::Ffi::Bind())); }
 
 XLA_FFI_DEFINE_HANDLER(kRaggedDotFwd, OnWorker<ragged_dot_fwd>::call, cpu_binding());
+XLA_FFI_DEFINE_HANDLER(kRaggedDotFwdPacked, OnWorker<ragged_dot_fwd_packed>::call,
+                       ragged_binding(ffi::Ffi::Bind()).Attr<bool>("batch_invariant"));
 XLA_FFI_DEFINE_HANDLER(kRaggedDotDlhs, OnWorker<ragged_dot_dlhs>::call, cpu_binding());
 XLA_FFI_DEFINE_HANDLER(kRaggedDotDrhs, OnWorker<ragged_dot_drhs>::call, cpu_binding());
 
@@ -443,6 +455,7 @@ using moekit::python::Target;
 
 constexpr Target kCpuTargets[] = {
     {"moekit_ragged_dot_fwd", "cpu", moekit::python::kRaggedDotFwd},
+    {"moekit_ragged_dot_fwd_packed", "cpu", moekit::python::kRaggedDotFwdPacked},
     {"moekit_ragged_dot_dlhs", "cpu", moekit::python::kRaggedDotDlhs},
     {"moekit_ragged_dot_drhs", "cpu", moekit::python::kRaggedDotDrhs},
     {"moekit_route_fwd", "cpu", moekit::python::kRouteFwd},

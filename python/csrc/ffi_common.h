@@ -152,6 +152,7 @@ using RaggedDotCall = Status (*)(ConstTensorView, ConstTensorView, const RaggedD
 struct RaggedDotAttrs {
   bool batch_invariant = false;
   bool rhs_transposed = false;
+  bool rhs_packed = false;  // the forward on pack_ragged_rhs's layout (CPU, bf16)
 };
 
 // One ragged_dot call from its XLA buffers: the float tensors a, b and the result (`names` name
@@ -176,6 +177,7 @@ inline ffi::Error call_ragged(RaggedDotCall fn, const char* const (&names)[3], f
   RaggedDotOptions options;
   options.batch_invariant = attrs.batch_invariant;
   options.rhs_transposed = attrs.rhs_transposed;
+  options.rhs_packed = attrs.rhs_packed;
   return to_error(fn(va, vb, groups, out, options, exec));
 }
 

@@ -269,13 +269,15 @@ def test_library_holds_the_cuda_handlers_exactly_when_built_with_cuda():
     # Every op has a CPU handler; in a CUDA build every op of the layer also has a CUDA one,
     # under the same name (one ffi_call runs on either platform). CPU only: the wide-integer
     # check (a GPU refuses traced wide integers at trace time), the fixed-block EP layouts and
-    # the whole layer in one call (moe_layer runs the steps on a GPU).
+    # the whole layer in one call (moe_layer runs the steps on a GPU), and the forward on packed
+    # weights (a CPU layout).
     from moekit.jax import _ffi
     targets = [(name, platform) for name, platform, _ in _ffi.targets()]
     assert len(set(targets)) == len(targets)
     cpu = {name for name, platform in targets if platform == "cpu"}
     cpu_only = {"moekit_to_int32", "moekit_ep_pack", "moekit_ep_unpack", "moekit_ep_regroup",
-                "moekit_ep_ungroup", "moekit_layer_fwd", "moekit_layer_bwd"}
+                "moekit_ep_ungroup", "moekit_layer_fwd", "moekit_layer_bwd",
+                "moekit_ragged_dot_fwd_packed"}
     assert {"moekit_ragged_dot_fwd", "moekit_route_fwd", "moekit_permute_fwd",
             "moekit_activation_fwd"} <= cpu and cpu_only <= cpu
     cuda = {name for name, platform in targets if platform == "CUDA"}

@@ -25,13 +25,13 @@ activation).
 from moekit.jax._ffi import cuda_built
 from moekit.jax.layer import MoeAux, MoeParams, activation, moe_layer
 from moekit.jax.permute import Permuted, permute, sort_chunks_by_index, unpermute
-from moekit.jax.ragged_dot import ragged_dot, ragged_dot_general
+from moekit.jax.ragged_dot import PackedRhs, pack_ragged_rhs, ragged_dot, ragged_dot_general
 from moekit.jax.router import (Route, aux_loss_scores, count_tokens_per_expert, load_balancing_loss,
                                route, update_expert_bias, z_loss)
 
 __all__ = [
-    "MoeAux", "MoeParams", "Permuted", "Route", "activation", "aux_loss_scores",
-    "count_tokens_per_expert", "cuda_built", "load_balancing_loss", "moe_layer", "permute",
-    "ragged_dot", "ragged_dot_general", "route", "sort_chunks_by_index", "unpermute",
+    "MoeAux", "MoeParams", "PackedRhs", "Permuted", "Route", "activation", "aux_loss_scores",
+    "count_tokens_per_expert", "cuda_built", "load_balancing_loss", "moe_layer", "pack_ragged_rhs",
+    "permute", "ragged_dot", "ragged_dot_general", "route", "sort_chunks_by_index", "unpermute",
     "update_expert_bias", "z_loss",
 ]
