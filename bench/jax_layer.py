@@ -3,7 +3,7 @@ written with jax.lax.ragged_dot and jnp, forward and forward + backward, on a pr
 
     .venv/bin/python bench/jax_layer.py --preset qwen3-30b-a3b --tokens 4096 [--dtype bf16] \
         [--impls moekit,steps,lax,cpp] [--rounds 3] [--reps 3] [--warmup 1] [--inner N] \
-        [--moekit build/moekit] [--json]
+        [--moekit build/moekit] [--packed-weights] [--json]
 
 It runs on JAX's default device: the CPU, or a GPU where jax has one (moekit's CUDA handlers;
 the C++ layer then runs with --device cuda).
@@ -21,6 +21,9 @@ Implementations:
           sum as the combine, the load-balancing loss from the routing's counts.
   cpp     the C++ layer: `moekit bench layer --json` with the same preset, tokens, dtype and
           loss, in a process of its own (its forward and backward, each its median of --reps).
+With --packed-weights (bf16, the CPU): moekit and cpp only, the forward only, on the experts'
+weights packed once (moekit.jax.pack_ragged_rhs; the C++ layer's `moekit bench layer
+--packed-weights`, its packed_weights_ms): what the binding costs for inference.
 Forward + backward is jax.value_and_grad of sum(out * ct) + the loss, to x and every weight
 (the C++ layer: its forward plus its backward). Compilation is not timed: each JAX layer is
 compiled ahead of time, and the GiB of temporaries XLA asks for are printed before it first
@@ -174,6 +177,9 @@ def setup(args):
                           normal(ks[4], (E, F, H), F**-0.5),
                           normal(ks[5], (H, 2 * Fs), H**-0.5) if Fs else None,
                           normal(ks[6], (Fs, H), Fs**-0.5) if Fs else None)
+    if args.packed_weights:
+        params = params._replace(w_in=mj.pack_ragged_rhs(params.w_in),
+                                 w_out=mj.pack_ragged_rhs(params.w_out))
     kw = routing_kw(p)
     if p.get("expert_bias"):
         kw["expert_bias"] = jax.random.uniform(ks[7], (E,), minval=-0.1, maxval=0.1)
@@ -231,13 +237,16 @@ def cpp_layer(args, device):
     cmd = [args.moekit, "bench", "layer", "--preset", args.preset, "--tokens", str(args.tokens),
            "--dtype", args.dtype, "--reps", str(args.reps), "--warmup", str(args.warmup),
            "--aux-loss-coeff", "0.01", "--device", device, "--mem-limit-gib",
-           str(args.mem_limit_gib), "--json"]
+           str(args.mem_limit_gib), "--json"] + (["--packed-weights"] if args.packed_weights else [])
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({run.returncode}):\n{run.stderr[-3000:]}")
-    cases = {c["pass"]: c["ms"] for c in json.loads(run.stdout)}
+    cases = {c["pass"]: c for c in json.loads(run.stdout)}
     if not cases:  # it skipped the preset
         raise SystemExit(f"{' '.join(cmd)} timed nothing:\n{run.stderr[-3000:]}")
+    if args.packed_weights:
+        return {"fwd": cases["fwd"]["packed_weights_ms"]}
+    cases = {ps: c["ms"] for ps, c in cases.items()}
     return {"fwd": cases["fwd"], "fwd+bwd": cases["fwd"] + cases["bwd"]}
 
 
@@ -262,6 +271,8 @@ def main():
                          "layer's own process checks its buffers against the same limit)")
     ap.add_argument("--moekit", default=str(ROOT / "build" / "moekit"),
                     help="the moekit program, for the C++ layer (impl cpp)")
+    ap.add_argument("--packed-weights", action="store_true",
+                    help="the forward on packed experts' weights (bf16, CPU; moekit and cpp)")
     ap.add_argument("--json", action="store_true", help="the results as JSON on stdout")
     args = ap.parse_args()
     import jax
@@ -269,11 +280,16 @@ def main():
     # threads XLA starts after it; imported later, every large result is mapped anew).
     import moekit.jax as mj
     backend = jax.default_backend()
-    default = "moekit,lax,cpp" if backend == "gpu" else "moekit,steps,cpp"
+    default = ("moekit,cpp" if args.packed_weights else
+               "moekit,lax,cpp" if backend == "gpu" else "moekit,steps,cpp")
     impls = [i for i in (args.impls or default).split(",") if i]
     for i in impls:
         if i not in IMPLS:
             raise SystemExit(f"--impls: unknown {i!r}; known: {', '.join(IMPLS)}")
+    if args.packed_weights and (backend != "cpu" or args.dtype != "bf16"
+                                or not set(impls) <= {"moekit", "cpp"}):
+        raise SystemExit("--packed-weights: the forward on the CPU in bf16, --impls moekit,cpp "
+                         f"(here {backend}, {args.dtype}, {','.join(impls)})")
     if "cpp" in impls and not os.access(args.moekit, os.X_OK):
         raise SystemExit(f"--moekit {args.moekit}: not an executable (build it, or drop cpp "
                          "from --impls)")
@@ -291,7 +307,7 @@ def main():
         machine = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                         if line.startswith("model name")), platform.processor())
         machine += f" ({os.cpu_count()} cores)"
-    passes = ("fwd", "fwd+bwd")
+    passes = ("fwd",) if args.packed_weights else ("fwd", "fwd+bwd")
     steps = len(names) * args.rounds
     rows, skipped = [], []
     for n, name in enumerate(names):
@@ -346,7 +362,7 @@ def main():
                     faulted[(impl, ps)].append(mb)
         for ps in passes:
             row = {"op": "jax_layer", "preset": name, "tokens": args.tokens, "dtype": args.dtype,
-                   "pass": ps, "device": device, "machine": machine, "rounds": args.rounds,
+                   "pass": ps, "packed_weights": args.packed_weights, "device": device, "machine": machine, "rounds": args.rounds,
                    "reps": args.reps, "inner": inner,
                    "kept_large_blocks": mj._ffi.KEPT_LARGE_BLOCKS,
                    # The process's peak so far (every preset before this one included).
@@ -360,8 +376,9 @@ def main():
                     row[f"{impl}_xla_temp_gib"] = temp_gib[(impl, ps)]
             rows.append(row)
 
-    print(f"moe_layer on one {device} device: {machine}; {args.dtype}, forward and forward + "
-          f"backward, median over {args.rounds} rounds of each round's median of {args.reps}",
+    what = ("the forward on packed experts' weights" if args.packed_weights else
+            "forward and forward + backward")
+    print(f"moe_layer on one {device} device: {machine}; {args.dtype}, {what}, median over {args.rounds} rounds of each round's median of {args.reps}",
           file=text)
     ratios = [(a, b) for a, b in RATIOS if a in impls and b in impls]
     print(f"{'preset':<18} {'tokens':>6} {'pass':>8}" + "".join(f" {i + ' ms':>10}" for i in impls)

@@ -29,6 +29,7 @@ struct LayerAttrs {
   float z_loss_coeff;
   bool batch_invariant;
   bool expert_weights_transposed;  // w_in, w_out [E, out, in]
+  bool expert_weights_packed;      // w_in, w_out in pack_ragged_rhs's layout (the forward)
 };
 
 inline MoeLayerConfig layer_config(const LayerAttrs& a, std::span<const float> expert_bias) {
@@ -48,6 +49,7 @@ inline MoeLayerConfig layer_config(const LayerAttrs& a, std::span<const float> e
   c.z_loss_coeff = a.z_loss_coeff;
   c.batch_invariant = a.batch_invariant;
   c.expert_weights_transposed = a.expert_weights_transposed;
+  c.expert_weights_packed = a.expert_weights_packed;
   return c;
 }
 
@@ -65,4 +67,5 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     xla::ffi::StructMember<float>("aux_loss_coeff"),
     xla::ffi::StructMember<int32_t>("aux_loss_sequences"),
     xla::ffi::StructMember<float>("z_loss_coeff"), xla::ffi::StructMember<bool>("batch_invariant"),
-    xla::ffi::StructMember<bool>("expert_weights_transposed"));
+    xla::ffi::StructMember<bool>("expert_weights_transposed"),
+    xla::ffi::StructMember<bool>("expert_weights_packed"));

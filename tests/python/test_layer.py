@@ -548,7 +548,7 @@ def _layer_attrs(H, F, E, k, **options):
                   num_groups=0, group_topk=0, scaling_factor=1.0, activation=0,
                   capacity_factor=0.0, drop_policy=0, align_size=1, aux_loss_coeff=0.0,
                   aux_loss_sequences=0, z_loss_coeff=0.0, batch_invariant=False,
-                  expert_weights_transposed=False)
+                  expert_weights_transposed=False, expert_weights_packed=False)
     return _ffi.layer_attrs(**{**fields, **options})
 
 
@@ -619,6 +619,23 @@ def test_bench_script_runs_and_prints_its_json():
         assert c["steps_vs_moekit_max_rel_diff"] < 0.02
         assert c["lax_vs_moekit_max_rel_diff"] < 0.02
     assert "moekit/cpp" in done.stderr and "lax/moekit" in done.stderr
+
+
+def test_bench_script_times_the_forward_on_packed_weights():
+    # --packed-weights: the forward only, moekit.jax's and the C++ layer's, on packed weights.
+    root = pathlib.Path(__file__).parents[2]
+    done = subprocess.run([sys.executable, str(root / "bench" / "jax_layer.py"), "--preset",
+                           "olmoe-1b-7b", "--tokens", "3", "--packed-weights", "--rounds", "1",
+                           "--reps", "1", "--warmup", "0", "--json"],
+                          capture_output=True, text=True, check=True)
+    cases = json.loads(done.stdout)
+    assert [(c["pass"], c["packed_weights"]) for c in cases] == [("fwd", True)]
+    assert cases[0]["moekit_ms"] > 0 and cases[0]["cpp_ms"] > 0
+    assert "the forward on packed experts' weights" in done.stderr
+    refused = subprocess.run([sys.executable, str(root / "bench" / "jax_layer.py"),
+                              "--packed-weights", "--impls", "moekit,steps"],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "--packed-weights: the forward" in refused.stderr
 
 
 def test_bench_summary_takes_each_rounds_ratio_or_the_medians(tmp_path):

@@ -44,7 +44,8 @@ LAYER_FIELDS = (("hidden", ctypes.c_int64, np.int64), ("ffn", ctypes.c_int64, np
                 ("aux_loss_sequences", ctypes.c_int32, np.int32),
                 ("z_loss_coeff", ctypes.c_float, np.float32),
                 ("batch_invariant", ctypes.c_bool, np.bool_),
-                ("expert_weights_transposed", ctypes.c_bool, np.bool_))
+                ("expert_weights_transposed", ctypes.c_bool, np.bool_),
+                ("expert_weights_packed", ctypes.c_bool, np.bool_))
 
 
 class _LayerAttrs(ctypes.Structure):

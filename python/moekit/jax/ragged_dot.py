@@ -225,12 +225,20 @@ class PackedRhs:
     `ragged_dot` takes it in place of rhs. A pytree (its leaf `data`; K and n static), so it
     passes through `jit`, `device_put` and checkpoints as an array does."""
 
+    dtype = np.dtype(jnp.bfloat16)
+    ndim = 3
+
     def __init__(self, data, k, n):
         self.data, self.k, self.n = data, int(k), int(n)
 
     @property
     def num_local(self):
         return self.data.shape[0]
+
+    @property
+    def shape(self):
+        """The weights' shape before packing, ``(E_loc, K, n)`` (`data` holds them packed)."""
+        return (self.num_local, self.k, self.n)
 
     def tree_flatten(self):
         return (self.data,), (self.k, self.n)

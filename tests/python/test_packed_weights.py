@@ -1,6 +1,7 @@
-"""moekit.jax.pack_ragged_rhs and ragged_dot on packed weights (the CPU's inference forward):
-the layout against its documented index, the forward against the masked reference and against
-the same weights unpacked, with group_offset, under jit and vmap, and the errors."""
+"""moekit.jax.pack_ragged_rhs, and ragged_dot and moe_layer on packed weights (the CPU's
+inference forward): the layout against its documented index, ragged_dot against the masked
+reference and the same weights unpacked (group_offset, jit, vmap), moe_layer against itself on
+the weights unpacked, and the errors."""
 
 import jax
 import jax.numpy as jnp
@@ -97,3 +98,51 @@ def test_errors_name_the_argument():
     with pytest.raises(Exception, match="group_sizes"):  # the C++ library's, at run time
         mj.ragged_dot(jnp.zeros((7, 8), BF16), packed, jnp.asarray([-1, 4], jnp.int32)) \
             .block_until_ready()
+
+
+def _layer_params(rng, H, F, E, shared):
+    w = lambda *shape: jnp.asarray(rng.standard_normal(shape) / np.sqrt(shape[-2]), BF16)
+    return mj.MoeParams(w(H, E), w(E, H, 2 * F), w(E, F, H),
+                        w(H, 2 * 5) if shared else None, w(5, H) if shared else None)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["in_out", "out_in"])
+@pytest.mark.parametrize("T,shared", [(1, False), (13, True), (64, False)])
+def test_moe_layer_on_packed_weights_equals_the_unpacked_layer(T, shared, transposed):
+    rng = np.random.default_rng(T)
+    H, F, E, k = 48, 40, 6, 2
+    p = _layer_params(rng, H, F, E, shared)
+    x = jnp.asarray(rng.standard_normal((T, H)), BF16)
+    if transposed:  # checkpoints' [E, out, in]
+        p = p._replace(w_in=jnp.swapaxes(p.w_in, 1, 2), w_out=jnp.swapaxes(p.w_out, 1, 2))
+    packed = p._replace(w_in=mj.pack_ragged_rhs(p.w_in, rhs_transposed=transposed),
+                        w_out=mj.pack_ragged_rhs(p.w_out, rhs_transposed=transposed))
+    options = dict(k=k, aux_loss_coeff=0.01, z_loss_coeff=0.001)
+    got, got_aux = jax.jit(lambda x, p: mj.moe_layer(x, p, **options))(x, packed)
+    want, want_aux = mj.moe_layer(x, p, expert_weights_transposed=transposed, fused=True,
+                                  **options)
+    assert got.shape == (T, H) and got.dtype == BF16
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=2e-2, atol=2e-2)
+    np.testing.assert_array_equal(got_aux.tokens_per_expert, want_aux.tokens_per_expert)
+    np.testing.assert_allclose(got_aux.aux_loss, want_aux.aux_loss, rtol=1e-6)
+    np.testing.assert_allclose(got_aux.z_loss, want_aux.z_loss, rtol=1e-6)
+
+
+def test_moe_layer_on_packed_weights_refuses_by_name():
+    rng = np.random.default_rng(5)
+    p = _layer_params(rng, 16, 8, 4, False)
+    x = jnp.asarray(rng.standard_normal((5, 16)), BF16)
+    packed = p._replace(w_in=mj.pack_ragged_rhs(p.w_in), w_out=mj.pack_ragged_rhs(p.w_out))
+    with pytest.raises(ValueError, match="pack both .pack_ragged_rhs. or neither"):
+        mj.moe_layer(x, p._replace(w_in=packed.w_in), k=2)
+    with pytest.raises(ValueError, match="not with fused = False"):
+        mj.moe_layer(x, packed, k=2, fused=False)
+    with pytest.raises(ValueError, match="not with expert_weights_transposed"):
+        mj.moe_layer(x, packed, k=2, expert_weights_transposed=True)
+    with pytest.raises(ValueError, match=r"params.w_in must be \[4, 16, 16\]"):
+        mj.moe_layer(x, packed._replace(w_in=mj.pack_ragged_rhs(p.w_in[:, :, :8])), k=2)
+    with pytest.raises(TypeError, match="params.w_in is bfloat16, x is float32"):
+        mj.moe_layer(x.astype(F32), packed._replace(router=p.router.astype(F32)), k=2)
+    with pytest.raises(TypeError, match="packed experts' weights .PackedRhs. serve the forward"):
+        jax.grad(lambda x: jnp.sum(mj.moe_layer(x, packed, k=2)[0].astype(F32)))(x)
