@@ -12,4 +12,5 @@ STEP_TIMEOUT=150 scripts/device-check jax-layer jax-bench sweep
 # Tables, from the repository root:
 python3 bench/schedules_table.py bench/results/gpu-h200-2026-11-29/check \
   > bench/results/gpu-h200-2026-11-29/schedules-table.txt
-(cd bench/results/gpu-h200-2026-11-29 && python3 sweep_table.py > sweep-table.txt)
+python3 bench/sweep_table.py bench/results/gpu-h200-2026-11-29/check \
+  bench/results/gpu-h200-2026-11-28/final > bench/results/gpu-h200-2026-11-29/sweep-table.txt
