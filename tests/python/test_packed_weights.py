@@ -92,6 +92,9 @@ def test_errors_name_the_argument():
         mj.ragged_dot(jnp.zeros((7, 9), BF16), packed, gs)
     with pytest.raises(ValueError, match="group_sizes has 3 groups but rhs holds 2"):
         mj.ragged_dot(jnp.zeros((7, 8), BF16), packed, jnp.asarray([1, 2, 3], jnp.int32))
+    with pytest.raises(TypeError, match="ragged_dot_general: packed weights .PackedRhs. go to"):
+        dn = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
+        mj.ragged_dot_general(jnp.zeros((7, 8), BF16), packed, gs, dn)
     with pytest.raises(TypeError, match="packed weights .PackedRhs. serve the forward only"):
         jax.grad(lambda a: jnp.sum(mj.ragged_dot(a, packed, gs).astype(F32)))(
             jnp.ones((7, 8), BF16))

@@ -403,6 +403,9 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     """
     fn = "ragged_dot_general"
     _check_precision(precision)
+    if isinstance(rhs, PackedRhs):
+        raise TypeError(f"{fn}: packed weights (PackedRhs) go to ragged_dot, whose layout they "
+                        f"fix")
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
     dn = ragged_dot_dimension_numbers
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dn.dot_dimension_numbers
