@@ -127,7 +127,7 @@ def lax_layer(x, params, *, k, score, pre_softmax, num_groups=None, group_topk=N
     return out, aux
 
 
-def needed_gib(p, T, dtype, jax_impls, cpp):
+def needed_gib(p, T, dtype, jax_impls, cpp, packed=False):
     """About the GiB a preset's run holds at its peak, the C++ layer's process (which runs while
     the JAX process keeps its arrays) included. Measured peaks (ru_maxrss, bf16, 4096 tokens):
     the JAX process 5.4 times the weights' bytes with one JAX layer and 6.4 times with two at
@@ -137,7 +137,9 @@ def needed_gib(p, T, dtype, jax_impls, cpp):
     in the JAX process the weights, and with a JAX layer 3 times the weights and twice the
     activations more (x, the output and their cotangents; per routed row x_perm, h, a, y:
     2H + 3F elements, saved and as gradients), the weights once more for each further one; in
-    the C++ process 3.5 times the weights and the activations."""
+    the C++ process 3.5 times the weights and the activations. With packed weights (the forward
+    only) the JAX process holds them twice (as given and packed) and no gradient, the C++ process
+    a packed copy more."""
     H, F, E, k = p["H"], p["F"], p["E"], p["k"]
     Fs = p["shared_experts"] * F
     es = 2 if dtype == "bf16" else 4
@@ -145,9 +147,10 @@ def needed_gib(p, T, dtype, jax_impls, cpp):
     activations = 4 * T * H + 2 * T * k * (2 * H + 3 * F)
     total = weights
     if jax_impls:
-        total += (3 + jax_impls - 1) * weights + 2 * activations
+        total += (weights + activations if packed else
+                  (3 + jax_impls - 1) * weights + 2 * activations)
     if cpp:
-        total += 3.5 * weights + activations
+        total += (4.5 if packed else 3.5) * weights + activations
     return total * es / 2**30
 
 
@@ -313,7 +316,8 @@ def main():
     for n, name in enumerate(names):
         args.preset = name
         gib = needed_gib(preset(name), args.tokens, args.dtype,
-                         len([i for i in impls if i != "cpp"]), "cpp" in impls)
+                         len([i for i in impls if i != "cpp"]), "cpp" in impls,
+                         args.packed_weights)
         if gib > args.mem_limit_gib:
             skipped.append(f"{name}: needs about {gib:.1f} GiB at {args.tokens} tokens, over "
                            f"--mem-limit-gib {args.mem_limit_gib:g} (fewer --impls per run "
