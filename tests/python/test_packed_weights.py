@@ -37,7 +37,7 @@ def test_layout_is_the_documented_index(K, n, transposed):
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["EKn", "EnK"])
-@pytest.mark.parametrize("m,K,n,sizes", CASES + [(40, 7, 70, [13, 0, 27])])
+@pytest.mark.parametrize("m,K,n,sizes", CASES + [(40, 7, 70, [13, 0, 27]), (0, 5, 33, [0, 0])])
 def test_forward_equals_the_masked_reference_and_the_unpacked_weights(m, K, n, sizes, transposed):
     rng = np.random.default_rng(m + K + n)
     num_groups = len(sizes)
