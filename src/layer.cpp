@@ -347,8 +347,8 @@ Status check_expert_weights(const char* op, const MoeLayerWeights& w, const Dims
   return {};
 }
 
-// The experts' weights packed (config.expert_weights_packed): bf16 on the CPU, w_in and w_out as
-// packed_rhs_shape says.
+// The experts' weights packed (config.expert_weights_packed): bf16 or f32 on the CPU, w_in and
+// w_out as packed_rhs_shape says.
 Status check_packed_experts(const char* op, const MoeLayerWeights& w, const Dims& d,
                             const MoeLayerConfig& c) {
   if (c.expert_weights_transposed) {
@@ -356,16 +356,16 @@ Status check_packed_experts(const char* op, const MoeLayerWeights& w, const Dims
                                     "packed weights have one layout: it must be false with "
                                     "config.expert_weights_packed");
   }
-  if (d.dev != Device::kCpu || d.dt != DType::kBF16) {
+  if (d.dev != Device::kCpu || (d.dt != DType::kBF16 && d.dt != DType::kF32)) {
     return Status::invalid_argument(
         op, "config.expert_weights_packed", "true",
-        fmt::format("packed weights serve the CPU's bf16 forward (here {} on {})", dtype_name(d.dt),
-                    d.dev == Device::kCpu ? "the CPU" : "CUDA"));
+        fmt::format("packed weights serve the CPU's bf16 and f32 forward (here {} on {})",
+                    dtype_name(d.dt), d.dev == Device::kCpu ? "the CPU" : "CUDA"));
   }
   const bool local = d.El != d.E;
   auto packed = [&](const char* name, const ConstTensorView& v, int64_t K, int64_t n,
                     const char* from) {
-    const PackedRhsShape s = packed_rhs_shape(d.El, K, n);
+    const PackedRhsShape s = packed_rhs_shape(d.El, K, n, d.dt);
     const std::string what = fmt::format("{} packed (packed_rhs_shape)", from);
     return check_weight(op, name, v, d.dt, {s.dims[0], s.dims[1], s.dims[2]}, what.c_str());
   };

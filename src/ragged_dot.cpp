@@ -181,19 +181,47 @@ Status ragged_dot_drhs(ConstTensorView lhs, ConstTensorView d_out, const RaggedD
   return detail::run_implementation(op, kContractionImpls, options.impl, g, options.ran);
 }
 
-PackedRhsShape packed_rhs_shape(int64_t num_local_groups, int64_t K, int64_t n) {
+PackedRhsShape packed_rhs_shape(int64_t num_local_groups, int64_t K, int64_t n, DType dtype) {
   constexpr PackedRhsShape kBad{{-1, -1, -1}};
   if (num_local_groups < 0 || K < 0 || n < 0) return kBad;
+  if (dtype != DType::kBF16 && dtype != DType::kF32) return kBad;
   const int64_t panels = n / detail::kPackedPanel + (n % detail::kPackedPanel != 0);
-  const int64_t pairs = K / 2 + K % 2;
+  const int64_t w = detail::packed_word_elems(dtype), words = K / w + (K % w != 0);
   int64_t panel_elems = 0, elems = 0;
-  if (!detail::mul_fits(pairs, detail::kPackedPairElems, &panel_elems) ||
+  if (!detail::mul_fits(words, detail::kPackedPanel * w, &panel_elems) ||
       !detail::mul_fits(panels, panel_elems, &elems) ||
       !detail::mul_fits(num_local_groups, elems, &elems)) {
     return kBad;
   }
   return {{num_local_groups, panels, panel_elems}};
 }
+
+namespace {
+// pack_ragged_rhs's copy, on elements of type T: each panel's padded contraction row by row.
+template <typename T>
+void pack_panels(const ConstTensorView& rhs, const TensorView& packed, int k_dim, int n_dim,
+                 DType dtype) {
+  const int64_t E = packed.shape[0], panels = packed.shape[1], K = rhs.shape[k_dim];
+  const int64_t n = rhs.shape[n_dim], sk = rhs.stride[k_dim], sn = rhs.stride[n_dim];
+  const int64_t padded_k = packed.shape[2] / detail::kPackedPanel;
+  const auto* w = static_cast<const T*>(rhs.data);
+  auto* out = static_cast<T*>(packed.data);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t j = 0; j < E; ++j) {
+    for (int64_t p = 0; p < panels; ++p) {
+      const T* from = w + j * rhs.stride[0];
+      T* to = out + j * packed.stride[0] + p * packed.stride[1];
+      for (int64_t k = 0; k < padded_k; ++k) {
+        for (int64_t c = 0; c < detail::kPackedPanel; ++c) {
+          const int64_t col = p * detail::kPackedPanel + c;
+          to[detail::packed_b_offset(0, k, c, dtype)] =
+              k < K && col < n ? from[k * sk + col * sn] : T{0};
+        }
+      }
+    }
+  }
+}
+}  // namespace
 
 Status pack_ragged_rhs(ConstTensorView rhs, TensorView packed, const RaggedDotOptions& options,
                        const Exec& exec) {
@@ -204,37 +232,28 @@ Status pack_ragged_rhs(ConstTensorView rhs, TensorView packed, const RaggedDotOp
   }
   MOEKIT_RETURN_IF_ERROR(detail::check_view(op, "rhs", rhs, 3));
   MOEKIT_RETURN_IF_ERROR(detail::check_view(op, "packed", packed, 3));
-  MOEKIT_RETURN_IF_ERROR(detail::check_dtype(op, "rhs", rhs.dtype, DType::kBF16));
-  MOEKIT_RETURN_IF_ERROR(detail::check_dtype(op, "packed", packed.dtype, DType::kBF16));
+  if (rhs.dtype != DType::kBF16 && rhs.dtype != DType::kF32) {
+    return Status::invalid_argument(op, "rhs.dtype", std::string(dtype_name(rhs.dtype)),
+                                    "packed weights are bf16 or f32");
+  }
+  MOEKIT_RETURN_IF_ERROR(detail::check_dtype(op, "packed", packed.dtype, rhs.dtype));
   const int k_dim = options.rhs_transposed ? 2 : 1, n_dim = options.rhs_transposed ? 1 : 2;
   const int64_t E = rhs.shape[0], K = rhs.shape[k_dim], n = rhs.shape[n_dim];
-  const PackedRhsShape want = packed_rhs_shape(E, K, n);
+  const PackedRhsShape want = packed_rhs_shape(E, K, n, rhs.dtype);
   for (int d = 0; d < 3; ++d) {
     if (packed.shape[d] != want.dims[d]) {
       return Status::invalid_argument(
           op, fmt::format("packed.shape[{}]", d), std::to_string(packed.shape[d]),
-          fmt::format("rhs of {} groups of K = {}, n = {} packs into [{}, {}, {}] "
+          fmt::format("rhs of {} groups of K = {}, n = {} ({}) packs into [{}, {}, {}] "
                       "(packed_rhs_shape)",
-                      E, K, n, want.dims[0], want.dims[1], want.dims[2]));
+                      E, K, n, dtype_name(rhs.dtype), want.dims[0], want.dims[1], want.dims[2]));
     }
   }
   MOEKIT_RETURN_IF_ERROR(detail::check_disjoint(op, {{"packed", packed}}, {{"rhs", rhs}}));
-  const auto* w = static_cast<const bf16_bits*>(rhs.data);
-  auto* out = static_cast<bf16_bits*>(packed.data);
-  const int64_t sk = rhs.stride[k_dim], sn = rhs.stride[n_dim], panels = want.dims[1];
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t j = 0; j < E; ++j) {
-    for (int64_t p = 0; p < panels; ++p) {
-      const bf16_bits* from = w + j * rhs.stride[0];
-      bf16_bits* to = out + j * packed.stride[0] + p * packed.stride[1];
-      for (int64_t k = 0; k < want.dims[2] / 32; ++k) {  // one contraction row a step, padded
-        for (int64_t c = 0; c < detail::kPackedPanel; ++c) {
-          const int64_t col = p * detail::kPackedPanel + c;
-          to[detail::packed_b_offset(0, k, c)] =
-              k < K && col < n ? from[k * sk + col * sn] : bf16_bits{0};
-        }
-      }
-    }
+  if (rhs.dtype == DType::kF32) {
+    pack_panels<float>(rhs, packed, k_dim, n_dim, rhs.dtype);
+  } else {
+    pack_panels<bf16_bits>(rhs, packed, k_dim, n_dim, rhs.dtype);
   }
   return {};
 }

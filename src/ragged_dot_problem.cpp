@@ -46,8 +46,8 @@ RowGroupedGemm row_gemm(const ConstTensorView& a, const ConstTensorView& rhs, co
                         .exec = exec};
 }
 
-// The forward on packed weights (RaggedDotOptions::rhs_packed): a [m, K], rhs [E_loc, ceil(n /
-// 32), 64 ceil(K / 2)] bf16, c [m, n], on the CPU. The common checks are row_problem's.
+// The forward on packed weights (RaggedDotOptions::rhs_packed): a [m, K], rhs as packed_rhs_shape
+// says for a's dtype (bf16 or f32), c [m, n], on the CPU. The common checks are row_problem's.
 Status packed_row_problem(const char* op, const char* a_name, ConstTensorView a,
                           ConstTensorView rhs, const char* c_name, TensorView c,
                           const RaggedDotOptions& opt, const Exec& exec, bool contract_over_rhs_n,
@@ -66,12 +66,12 @@ Status packed_row_problem(const char* op, const char* a_name, ConstTensorView a,
                                  "options.rhs_packed on CUDA buffers: packed weights run on "
                                  "the CPU only");
   }
-  if (a.dtype != DType::kBF16) {
-    return Status::invalid_argument(op, fmt::format("{}.dtype", a_name),
-                                    std::string(dtype_name(a.dtype)),
-                                    "packed weights are bf16: the forward on them takes bf16 rows");
+  if (a.dtype != DType::kBF16 && a.dtype != DType::kF32) {
+    return Status::invalid_argument(
+        op, fmt::format("{}.dtype", a_name), std::string(dtype_name(a.dtype)),
+        "packed weights are bf16 or f32: the forward on them takes rows of one of those");
   }
-  const PackedRhsShape want = packed_rhs_shape(rhs.shape[0], a.shape[1], c.shape[1]);
+  const PackedRhsShape want = packed_rhs_shape(rhs.shape[0], a.shape[1], c.shape[1], a.dtype);
   for (int d = 1; d < 3; ++d) {
     if (rhs.shape[d] != want.dims[d]) {
       return Status::invalid_argument(

@@ -28,8 +28,8 @@ struct Groups {
 // Forward and input gradient.
 //   A  [m, kc]   a + r*lda
 //   B  [E_loc] x [kc, n], element (j, k, c) at b + j*b_batch + k*b_s0 + c*b_s1; or, where
-//      b_packed (the forward on pack_ragged_rhs's layout; bf16), at b + j*b_batch + (c / 32)*b_s0
-//      + 64*(k / 2) + 2*(c % 32) + k % 2 (packed_b_offset), b_s1 1
+//      b_packed (the forward on pack_ragged_rhs's layout; bf16 or f32), at b + j*b_batch +
+//      packed_b_offset(b_s0, k, c, in_type), b_s1 1
 //   C  [m, n]    c + r*ldc; non-local rows set to 0 unless accumulate
 struct RowGroupedGemm {
   DType in_type, out_type;
@@ -47,11 +47,15 @@ struct RowGroupedGemm {
   bool b_packed = false;  // RaggedDotOptions::rhs_packed
 };
 
-// The packed layout's panels: output columns per panel, and elements per pair of contraction rows.
-inline constexpr int64_t kPackedPanel = 32, kPackedPairElems = 2 * kPackedPanel;
-// Element (k, c) of a packed group's weights, from its start (b_s0: its panels' stride).
-inline int64_t packed_b_offset(int64_t b_s0, int64_t k, int64_t c) {
-  return (c / kPackedPanel) * b_s0 + kPackedPairElems * (k / 2) + 2 * (c % kPackedPanel) + k % 2;
+// The packed layout's panels: output columns per panel. The contraction runs in steps of one
+// 32-bit word a column: w = packed_word_elems elements (bf16 2, f32 1), so element (k, c) of a
+// group's weights lies at, from its start (b_s0: its panels' stride),
+//   (c / 32) b_s0 + 32 w (k / w) + w (c % 32) + k % w.
+inline constexpr int64_t kPackedPanel = 32;
+inline constexpr int64_t packed_word_elems(DType t) { return t == DType::kF32 ? 1 : 2; }
+inline int64_t packed_b_offset(int64_t b_s0, int64_t k, int64_t c, DType t) {
+  const int64_t w = packed_word_elems(t);
+  return (c / kPackedPanel) * b_s0 + kPackedPanel * w * (k / w) + w * (c % kPackedPanel) + k % w;
 }
 
 // Contraction-grouped: for each local group j, C_{j - offset} (+)= X[rows of j]^T @ Y[rows of j].

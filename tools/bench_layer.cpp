@@ -211,7 +211,7 @@ void run_fitted(BenchDevice& dev, const Preset& p, int64_t T, const Options& o, 
   size_t cur_packed = 0;
   if (o.packed) {
     auto pack = [&](const ConstTensorView& w) {
-      const PackedRhsShape s = packed_rhs_shape(w.shape[0], w.shape[1], w.shape[2]);
+      const PackedRhsShape s = packed_rhs_shape(w.shape[0], w.shape[1], w.shape[2], dt);
       packed.push_back(dev.alloc(s.dims[0] * s.dims[1] * s.dims[2] * es));
       const TensorView to(packed.back().data(), dt, {s.dims[0], s.dims[1], s.dims[2]});
       check(pack_ragged_rhs(w, to));
@@ -508,10 +508,12 @@ int run(const Options& o) {
   if (o.invariant && o.device != "cpu") {
     throw CLI::ValidationError("--invariant", "the batch-invariant mode runs on the CPU only");
   }
-  if (o.packed && (o.device != "cpu" || o.dtype != "bf16" || o.weights_transposed || o.ep > 0)) {
+  if (o.packed && (o.device != "cpu" || (o.dtype != "bf16" && o.dtype != "f32") ||
+                   o.weights_transposed || o.ep > 0)) {
     throw CLI::ValidationError("--packed-weights",
-                               "packed weights serve the one-rank layer's bf16 forward on the "
-                               "CPU: --dtype bf16, no --expert-weights-transposed or --ep");
+                               "packed weights serve the one-rank layer's bf16 and f32 forward on "
+                               "the CPU: --dtype bf16 or f32, no --expert-weights-transposed or "
+                               "--ep");
   }
   if (o.ep > 0) {
     if (o.invariant) throw CLI::ValidationError("--invariant", "not with --ep (yet)");
@@ -649,7 +651,7 @@ void register_bench_layer(CLI::App& bench) {
                 "dense rate in that layout");
   cmd->add_flag("--packed-weights", opts->packed,
                 "Also time the forward on the experts' weights packed (pack_ragged_rhs, "
-                "MoeLayerConfig::expert_weights_packed), in the same loop (CPU, bf16)");
+                "MoeLayerConfig::expert_weights_packed), in the same loop (CPU, bf16 or f32)");
   cmd->add_flag("--invariant", opts->invariant,
                 "Also time the batch-invariant mode (MoeLayerConfig::batch_invariant), in the "
                 "same loop");

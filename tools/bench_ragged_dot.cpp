@@ -319,7 +319,7 @@ Weights make_weights(BenchDevice& dev, const Options& o, const RaggedDotProblem&
 Weights pack_weights(BenchDevice& dev, const RaggedDotProblem& pr, DType in, const Weights& w) {
   Weights p = w;
   p.next = 0;
-  const PackedRhsShape s = packed_rhs_shape(1, pr.K, pr.n);
+  const PackedRhsShape s = packed_rhs_shape(1, pr.K, pr.n, in);
   p.expert_bytes = static_cast<size_t>(s.dims[1] * s.dims[2]) * dtype_size(in);
   const int64_t experts = pr.E + (w.copies - 1) * w.span;
   p.mem = dev.alloc(experts * p.expert_bytes);
@@ -410,7 +410,7 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
                                  TensorView(d_rhs.data(), out, {e_loc, rows, cols}), opt, exec);
         }
         if (opt.rhs_packed) {
-          const PackedRhsShape s = packed_rhs_shape(e_loc, K, n);
+          const PackedRhsShape s = packed_rhs_shape(e_loc, K, n, in);
           const ConstTensorView w(packed.data(), in, {e_loc, s.dims[1], s.dims[2]});
           return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
         }
@@ -458,11 +458,11 @@ int run(const Options& o) {
   if (o.shards < 1 || p->E % o.shards != 0) {
     throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
   }
-  if (o.rhs_packed && (cuda || in != DType::kBF16 || o.rhs_transposed ||
+  if (o.rhs_packed && (cuda || (in != DType::kBF16 && in != DType::kF32) || o.rhs_transposed ||
                        o.passes != std::vector<std::string>{"fwd"})) {
     throw CLI::ValidationError("--rhs-packed",
-                               "packed weights serve the CPU's bf16 forward: --passes fwd, bf16, "
-                               "no --rhs-transposed, --device cpu");
+                               "packed weights serve the CPU's bf16 and f32 forward: --passes fwd, "
+                               "bf16 or f32, no --rhs-transposed, --device cpu");
   }
   if (o.invariant && cuda) {
     throw CLI::ValidationError("--invariant", "the batch-invariant mode runs on the CPU only");
@@ -688,7 +688,7 @@ void register_bench_ragged_dot(CLI::App& bench) {
                 "its dense matmul in that layout");
   cmd->add_flag("--rhs-packed", opts->rhs_packed,
                 "The forward on packed weights (pack_ragged_rhs, RaggedDotOptions::rhs_packed; "
-                "--passes fwd, bf16, CPU); --baseline runs on the same weights unpacked");
+                "--passes fwd, bf16 or f32, CPU); --baseline runs on the same weights unpacked");
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();

@@ -90,13 +90,14 @@ struct MoeLayerConfig {
   // layer_weight_layout-cpu-2026-11-28). The router and the shared expert keep their layouts.
   bool expert_weights_transposed = false;
   // The experts' weights packed once for inference (pack_ragged_rhs, RaggedDotOptions::rhs_packed:
-  // each 32-column panel's whole contraction as bf16 pairs): w_in packed from [E, H, 2F | F]
-  // (or its transpose), [E, ceil(2F | F / 32), 64 * ceil(H / 2)]; w_out from [E, F, H],
-  // [E, ceil(H / 32), 64 * ceil(F / 2)] (packed_rhs_shape). The forward only, bf16, on the CPU:
-  // moe_layer_backward refuses it, and expert_weights_transposed must be false (the packed form
-  // is the same from either layout). On weight rows too long for a block of them and the rows'
-  // sums to stay in a core's caches (mixtral-8x7b's, gpt-oss-20b's) the grouped matmuls at 4-16
-  // rows an expert ran 1.3-1.6x faster on them (bench/results/ragged_dot_small-cpu-2026-11-29-5).
+  // each 32-column panel's whole contraction front to back): w_in packed from [E, H, 2F | F] (or
+  // its transpose), in bf16 [E, ceil(2F | F / 32), 64 * ceil(H / 2)], in f32 [E, ceil(2F | F /
+  // 32), 32 * H]; w_out from [E, F, H], packed_rhs_shape(E, F, H, dtype) likewise. The forward
+  // only, bf16 or f32, on the CPU: moe_layer_backward refuses it, and expert_weights_transposed
+  // must be false (the packed form is the same from either layout). On weight rows too long for a
+  // block of them and the rows' sums to stay in a core's caches (mixtral-8x7b's, gpt-oss-20b's) the
+  // grouped matmuls at 4-16 rows an expert ran 1.3-1.6x faster on them
+  // (bench/results/ragged_dot_small-cpu-2026-11-29-5).
   bool expert_weights_packed = false;
 
   // Batch invariance (RaggedDotOptions::batch_invariant in every matmul; the router, permute,

@@ -105,9 +105,10 @@ struct RaggedDotOptions {
   // 32-128; bench/results/ragged_dot_small-cpu-2026-11-28-5). Weights used for inference only
   // run fastest stored [E_loc, n, K].
   bool rhs_transposed = false;
-  // rhs is packed (pack_ragged_rhs, below): [E_loc, ceil(n / 32), 64 * ceil(K / 2)] bf16. The
-  // forward only, on host buffers, with rhs_transposed false (the packed form is the same
-  // whichever layout it was packed from); kCpuStream and kReference take it (kAuto: kCpuStream).
+  // rhs is packed (pack_ragged_rhs, below): bf16 [E_loc, ceil(n / 32), 64 * ceil(K / 2)] or f32
+  // [E_loc, ceil(n / 32), 32 * K]. The forward only, on host buffers, with rhs_transposed false
+  // (the packed form is the same whichever layout it was packed from); kCpuStream and kReference
+  // take it (kAuto: kCpuStream).
   bool rhs_packed = false;
   // Add into the existing output instead of overwriting it. Forward and input gradient: rows
   // outside the local groups are left untouched (so shards can sum into one buffer). Weight
@@ -129,7 +130,7 @@ struct RaggedDotOptions {
 // Forward.
 //   lhs          [m, K]                                  f32 | bf16
 //   rhs          [E_loc, K, n]  ([E_loc, n, K] if rhs_transposed), same dtype as lhs; or, with
-//                rhs_packed, [E_loc, ceil(n / 32), 64 * ceil(K / 2)] (pack_ragged_rhs)
+//                rhs_packed, as packed_rhs_shape(E_loc, K, n, lhs dtype) (pack_ragged_rhs)
 //   groups       [G] sizes, G >= E_loc, and the offset
 //   out          [m, n]                                  f32 | lhs dtype
 // With offset 0 and E_loc = G this is jax.lax.ragged_dot(lhs, rhs, group_sizes).
@@ -137,27 +138,31 @@ Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroup
                   TensorView out, const RaggedDotOptions& options = {}, const Exec& exec = {});
 
 // Weights packed for the CPU's forward, for inference, where the weights are packed once and
-// used many times. Element (j, k, c) of the [E_loc, K, n] weights goes to
-//   packed[j][c / 32][64 * (k / 2) + 2 * (c % 32) + k % 2],
-// and zeros where k >= K or c >= n: each panel of 32 output columns holds its whole contraction
-// front to back, two contraction rows at a time as bf16 pairs. The forward then reads each panel
-// once, in order, with every row's sums in registers from its first element to its last. On
-// weight rows too long for a block of them and the rows' sums to stay in a core's caches, the
-// [E_loc, K, n] and [E_loc, n, K] forwards read them in short runs or move the sums through L2 at
-// 4-16 rows a group: on mixtral-8x7b's gate|up ([4096, 28672], an AMD EPYC with AVX512-BF16) the
-// forward on this layout ran 1.44-1.61x faster there, and 0.98-1.55x the unpacked weights' kAuto
-// on four presets' shapes at 1-2048 tokens (bench/results/ragged_dot_small-cpu-2026-11-29-5).
-// bf16 only.
-//   rhs          [E_loc, K, n]  ([E_loc, n, K] if options.rhs_transposed)   bf16, host memory
-//   packed       [E_loc, ceil(n / 32), 64 * ceil(K / 2)]                    bf16, host memory
+// used many times. Each panel of 32 output columns holds its whole contraction front to back, one
+// 32-bit word a column at a time: in bf16 two contraction rows as a pair, in f32 one. Element
+// (j, k, c) of the [E_loc, K, n] weights goes to
+//   bf16:  packed[j][c / 32][64 * (k / 2) + 2 * (c % 32) + k % 2]
+//   f32:   packed[j][c / 32][32 * k + c % 32]
+// and zeros where k >= K or c >= n. The forward then reads each panel once, in order, with every
+// row's sums in registers from its first element to its last, and each thread's panels as one
+// sequential stream. On weight rows too long for a block of them and the rows' sums to stay in a
+// core's caches, the [E_loc, K, n] and [E_loc, n, K] forwards read them in short runs or move the
+// sums through L2 at 4-16 rows a group: on mixtral-8x7b's gate|up ([4096, 28672] bf16, an AMD
+// EPYC with AVX512-BF16) the forward on this layout ran 1.44-1.61x faster there, and 0.98-1.55x
+// the unpacked weights' kAuto on four presets' shapes at 1-2048 tokens
+// (bench/results/ragged_dot_small-cpu-2026-11-29-5).
+//   rhs          [E_loc, K, n]  ([E_loc, n, K] if options.rhs_transposed)   bf16 | f32, host memory
+//   packed       packed_rhs_shape(E_loc, K, n, rhs dtype), rhs dtype,        host memory
 Status pack_ragged_rhs(ConstTensorView rhs, TensorView packed, const RaggedDotOptions& options = {},
                        const Exec& exec = {});
-// The shape pack_ragged_rhs writes for E_loc groups of [K, n] weights, {-1, -1, -1} where a
-// size is negative or the element count passes int64.
+// The shape pack_ragged_rhs writes for E_loc groups of [K, n] weights of `dtype`: bf16 [E_loc,
+// ceil(n / 32), 64 * ceil(K / 2)], f32 [E_loc, ceil(n / 32), 32 * K]; {-1, -1, -1} where a size
+// is negative, the element count passes int64 or the dtype is neither.
 struct PackedRhsShape {
   int64_t dims[3];
 };
-PackedRhsShape packed_rhs_shape(int64_t num_local_groups, int64_t K, int64_t n);
+PackedRhsShape packed_rhs_shape(int64_t num_local_groups, int64_t K, int64_t n,
+                                DType dtype = DType::kBF16);
 
 // Input gradient: d_lhs = ragged_dot(d_out, rhs^T) with the same groups and offset; 0 on
 // non-local rows (untouched with accumulate).

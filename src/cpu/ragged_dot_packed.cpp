@@ -1,18 +1,20 @@
 // ragged_dot's forward on packed weights (RaggedDotOptions::rhs_packed, pack_ragged_rhs): each
-// panel of 32 output columns holds its whole contraction front to back as bf16 pairs, so a chunk
-// of a group's rows walks one panel from its first pair to its last with every row's 32 sums in
+// panel of 32 output columns holds its whole contraction front to back (as bf16 pairs, or one f32
+// a row), so a chunk of a group's rows walks one panel from its first word to its last with every
+// row's 32 sums in
 // registers, and each thread reads its run of panels as one sequential stream. Nothing is blocked
 // or sliced: the sums are loaded and stored once per panel and chunk, where the [K, n] form
 // (ragged_dot_stream.cpp) stores them once per block of weight rows and, on long weight rows, in
 // L2. A chunk is at most 8 rows (on AVX512-BF16: 16 sums in registers; 12 rows as one chunk ran
 // 1.2-1.3x slower than as two chunks of 6, by hand:
 // bench/results/ragged_dot_small-cpu-2026-11-29-5/ chunks.txt); the chunks after a group's first
-// read the panel again from L2 (a panel of a contraction of K takes 64 K bytes: 448 KiB at
-// deepseek-v3's 7168).
+// read the panel again from L2 (a panel of a contraction of K takes 64 K bytes in bf16: 448 KiB
+// at deepseek-v3's 7168; twice that in f32, past L2 there).
 //
-// Two kernels: on a CPU with AVX512-BF16 the pairs multiply as they lie (vdpbf16ps, written with
-// intrinsics for that target and chosen at run time); elsewhere, through Highway, each 32-bit
-// lane's two bf16 widen to f32 (the even one by a shift, the odd one by a mask) for two FMAs.
+// Three kernels: for bf16, on a CPU with AVX512-BF16 the pairs multiply as they lie (vdpbf16ps,
+// written with intrinsics for that target and chosen at run time); elsewhere, through Highway,
+// each 32-bit lane's two bf16 widen to f32 (the even one by a shift, the odd one by a mask) for
+// two FMAs. For f32 (one contraction row a step), Highway's FMAs on the panel's row as it lies.
 // A row's sums run over the contraction in one order whatever the other rows, the chunk it falls
 // in or the threads: the batch-invariant mode takes this path as it is.
 #undef HWY_TARGET_INCLUDE
@@ -120,6 +122,45 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
     for (int v = 0; v < kVecs; ++v) hn::StoreU(s[r][v], d, tile[r] + v * N);
 }
 
+// The f32 kernel: tile[r][c] = sum over k < kc of A[r][k] * the panel's (k, c), the panel one
+// f32 a column per contraction row; A's rows lda apart.
+template <int R>
+HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const float* panel,
+                             packed::Tile& tile) {
+  const D d;
+  constexpr size_t N = HWY_LANES(float);
+  hn::Vec<D> s[R][kVecs];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < kVecs; ++v) s[r][v] = hn::Zero(d);
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* row = panel + k * packed::kPanel;
+    hn::Vec<D> b[kVecs];
+#pragma GCC unroll 8
+    for (int v = 0; v < kVecs; ++v) b[v] = hn::LoadU(d, row + v * N);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const auto x = hn::Set(d, a[r * lda + k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < kVecs; ++v) s[r][v] = hn::MulAdd(x, b[v], s[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int v = 0; v < kVecs; ++v) hn::StoreU(s[r][v], d, tile[r] + v * N);
+}
+
+template <int R>
+void FloatPanelRows(int rows, const float* a, int64_t lda, int64_t kc, const float* panel,
+                    packed::Tile& tile) {
+  if constexpr (R > 1) {
+    if (rows < R) return FloatPanelRows<R - 1>(rows, a, lda, kc, panel, tile);
+  }
+  FloatPanel<R>(a, lda, kc, panel, tile);
+}
+
 template <int R>
 void WidePanelRows(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
                    packed::Tile& tile) {
@@ -135,7 +176,7 @@ void WidePanelRows(int rows, const uint16_t* a, int64_t lda, int64_t kc, const u
 // cost (a panel's bytes, times its group's rows over 16 past 16 rows, where the FMAs take longer
 // than the read), each unit's rows in the fewest chunks of near-equal size.
 void RunPacked(const RowGroupedGemm& g) {
-  const bool pairs = packed::runs_pairs();
+  const bool f32 = g.in_type == DType::kF32, pairs = !f32 && packed::runs_pairs();
   const int most = pairs ? packed::kPairRows : kRows;
   const int64_t panels = (g.n + packed::kPanel - 1) / packed::kPanel;
   struct Group {
@@ -153,8 +194,9 @@ void RunPacked(const RowGroupedGemm& g) {
     }
     row += rows;
   }
-  const auto* a = static_cast<const uint16_t*>(g.a);
-  const auto* b = static_cast<const uint16_t*>(g.b);
+  const size_t elem = dtype_size(g.in_type);
+  const auto* a = static_cast<const char*>(g.a);
+  const auto* b = static_cast<const char*>(g.b);
 #pragma omp parallel
   {
     const int t = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -171,16 +213,21 @@ void RunPacked(const RowGroupedGemm& g) {
       start = ends[i];
       const int64_t chunks = (gr.rows + most - 1) / most;
       for (int64_t p = p0; p < p1; ++p) {
-        const auto* panel = reinterpret_cast<const uint32_t*>(b + gr.j * g.b_batch + p * g.b_s0);
+        const char* panel = b + (gr.j * g.b_batch + p * g.b_s0) * elem;
         const int64_t col = p * packed::kPanel, cols = std::min(packed::kPanel, g.n - col);
         for (int64_t c = 0; c < chunks; ++c) {
           const int64_t r0 = gr.rows * c / chunks, r1 = gr.rows * (c + 1) / chunks;
           const int rows = static_cast<int>(r1 - r0);
-          const uint16_t* ar = a + (gr.row + r0) * g.lda;
-          if (pairs) {
-            packed::pairs_panel(rows, ar, g.lda, g.kc, panel, tile);
+          const char* ar = a + (gr.row + r0) * g.lda * elem;
+          if (f32) {
+            FloatPanelRows<kRows>(rows, reinterpret_cast<const float*>(ar), g.lda, g.kc,
+                                  reinterpret_cast<const float*>(panel), tile);
+          } else if (pairs) {
+            packed::pairs_panel(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
+                                reinterpret_cast<const uint32_t*>(panel), tile);
           } else {
-            WidePanelRows<kRows>(rows, ar, g.lda, g.kc, panel, tile);
+            WidePanelRows<kRows>(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
+                                 reinterpret_cast<const uint32_t*>(panel), tile);
           }
           packed::store_tile(g, tile, rows, gr.row + r0, col, cols);
         }

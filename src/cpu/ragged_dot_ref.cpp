@@ -18,10 +18,11 @@ Status row_grouped_gemm_ref(const RowGroupedGemm& g) {
       for (int64_t c = 0; c < g.n; ++c) {
         float acc = 0.f;
         for (int64_t k = 0; k < g.kc; ++k) {
-          acc += load_as_float(g.a, g.in_type, r * g.lda + k) *
-                 load_as_float(g.b, g.in_type,
-                               j * g.b_batch + (g.b_packed ? packed_b_offset(g.b_s0, k, c)
-                                                           : k * g.b_s0 + c * g.b_s1));
+          acc +=
+              load_as_float(g.a, g.in_type, r * g.lda + k) *
+              load_as_float(g.b, g.in_type,
+                            j * g.b_batch + (g.b_packed ? packed_b_offset(g.b_s0, k, c, g.in_type)
+                                                        : k * g.b_s0 + c * g.b_s1));
         }
         const int64_t o = r * g.ldc + c;
         if (g.accumulate) acc += load_as_float(g.c, g.out_type, o);

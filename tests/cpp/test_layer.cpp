@@ -822,22 +822,32 @@ TEST(Layer, ExpertWeightsTransposedComputeTheSameLayer) {
   }
 }
 
-// config.expert_weights_packed: the forward on the same bf16 values with the experts' weights
-// packed (pack_ragged_rhs) against the default layout's (which the grid checks against the
-// oracle), to the bf16 results' rounding; the backward refuses it, as do the wrong shapes, f32,
-// and expert_weights_transposed beside it.
+// Every case in every dtype.
+std::vector<std::pair<LayerCase, DType>> cases_by_dtype(const std::vector<LayerCase>& cases,
+                                                        std::initializer_list<DType> dtypes) {
+  std::vector<std::pair<LayerCase, DType>> all;
+  for (DType dt : dtypes) {
+    for (const LayerCase& c : cases) all.emplace_back(c, dt);
+  }
+  return all;
+}
+
+// config.expert_weights_packed: the forward on the same bf16 (f32) values with the experts'
+// weights packed (pack_ragged_rhs) against the default layout's (which the grid checks against
+// the oracle), to the bf16 results' rounding (f32's summation order); the backward refuses it, as
+// do the wrong shapes, f32's packing in a bf16 layer, and expert_weights_transposed beside it.
 TEST(Layer, ExpertWeightsPackedComputeTheSameForward) {
   const std::vector<LayerCase> cases = layout_cases();
   auto pack = [](const HostTensor& w) {
-    const PackedRhsShape s = packed_rhs_shape(w.shape[0], w.shape[1], w.shape[2]);
-    HostTensor p(DType::kBF16, {s.dims[0], s.dims[1], s.dims[2]});
+    const PackedRhsShape s = packed_rhs_shape(w.shape[0], w.shape[1], w.shape[2], w.dtype);
+    HostTensor p(w.dtype, {s.dims[0], s.dims[1], s.dims[2]});
     HostTensor src = w;
     EXPECT_TRUE(pack_ragged_rhs(src.in(), p.mut()).ok());
     return p;
   };
-  for (const LayerCase& c : cases) {
-    SCOPED_TRACE(c.name);
-    LayerRun ref(c, DType::kBF16, 7), run(c, DType::kBF16, 7);
+  for (const auto& [c, dt] : cases_by_dtype(cases, {DType::kBF16, DType::kF32})) {
+    SCOPED_TRACE(fmt::format("{} {}", c.name, dtype_name(dt)));
+    LayerRun ref(c, dt, 7), run(c, dt, 7);
     if (c.name == "one_group") ref.router.fill(0.0f), run.router.fill(0.0f);
     run.w_in = pack(run.w_in);
     run.w_out = pack(run.w_out);
@@ -851,15 +861,15 @@ TEST(Layer, ExpertWeightsPackedComputeTheSameForward) {
       den += std::pow(ref.out.get_flat(i), 2);
     }
     EXPECT_GT(den, 0.0);
-    EXPECT_LE(std::sqrt(num / den), 1e-2);
+    EXPECT_LE(std::sqrt(num / den), dt == DType::kBF16 ? 1e-2 : 1e-5);
     // The backward refuses packed weights, naming the field.
-    Grads g(run, DType::kBF16);
+    Grads g(run, dt);
     const Status b = forward_backward(run, &g);
     EXPECT_FALSE(b.ok());
     EXPECT_NE(b.message().find("config.expert_weights_packed"), std::string::npos) << b.message();
   }
-  // Refused: expert_weights_transposed beside it, f32, weights packed for another shape, and
-  // weights not packed at all.
+  // Refused: expert_weights_transposed beside it, f32 weights packed where the layer is bf16,
+  // weights packed for another shape, and weights not packed at all.
   const LayerCase c = cases[0];
   LayerRun run(c, DType::kBF16, 7);
   const HostTensor w_in = run.w_in, w_out = run.w_out;
@@ -875,8 +885,9 @@ TEST(Layer, ExpertWeightsPackedComputeTheSameForward) {
   refused(run, "config.expert_weights_transposed");
   run.cfg.expert_weights_transposed = false;
   LayerRun f32(c, DType::kF32, 7);
-  f32.cfg.expert_weights_packed = true;
-  refused(f32, "config.expert_weights_packed");
+  run.w_in = pack(f32.w_in);
+  refused(run, "weights.w_in");
+  run.w_in = pack(w_in);
   run.w_out = pack(w_in);  // w_in's packing where w_out's belongs
   refused(run, "weights.w_out");
   run.w_out = pack(w_out);

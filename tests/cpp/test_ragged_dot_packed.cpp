@@ -1,7 +1,7 @@
 // ragged_dot's forward on packed weights (pack_ragged_rhs, RaggedDotOptions::rhs_packed): the
 // packed layout against its formula written here from the header's, and the forward against an
-// oracle on the unpacked weights (double accumulation), for both CPU kernels, every Highway
-// target, the reference, odd sizes, empty groups, one group holding every row, shards,
+// oracle on the unpacked weights (double accumulation), bf16 and f32, for every CPU kernel, every
+// Highway target, the reference, odd sizes, empty groups, one group holding every row, shards,
 // accumulation and both output dtypes; its batch invariance; the errors.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -22,26 +22,26 @@
 namespace moekit {
 namespace {
 
-HostTensor packed_tensor(int64_t E, int64_t K, int64_t n) {
-  const PackedRhsShape s = packed_rhs_shape(E, K, n);
-  return HostTensor(DType::kBF16, {s.dims[0], s.dims[1], s.dims[2]});
+HostTensor packed_tensor(int64_t E, int64_t K, int64_t n, DType dtype = DType::kBF16) {
+  const PackedRhsShape s = packed_rhs_shape(E, K, n, dtype);
+  return HostTensor(dtype, {s.dims[0], s.dims[1], s.dims[2]});
 }
 
 // Weights [E, K, n] packed (from that layout, or from its [E, n, K] copy: the same bytes).
 HostTensor pack(HostTensor& w, bool from_transposed = false) {
   const int64_t E = w.shape[0], K = w.shape[1], n = w.shape[2];
-  HostTensor out = packed_tensor(E, K, n);
+  HostTensor out = packed_tensor(E, K, n, w.dtype);
   RaggedDotOptions o;
   o.rhs_transposed = from_transposed;
-  HostTensor t = from_transposed ? transposed_matrices(w) : HostTensor(DType::kBF16, {0, 0, 0});
+  HostTensor t = from_transposed ? transposed_matrices(w) : HostTensor(w.dtype, {0, 0, 0});
   const Status s = pack_ragged_rhs(from_transposed ? t.in() : w.in(), out.mut(), o);
   EXPECT_TRUE(s.ok()) << s.message();
   return out;
 }
 
 TEST(RaggedDotPacked, Shape) {
-  auto dims = [](int64_t E, int64_t K, int64_t n) {
-    const PackedRhsShape s = packed_rhs_shape(E, K, n);
+  auto dims = [](int64_t E, int64_t K, int64_t n, DType dtype = DType::kBF16) {
+    const PackedRhsShape s = packed_rhs_shape(E, K, n, dtype);
     return std::vector<int64_t>{s.dims[0], s.dims[1], s.dims[2]};
   };
   EXPECT_EQ(dims(3, 5, 33), (std::vector<int64_t>{3, 2, 192}));
@@ -53,15 +53,31 @@ TEST(RaggedDotPacked, Shape) {
   const int64_t big = std::numeric_limits<int64_t>::max() / 4;
   EXPECT_EQ(dims(1, big, 64), (std::vector<int64_t>{-1, -1, -1}));  // 64 K elements a panel
   EXPECT_EQ(dims(1 << 22, 1 << 22, 1 << 22), (std::vector<int64_t>{-1, -1, -1}));  // 2^66
+  // f32: one contraction row a word, 32 K elements a panel.
+  EXPECT_EQ(dims(3, 5, 33, DType::kF32), (std::vector<int64_t>{3, 2, 160}));
+  EXPECT_EQ(dims(1, 7168, 2048, DType::kF32), (std::vector<int64_t>{1, 64, 229376}));
+  EXPECT_EQ(dims(2, 0, 32, DType::kF32), (std::vector<int64_t>{2, 1, 0}));
+  EXPECT_EQ(dims(2, 1, 0, DType::kF32), (std::vector<int64_t>{2, 0, 32}));
+  EXPECT_EQ(dims(1, big / 4, 64, DType::kF32), (std::vector<int64_t>{-1, -1, -1}));
+  EXPECT_EQ(dims(1, big / 64, 64, DType::kF32), (std::vector<int64_t>{1, 2, (big / 64) * 32}));
+  EXPECT_EQ(dims(1, 4, 4, DType::kF16), (std::vector<int64_t>{-1, -1, -1}));
+  EXPECT_EQ(dims(1, 4, 4, DType::kI32), (std::vector<int64_t>{-1, -1, -1}));
 }
 
-// Element e of panel p of group j holds (k, c) = (2 (e / 64) + e % 2, 32 p + (e % 64) / 2), or
-// 0 past the weights' edges: every element, from both layouts.
+// Element e of panel p of group j holds (k, c) = (2 (e / 64) + e % 2, 32 p + (e % 64) / 2) in
+// bf16, (e / 32, 32 p + e % 32) in f32, or 0 past the weights' edges: every element, from both
+// layouts.
 TEST(RaggedDotPacked, LayoutIsTheHeadersFormula) {
   std::mt19937 rng(3);
-  for (auto [K, n] : {std::pair<int64_t, int64_t>{7, 70}, {1, 1}, {64, 32}, {9, 33}}) {
-    SCOPED_TRACE(fmt::format("K {} n {}", K, n));
-    HostTensor w(DType::kBF16, {3, K, n});
+  for (auto [K, n, dtype] : {std::tuple<int64_t, int64_t, DType>{7, 70, DType::kBF16},
+                             {1, 1, DType::kBF16},
+                             {64, 32, DType::kBF16},
+                             {9, 33, DType::kBF16},
+                             {7, 70, DType::kF32},
+                             {1, 1, DType::kF32},
+                             {9, 33, DType::kF32}}) {
+    SCOPED_TRACE(fmt::format("K {} n {} {}", K, n, dtype_name(dtype)));
+    HostTensor w(dtype, {3, K, n});
     w.fill_random(rng);
     for (bool from_transposed : {false, true}) {
       SCOPED_TRACE(from_transposed ? "from [E, n, K]" : "from [E, K, n]");
@@ -70,7 +86,9 @@ TEST(RaggedDotPacked, LayoutIsTheHeadersFormula) {
       for (int64_t j = 0; j < 3 && failures < 5; ++j) {
         for (int64_t q = 0; q < p.shape[1]; ++q) {
           for (int64_t e = 0; e < p.shape[2] && failures < 5; ++e) {
-            const int64_t k = 2 * (e / 64) + e % 2, c = 32 * q + (e % 64) / 2;
+            const bool f32 = dtype == DType::kF32;
+            const int64_t k = f32 ? e / 32 : 2 * (e / 64) + e % 2;
+            const int64_t c = f32 ? 32 * q + e % 32 : 32 * q + (e % 64) / 2;
             const double want = k < K && c < n ? w.get({j, k, c}) : 0.0;
             if (p.get({j, q, e}) != want) {
               ADD_FAILURE() << "group " << j << " panel " << q << " element " << e << " (k " << k
@@ -92,6 +110,7 @@ struct Call {
   DType out = DType::kF32;
   bool accumulate = false;
   int64_t row_pad = 0;
+  DType in = DType::kBF16;  // lhs and the weights
 };
 
 // The forward of `call` on packed weights with `impl`, against an oracle on the unpacked weights:
@@ -104,7 +123,7 @@ HostTensor check_forward(const Call& call, RaggedDotImpl impl, uint32_t seed = 7
   m += 3;  // rows past the groups
   const auto G = static_cast<int64_t>(call.sizes.size());
   const int64_t e_loc = call.e_loc > 0 ? call.e_loc : G;
-  HostTensor lhs(DType::kBF16, {m, call.K}, call.row_pad), w(DType::kBF16, {e_loc, call.K, call.n});
+  HostTensor lhs(call.in, {m, call.K}, call.row_pad), w(call.in, {e_loc, call.K, call.n});
   HostTensor out(call.out, {m, call.n}, call.row_pad);
   lhs.fill_random(rng);
   w.fill_random(rng);
@@ -161,9 +180,10 @@ HostTensor check_forward(const Call& call, RaggedDotImpl impl, uint32_t seed = 7
 
 // Odd contractions (the last pair half past the rows), columns short of a panel, empty groups,
 // chunks of 1-8 rows and several chunks (9, 12, 16, 17, 40 rows), one group holding every row, a
-// shard, accumulation, a bf16 output and padded rows.
+// shard, accumulation, a bf16 output and padded rows; in bf16, then the same in f32 (an f32
+// output: f32 rows take no other).
 std::vector<Call> calls() {
-  return {
+  std::vector<Call> bf16 = {
       {1, 1, {1}},
       {7, 70, {3, 0, 9, 1, 12, 5}},
       {64, 32, {16, 17, 2, 0, 40, 8}},
@@ -176,12 +196,18 @@ std::vector<Call> calls() {
       {0, 40, {3, 2}, 0, 0, DType::kF32, true},  // ... or left as they were
       {5, 0, {2, 3}},                            // no columns
   };
+  std::vector<Call> all = bf16;
+  for (Call c : bf16) {
+    c.in = c.out = DType::kF32;
+    all.push_back(c);
+  }
+  return all;
 }
 
 TEST(RaggedDotPacked, ForwardAgainstTheOracle) {
   for (const Call& call : calls()) {
-    SCOPED_TRACE(fmt::format("K {} n {} sizes {} offset {}", call.K, call.n, call.sizes.size(),
-                             call.offset));
+    SCOPED_TRACE(fmt::format("{} K {} n {} sizes {} offset {}", dtype_name(call.in), call.K, call.n,
+                             call.sizes.size(), call.offset));
     for (RaggedDotImpl impl : {RaggedDotImpl::kAuto, RaggedDotImpl::kReference}) {
       SCOPED_TRACE(impl_name(impl));
       check_forward(call, impl);
@@ -213,10 +239,12 @@ TEST(RaggedDotPacked, EveryKernelAgainstTheOracle) {
 
 // A row's output is the same bits in the batch-invariant mode whatever the rows beside it and
 // the threads: one row alone in its group, then the same row among 12 others of a bigger group.
-TEST(RaggedDotPacked, BatchInvariant) {
+class RaggedDotPackedDtype : public ::testing::TestWithParam<DType> {};
+
+TEST_P(RaggedDotPackedDtype, BatchInvariant) {
   std::mt19937 rng(9);
   const int64_t K = 77, n = 40;
-  HostTensor w(DType::kBF16, {2, K, n}), lhs(DType::kBF16, {14, K});
+  HostTensor w(GetParam(), {2, K, n}), lhs(GetParam(), {14, K});
   w.fill_random(rng);
   lhs.fill_random(rng);
   HostTensor p = pack(w);
@@ -244,6 +272,9 @@ TEST(RaggedDotPacked, BatchInvariant) {
   EXPECT_NE(row_bits({5, 1}, 5, 1), std::vector<float>(n, 0.f));
 }
 
+INSTANTIATE_TEST_SUITE_P(Dtypes, RaggedDotPackedDtype, ::testing::Values(DType::kBF16, DType::kF32),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
 TEST(RaggedDotPacked, BadInput) {
   const int64_t K = 5, n = 33, m = 4;
   HostTensor w(DType::kBF16, {2, K, n}), lhs(DType::kBF16, {m, K}), out(DType::kF32, {m, n});
@@ -265,9 +296,12 @@ TEST(RaggedDotPacked, BadInput) {
   RaggedDotOptions t = o;
   t.rhs_transposed = true;
   expect_error(ragged_dot(lhs.in(), p.in(), sizes, out.mut(), t), "rhs_transposed");
-  // f32 rows.
+  // f32 rows against bf16 weights.
   HostTensor lhs32(DType::kF32, {m, K});
   expect_error(ragged_dot(lhs32.in(), p.in(), sizes, out.mut(), o), "rhs.dtype");
+  // f32 rows against f32 weights packed as bf16's shape (160 elements a panel, not 192).
+  HostTensor p32(DType::kF32, {2, 2, 192});
+  expect_error(ragged_dot(lhs32.in(), p32.in(), sizes, out.mut(), o), "rhs.shape[2]");
   // Packed for another K or n.
   HostTensor wide(DType::kF32, {m, n + 32});
   expect_error(ragged_dot(lhs.in(), p.in(), sizes, wide.mut(), o), "rhs.shape[1]");
@@ -277,9 +311,13 @@ TEST(RaggedDotPacked, BadInput) {
   RaggedDotOptions d = o;
   d.impl = RaggedDotImpl::kOneDnn;
   expect_error(ragged_dot(lhs.in(), p.in(), sizes, out.mut(), d), "not packed");
-  // Packing: f32 weights, a packed tensor of another shape, weights inside the packed buffer.
+  // Packing: f32 weights into bf16, f16 weights, f32 weights into bf16's shape, a packed tensor
+  // of another shape, weights inside the packed buffer.
   HostTensor w32(DType::kF32, {2, K, n}), other = packed_tensor(2, K + 2, n);
-  expect_error(pack_ragged_rhs(w32.in(), p.mut()), "rhs");
+  expect_error(pack_ragged_rhs(w32.in(), p.mut()), "packed.dtype");
+  HostTensor w16(DType::kF16, {2, K, n}), p16(DType::kF16, {2, 2, 192});
+  expect_error(pack_ragged_rhs(w16.in(), p16.mut()), "rhs.dtype");
+  expect_error(pack_ragged_rhs(w32.in(), p32.mut()), "packed.shape[2]");
   expect_error(pack_ragged_rhs(w.in(), other.mut()), "packed.shape[2]");
   ConstTensorView inside = w.in();
   inside.data = p.bytes.data();  // 2 x 5 x 33 elements within the packed 2 x 2 x 192
