@@ -21,7 +21,7 @@ Implementations:
           sum as the combine, the load-balancing loss from the routing's counts.
   cpp     the C++ layer: `moekit bench layer --json` with the same preset, tokens, dtype and
           loss, in a process of its own (its forward and backward, each its median of --reps).
-With --packed-weights (bf16, the CPU): moekit and cpp only, the forward only, on the experts'
+With --packed-weights (bf16 or f32, the CPU): moekit and cpp only, the forward only, on the experts'
 weights packed once (moekit.jax.pack_ragged_rhs; the C++ layer's `moekit bench layer
 --packed-weights`, its packed_weights_ms): what the binding costs for inference.
 Forward + backward is jax.value_and_grad of sum(out * ct) + the loss, to x and every weight
@@ -275,7 +275,7 @@ def main():
     ap.add_argument("--moekit", default=str(ROOT / "build" / "moekit"),
                     help="the moekit program, for the C++ layer (impl cpp)")
     ap.add_argument("--packed-weights", action="store_true",
-                    help="the forward on packed experts' weights (bf16, CPU; moekit and cpp)")
+                    help="the forward on packed experts' weights (bf16 or f32, CPU; moekit and cpp)")
     ap.add_argument("--json", action="store_true", help="the results as JSON on stdout")
     args = ap.parse_args()
     import jax
@@ -289,10 +289,10 @@ def main():
     for i in impls:
         if i not in IMPLS:
             raise SystemExit(f"--impls: unknown {i!r}; known: {', '.join(IMPLS)}")
-    if args.packed_weights and (backend != "cpu" or args.dtype != "bf16"
+    if args.packed_weights and (backend != "cpu" or args.dtype not in ("bf16", "f32")
                                 or not set(impls) <= {"moekit", "cpp"}):
-        raise SystemExit("--packed-weights: the forward on the CPU in bf16, --impls moekit,cpp "
-                         f"(here {backend}, {args.dtype}, {','.join(impls)})")
+        raise SystemExit("--packed-weights: the forward on the CPU in bf16 or f32, --impls "
+                         f"moekit,cpp (here {backend}, {args.dtype}, {','.join(impls)})")
     if "cpp" in impls and not os.access(args.moekit, os.X_OK):
         raise SystemExit(f"--moekit {args.moekit}: not an executable (build it, or drop cpp "
                          "from --impls)")

@@ -14,36 +14,46 @@ from test_ragged_dot import CASES, masked_reference
 F32, BF16 = jnp.float32, jnp.bfloat16
 
 
-def _bf16(rng, shape):
+def _bf16(rng, shape, dtype=BF16):
     # Sixty-fourths in [-1, 1]: exact in bfloat16, their products exact in float32.
-    return jnp.asarray(rng.integers(-64, 65, shape) / 64.0, BF16)
+    return jnp.asarray(rng.integers(-64, 65, shape) / 64.0, dtype)
+
+
+DTYPES = pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
 
 
 @pytest.mark.parametrize("K,n", [(1, 1), (2, 32), (5, 33), (64, 48), (33, 17), (0, 8), (4, 0)])
 @pytest.mark.parametrize("transposed", [False, True], ids=["EKn", "EnK"])
-def test_layout_is_the_documented_index(K, n, transposed):
-    w = _bf16(np.random.default_rng(K * 100 + n), (3, K, n))
+@DTYPES
+def test_layout_is_the_documented_index(K, n, transposed, dtype):
+    w = _bf16(np.random.default_rng(K * 100 + n), (3, K, n), dtype)
     packed = mj.pack_ragged_rhs(jnp.swapaxes(w, 1, 2) if transposed else w,
                                 rhs_transposed=transposed)
-    pairs, panels = -(-K // 2), -(-n // 32)
-    assert packed.data.shape == (3, panels, 64 * pairs) and packed.data.dtype == BF16
+    panels = -(-n // 32)
+    elems = 64 * -(-K // 2) if dtype == BF16 else 32 * K
+    assert packed.data.shape == (3, panels, elems) and packed.data.dtype == dtype
+    assert packed.dtype == dtype and packed.shape == (3, K, n)
     assert (packed.k, packed.n, packed.num_local) == (K, n, 3)
-    want = np.zeros((3, panels, 64 * pairs), np.float32)
+    want = np.zeros((3, panels, elems), np.float32)
     for j in range(3):
         for k in range(K):
             for c in range(n):
-                want[j, c // 32, 64 * (k // 2) + 2 * (c % 32) + k % 2] = float(w[j, k, c])
+                at = (64 * (k // 2) + 2 * (c % 32) + k % 2 if dtype == BF16
+                      else 32 * k + c % 32)
+                want[j, c // 32, at] = float(w[j, k, c])
     np.testing.assert_array_equal(np.asarray(packed.data, np.float32), want)  # padding 0
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["EKn", "EnK"])
 @pytest.mark.parametrize("m,K,n,sizes", CASES + [(40, 7, 70, [13, 0, 27]), (0, 5, 33, [0, 0])])
-def test_forward_equals_the_masked_reference_and_the_unpacked_weights(m, K, n, sizes, transposed):
+@DTYPES
+def test_forward_equals_the_masked_reference_and_the_unpacked_weights(m, K, n, sizes, transposed,
+                                                                     dtype):
     rng = np.random.default_rng(m + K + n)
     num_groups = len(sizes)
-    lhs, gs = _bf16(rng, (m, K)), jnp.asarray(sizes, jnp.int32)
+    lhs, gs = _bf16(rng, (m, K), dtype), jnp.asarray(sizes, jnp.int32)
     for num_local in sorted({1, max(1, num_groups // 2), num_groups}):
-        w = _bf16(rng, (num_local, K, n))
+        w = _bf16(rng, (num_local, K, n), dtype)
         packed = mj.pack_ragged_rhs(jnp.swapaxes(w, 1, 2) if transposed else w,
                                     rhs_transposed=transposed)
         for offset in range(num_groups - num_local + 1):
@@ -52,10 +62,11 @@ def test_forward_equals_the_masked_reference_and_the_unpacked_weights(m, K, n, s
             want = masked_reference(lhs.astype(F32), w.astype(F32), gs, offset)
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * K)
             unpacked = mj.ragged_dot(lhs, w, gs, group_offset=offset)
-            got_bf16 = mj.ragged_dot(lhs, packed, gs, group_offset=offset)
-            assert got_bf16.dtype == BF16 and got_bf16.shape == (m, n)
-            np.testing.assert_allclose(np.asarray(got_bf16, np.float32),
-                                       np.asarray(unpacked, np.float32), rtol=1e-2, atol=1e-2)
+            got_own = mj.ragged_dot(lhs, packed, gs, group_offset=offset)
+            assert got_own.dtype == dtype and got_own.shape == (m, n)
+            tol = 1e-2 if dtype == BF16 else 1e-6
+            np.testing.assert_allclose(np.asarray(got_own, np.float32),
+                                       np.asarray(unpacked, np.float32), rtol=tol, atol=tol)
 
 
 def test_packed_weights_pass_through_jit_and_vmap():
@@ -82,12 +93,17 @@ def test_errors_name_the_argument():
     rng = np.random.default_rng(4)
     w, gs = _bf16(rng, (2, 8, 16)), jnp.asarray([3, 4], jnp.int32)
     packed = mj.pack_ragged_rhs(w)
-    with pytest.raises(TypeError, match="pack_ragged_rhs: rhs dtype float32 is not bfloat16"):
-        mj.pack_ragged_rhs(w.astype(F32))
+    with pytest.raises(TypeError, match="pack_ragged_rhs: rhs dtype float16 is neither bfloat16 "
+                                        "nor float32"):
+        mj.pack_ragged_rhs(w.astype(jnp.float16))
     with pytest.raises(ValueError, match="pack_ragged_rhs: rhs"):
         mj.pack_ragged_rhs(w[0])
-    with pytest.raises(TypeError, match="ragged_dot: lhs dtype float32 is not bfloat16"):
+    with pytest.raises(TypeError, match="ragged_dot: lhs dtype float32 is not the packed "
+                                        "weights' .PackedRhs. bfloat16"):
         mj.ragged_dot(jnp.zeros((7, 8), F32), packed, gs)
+    with pytest.raises(TypeError, match="ragged_dot: lhs dtype bfloat16 is not the packed "
+                                        "weights' .PackedRhs. float32"):
+        mj.ragged_dot(jnp.zeros((7, 8), BF16), mj.pack_ragged_rhs(w.astype(F32)), gs)
     with pytest.raises(ValueError, match=r"lhs.shape\[1\] = 9 differs from the packed weights' K = 8"):
         mj.ragged_dot(jnp.zeros((7, 9), BF16), packed, gs)
     with pytest.raises(ValueError, match="group_sizes has 3 groups but rhs holds 2"):
@@ -103,19 +119,20 @@ def test_errors_name_the_argument():
             .block_until_ready()
 
 
-def _layer_params(rng, H, F, E, shared):
-    w = lambda *shape: jnp.asarray(rng.standard_normal(shape) / np.sqrt(shape[-2]), BF16)
+def _layer_params(rng, H, F, E, shared, dtype=BF16):
+    w = lambda *shape: jnp.asarray(rng.standard_normal(shape) / np.sqrt(shape[-2]), dtype)
     return mj.MoeParams(w(H, E), w(E, H, 2 * F), w(E, F, H),
                         w(H, 2 * 5) if shared else None, w(5, H) if shared else None)
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["in_out", "out_in"])
 @pytest.mark.parametrize("T,shared", [(1, False), (13, True), (64, False)])
-def test_moe_layer_on_packed_weights_equals_the_unpacked_layer(T, shared, transposed):
+@DTYPES
+def test_moe_layer_on_packed_weights_equals_the_unpacked_layer(T, shared, transposed, dtype):
     rng = np.random.default_rng(T)
     H, F, E, k = 48, 40, 6, 2
-    p = _layer_params(rng, H, F, E, shared)
-    x = jnp.asarray(rng.standard_normal((T, H)), BF16)
+    p = _layer_params(rng, H, F, E, shared, dtype)
+    x = jnp.asarray(rng.standard_normal((T, H)), dtype)
     if transposed:  # checkpoints' [E, out, in]
         p = p._replace(w_in=jnp.swapaxes(p.w_in, 1, 2), w_out=jnp.swapaxes(p.w_out, 1, 2))
     packed = p._replace(w_in=mj.pack_ragged_rhs(p.w_in, rhs_transposed=transposed),
@@ -124,9 +141,10 @@ def test_moe_layer_on_packed_weights_equals_the_unpacked_layer(T, shared, transp
     got, got_aux = jax.jit(lambda x, p: mj.moe_layer(x, p, **options))(x, packed)
     want, want_aux = mj.moe_layer(x, p, expert_weights_transposed=transposed, fused=True,
                                   **options)
-    assert got.shape == (T, H) and got.dtype == BF16
+    assert got.shape == (T, H) and got.dtype == dtype
+    tol = 2e-2 if dtype == BF16 else 1e-5
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                               rtol=2e-2, atol=2e-2)
+                               rtol=tol, atol=tol)
     np.testing.assert_array_equal(got_aux.tokens_per_expert, want_aux.tokens_per_expert)
     np.testing.assert_allclose(got_aux.aux_loss, want_aux.aux_loss, rtol=1e-6)
     np.testing.assert_allclose(got_aux.z_loss, want_aux.z_loss, rtol=1e-6)

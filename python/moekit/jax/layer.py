@@ -375,7 +375,7 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         weights: router, w_in, w_out, and shared_in, shared_out or neither, and the optional
         expert biases b_in ``[E, 2F | F]`` and b_out ``[E, H]``), every weight in x's dtype.
         Gradients come back in the same structure. For inference on one CPU device, w_in and
-        w_out may be packed once (`pack_ragged_rhs`, bfloat16, from either layout): the fused
+        w_out may be packed once (`pack_ragged_rhs`, in x's dtype, from either layout): the fused
         forward on them, no gradient (bench/results/ragged_dot_small-cpu-2026-11-29-5: 0.98-1.67x
         as fast as on the weights unpacked at 1-64 tokens, a Zen 4 EPYC).
       k, score, pre_softmax, num_groups, group_topk, scaling_factor, expert_bias: the routing,

@@ -186,8 +186,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     Args:
       lhs: ``[m, K]`` float32, bfloat16 or float16 (on the CPU float16 is computed in float32).
       rhs: ``[E_loc, K, n]``: the local groups' matrices; promoted with `lhs`. Or a
-        `PackedRhs` (`pack_ragged_rhs`) for inference on the CPU: then lhs is bfloat16 and
-        there is no gradient.
+        `PackedRhs` (`pack_ragged_rhs`) for inference on the CPU: then lhs has its dtype
+        (bfloat16 or float32) and there is no gradient.
       group_sizes: ``[G]`` integers, ``G >= E_loc``, each >= 0, summing to at most m.
       precision: accepted as `jax.lax.ragged_dot` does; products always accumulate in float32.
       preferred_element_type: the result dtype, any float dtype (default: the promoted inputs').
@@ -219,13 +219,14 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
 @jax.tree_util.register_pytree_node_class
 class PackedRhs:
     """Expert weights ``[E_loc, K, n]`` in the layout of the CPU's inference forward, as
-    `pack_ragged_rhs` makes them: `data` ``[E_loc, ceil(n / 32), 64 * ceil(K / 2)]`` bfloat16,
-    each panel of 32 output columns holding its whole contraction front to back as pairs (element
-    ``(j, k, c)`` at ``data[j, c // 32, 64 * (k // 2) + 2 * (c % 32) + k % 2]``, the padding 0).
-    `ragged_dot` takes it in place of rhs. A pytree (its leaf `data`; K and n static), so it
-    passes through `jit`, `device_put` and checkpoints as an array does."""
+    `pack_ragged_rhs` makes them, each panel of 32 output columns holding its whole contraction
+    front to back, the padding 0: `data` in bfloat16 ``[E_loc, ceil(n / 32), 64 * ceil(K / 2)]``,
+    the contraction as pairs (element ``(j, k, c)`` at ``data[j, c // 32, 64 * (k // 2) + 2 *
+    (c % 32) + k % 2]``), or in float32 ``[E_loc, ceil(n / 32), 32 * K]`` (at ``data[j, c //
+    32, 32 * k + c % 32]``). `ragged_dot` takes it in place of rhs. A pytree (its leaf `data`;
+    K and n static), so it passes through `jit`, `device_put` and checkpoints as an array
+    does."""
 
-    dtype = np.dtype(jnp.bfloat16)
     ndim = 3
 
     def __init__(self, data, k, n):
@@ -234,6 +235,11 @@ class PackedRhs:
     @property
     def num_local(self):
         return self.data.shape[0]
+
+    @property
+    def dtype(self):
+        """The weights' dtype, `data`'s: bfloat16 or float32."""
+        return np.dtype(self.data.dtype)
 
     @property
     def shape(self):
@@ -259,38 +265,41 @@ def pack_ragged_rhs(rhs, *, rhs_transposed=False):
     take no gradient, and CUDA does not read them.
 
     Args:
-      rhs: ``[E_loc, K, n]`` bfloat16 (``[E_loc, n, K]``, a linear layer's ``[out, in]`` per
-        expert, with `rhs_transposed`).
+      rhs: ``[E_loc, K, n]`` bfloat16 or float32 (``[E_loc, n, K]``, a linear layer's
+        ``[out, in]`` per expert, with `rhs_transposed`).
       rhs_transposed: rhs is ``[E_loc, n, K]``.
 
     Returns:
-      a `PackedRhs` of ``[E_loc, ceil(n / 32), 64 * ceil(K / 2)]`` bfloat16.
+      a `PackedRhs` of rhs's dtype: ``[E_loc, ceil(n / 32), 64 * ceil(K / 2)]`` in bfloat16,
+      ``[E_loc, ceil(n / 32), 32 * K]`` in float32.
     """
     fn = "pack_ragged_rhs"
     rhs = jnp.asarray(rhs)
     _ffi.check_rank(fn, "rhs", rhs, 3, "[E_loc, n, K]" if rhs_transposed else "[E_loc, K, n]")
-    if rhs.dtype != jnp.bfloat16:
-        raise TypeError(f"{fn}: rhs dtype {rhs.dtype} is not bfloat16 (the packed layout holds "
-                        f"bfloat16; cast the weights first)")
+    if rhs.dtype not in (jnp.bfloat16, jnp.float32):
+        raise TypeError(f"{fn}: rhs dtype {rhs.dtype} is neither bfloat16 nor float32 (the "
+                        f"packed layout holds those; cast the weights first)")
     w = jnp.swapaxes(rhs, 1, 2) if _ffi.bool_arg(fn, "rhs_transposed", rhs_transposed) else rhs
     e, k, n = w.shape
-    pairs, panels = -(-k // 2), -(-n // 32)
-    w = jnp.pad(w, ((0, 0), (0, 2 * pairs - k), (0, 32 * panels - n)))
-    # [E, pair, k % 2, panel, c % 32] -> [E, panel, pair, c % 32, k % 2]
-    w = w.reshape(e, pairs, 2, panels, 32).transpose(0, 3, 1, 4, 2)
-    return PackedRhs(w.reshape(e, panels, 64 * pairs), k, n)
+    # Contraction rows per 32-bit word: a bfloat16 pair, or one float32.
+    per = 2 if rhs.dtype == jnp.bfloat16 else 1
+    words, panels = -(-k // per), -(-n // 32)
+    w = jnp.pad(w, ((0, 0), (0, per * words - k), (0, 32 * panels - n)))
+    # [E, word, k % per, panel, c % 32] -> [E, panel, word, c % 32, k % per]
+    w = w.reshape(e, words, per, panels, 32).transpose(0, 3, 1, 4, 2)
+    return PackedRhs(w.reshape(e, panels, 32 * per * words), k, n)
 
 
 def _ragged_packed(lhs, rhs, group_sizes, precision, preferred_element_type, group_offset,
                    batch_invariant):
-    """ragged_dot's forward on a PackedRhs: bfloat16 rows on the CPU, no gradient."""
+    """ragged_dot's forward on a PackedRhs: rows of its dtype on the CPU, no gradient."""
     fn = "ragged_dot"
     _check_precision(precision)
     lhs = jnp.asarray(lhs)
     _ffi.check_rank(fn, "lhs", lhs, 2, "[m, K]")
-    if lhs.dtype != jnp.bfloat16:
-        raise TypeError(f"{fn}: lhs dtype {lhs.dtype} is not bfloat16, which packed weights "
-                        f"(PackedRhs) need")
+    if lhs.dtype != rhs.dtype:
+        raise TypeError(f"{fn}: lhs dtype {lhs.dtype} is not the packed weights' "
+                        f"(PackedRhs) {rhs.dtype}, which they need")
     if lhs.shape[1] != rhs.k:
         raise ValueError(f"{fn}: lhs.shape[1] = {lhs.shape[1]} differs from the packed weights' "
                          f"K = {rhs.k} (the contraction size)")
