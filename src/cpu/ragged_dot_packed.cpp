@@ -9,7 +9,8 @@
 // 1.2-1.3x slower than as two chunks of 6, by hand:
 // bench/results/ragged_dot_small-cpu-2026-11-29-5/ chunks.txt); the chunks after a group's first
 // read the panel again from L2 (a panel of a contraction of K takes 64 K bytes in bf16: 448 KiB
-// at deepseek-v3's 7168; twice that in f32, past L2 there).
+// at deepseek-v3's 7168; twice that in f32, past L2 there), while prefetching the next panel
+// (Ahead, below).
 //
 // Three kernels: for bf16, on a CPU with AVX512-BF16 the pairs multiply as they lie (vdpbf16ps,
 // written with intrinsics for that target and chosen at run time); elsewhere, through Highway,
@@ -45,6 +46,19 @@ constexpr int64_t kPanel = kPackedPanel;
 constexpr int kPairRows = 8;
 // A panel's sums as a kernel leaves them: [rows][kPanel] f32.
 using Tile = float[kPairRows][kPanel];
+// Lines a kernel prefetches into L2, one a contraction step: the next panel's, where a group's
+// rows take several chunks. The first chunk of a panel waits on the memory and the others compute
+// from L2; with each chunk fetching its share of the next panel, every chunk computes from L2
+// (qwen3-30b-a3b at 16 rows a group 1.10-1.16x faster in f32 and bf16, mixtral-8x7b's gate|up
+// 1.10-1.18x; deepseek-v3's panels of 448-896 KiB, two of which L2 does not hold, level:
+// bench/results/ragged_dot_packed_f32-cpu-2026-11-29/ab-ahead.txt).
+struct Ahead {
+  const char* p = nullptr;
+  int64_t lines = 0;
+};
+inline void prefetch_step(const Ahead& ahead, int64_t step) {
+  if (step < ahead.lines) __builtin_prefetch(ahead.p + 64 * step, 0, 2);
+}
 
 // Adds `tile`'s first `cols` columns of `rows` rows to (accumulate) or writes them over c's rows
 // from `row`, columns from `col`.
@@ -62,7 +76,7 @@ inline void store_tile(const RowGroupedGemm& g, const Tile& tile, int rows, int6
 // The AVX512-BF16 kernel: tile[r][c] = sum over k < kc of A[r][k] * the panel's (k, c), for r <
 // rows <= kPairRows; A's rows lda apart (bf16 bits), the panel's pairs from `panel`.
 void pairs_panel(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                 Tile& tile);
+                 Tile& tile, Ahead ahead);
 
 }  // namespace moekit::detail::packed
 #endif  // MOEKIT_RAGGED_DOT_PACKED_DECL
@@ -126,7 +140,7 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
 // f32 a column per contraction row; A's rows lda apart.
 template <int R>
 HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const float* panel,
-                             packed::Tile& tile) {
+                             packed::Tile& tile, packed::Ahead ahead) {
   const D d;
   constexpr size_t N = HWY_LANES(float);
   hn::Vec<D> s[R][kVecs];
@@ -135,6 +149,7 @@ HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const floa
 #pragma GCC unroll 8
     for (int v = 0; v < kVecs; ++v) s[r][v] = hn::Zero(d);
   for (int64_t k = 0; k < kc; ++k) {
+    packed::prefetch_step(ahead, k);
     const float* row = panel + k * packed::kPanel;
     hn::Vec<D> b[kVecs];
 #pragma GCC unroll 8
@@ -154,11 +169,11 @@ HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const floa
 
 template <int R>
 void FloatPanelRows(int rows, const float* a, int64_t lda, int64_t kc, const float* panel,
-                    packed::Tile& tile) {
+                    packed::Tile& tile, packed::Ahead ahead) {
   if constexpr (R > 1) {
-    if (rows < R) return FloatPanelRows<R - 1>(rows, a, lda, kc, panel, tile);
+    if (rows < R) return FloatPanelRows<R - 1>(rows, a, lda, kc, panel, tile, ahead);
   }
-  FloatPanel<R>(a, lda, kc, panel, tile);
+  FloatPanel<R>(a, lda, kc, panel, tile, ahead);
 }
 
 template <int R>
@@ -219,12 +234,19 @@ void RunPacked(const RowGroupedGemm& g) {
           const int64_t r0 = gr.rows * c / chunks, r1 = gr.rows * (c + 1) / chunks;
           const int rows = static_cast<int>(r1 - r0);
           const char* ar = a + (gr.row + r0) * g.lda * elem;
+          // Chunk c prefetches lines [c steps, (c + 1) steps) of the group's next panel.
+          packed::Ahead ahead;
+          if (chunks > 1 && p + 1 < p1) {
+            const int64_t steps = f32 ? g.kc : (g.kc + 1) / 2, lines = 2 * steps;
+            const int64_t first = std::min(lines, c * steps);
+            ahead = {panel + g.b_s0 * elem + 64 * first, std::min(steps, lines - first)};
+          }
           if (f32) {
             FloatPanelRows<kRows>(rows, reinterpret_cast<const float*>(ar), g.lda, g.kc,
-                                  reinterpret_cast<const float*>(panel), tile);
+                                  reinterpret_cast<const float*>(panel), tile, ahead);
           } else if (pairs) {
             packed::pairs_panel(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
-                                reinterpret_cast<const uint32_t*>(panel), tile);
+                                reinterpret_cast<const uint32_t*>(panel), tile, ahead);
           } else {
             WidePanelRows<kRows>(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
                                  reinterpret_cast<const uint32_t*>(panel), tile);
@@ -256,11 +278,12 @@ bool runs_pairs() {
 namespace {
 template <int R>
 MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
-                                     const uint32_t* panel, Tile& tile) {
+                                     const uint32_t* panel, Tile& tile, Ahead ahead) {
   __m512 s[R][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) s[r][0] = _mm512_setzero_ps(), s[r][1] = _mm512_setzero_ps();
   auto step = [&](int64_t kp, bool last_odd) MOEKIT_AVX512_BF16 {
+    prefetch_step(ahead, kp);
     const __m512i v0 = _mm512_loadu_si512(panel + kp * kPanel);
     const __m512i v1 = _mm512_loadu_si512(panel + kp * kPanel + 16);
 #pragma GCC unroll 8
@@ -291,16 +314,16 @@ MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
 
 template <int R>
 void pairs_rows(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                Tile& tile) {
+                Tile& tile, Ahead ahead) {
   if constexpr (R > 1) {
-    if (rows < R) return pairs_rows<R - 1>(rows, a, lda, kc, panel, tile);
+    if (rows < R) return pairs_rows<R - 1>(rows, a, lda, kc, panel, tile, ahead);
   }
-  pairs_kernel<R>(a, lda, kc, panel, tile);
+  pairs_kernel<R>(a, lda, kc, panel, tile, ahead);
 }
 
 void pairs_panel(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                 Tile& tile) {
-  pairs_rows<kPairRows>(rows, a, lda, kc, panel, tile);
+                 Tile& tile, Ahead ahead) {
+  pairs_rows<kPairRows>(rows, a, lda, kc, panel, tile, ahead);
 }
 
 }  // namespace packed
