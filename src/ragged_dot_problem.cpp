@@ -46,16 +46,13 @@ RowGroupedGemm row_gemm(const ConstTensorView& a, const ConstTensorView& rhs, co
                         .exec = exec};
 }
 
-// The forward on packed weights (RaggedDotOptions::rhs_packed): a [m, K], rhs as packed_rhs_shape
-// says for a's dtype (bf16 or f32), c [m, n], on the CPU. The common checks are row_problem's.
+// A pass on packed weights (RaggedDotOptions::rhs_packed): a [m, kc], rhs packed for a
+// contraction of kc into c's columns (packed_rhs_shape(E_loc, kc, c columns) for a's dtype, bf16
+// or f32), c [m, n], on the CPU: the forward on the weights packed, the input gradient on their
+// transpose packed. The common checks are row_problem's.
 Status packed_row_problem(const char* op, const char* a_name, ConstTensorView a,
                           ConstTensorView rhs, const char* c_name, TensorView c,
-                          const RaggedDotOptions& opt, const Exec& exec, bool contract_over_rhs_n,
-                          RowGroupedGemm* out) {
-  if (contract_over_rhs_n) {
-    return Status::invalid_argument(op, "options.rhs_packed", "true",
-                                    "packed weights serve the forward only (ragged_dot)");
-  }
+                          const RaggedDotOptions& opt, const Exec& exec, RowGroupedGemm* out) {
   if (opt.rhs_transposed) {
     return Status::invalid_argument(op, "options.rhs_transposed", "true",
                                     "packed weights have one layout: rhs_transposed must be false "
@@ -76,10 +73,9 @@ Status packed_row_problem(const char* op, const char* a_name, ConstTensorView a,
     if (rhs.shape[d] != want.dims[d]) {
       return Status::invalid_argument(
           op, fmt::format("rhs.shape[{}]", d), std::to_string(rhs.shape[d]),
-          fmt::format(
-              "packed weights for K = {} ({}.shape[1]) and n = {} ({}.shape[1]) are [E_loc, "
-              "{}, {}] (packed_rhs_shape)",
-              a.shape[1], a_name, c.shape[1], c_name, want.dims[1], want.dims[2]));
+          fmt::format("weights packed for a contraction of {} ({}.shape[1]) into {} columns "
+                      "({}.shape[1]) are [E_loc, {}, {}] (packed_rhs_shape)",
+                      a.shape[1], a_name, c.shape[1], c_name, want.dims[1], want.dims[2]));
     }
   }
   MOEKIT_RETURN_IF_ERROR(
@@ -102,8 +98,7 @@ Status row_problem(const char* op, const char* a_name, ConstTensorView a, ConstT
   MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "rhs", rhs.dtype, a_name, a.dtype));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, c_name, c.dtype, a.dtype));
 
-  if (opt.rhs_packed)
-    return packed_row_problem(op, a_name, a, rhs, c_name, c, opt, exec, contract_over_rhs_n, out);
+  if (opt.rhs_packed) return packed_row_problem(op, a_name, a, rhs, c_name, c, opt, exec, out);
   // rhs[j] is [K, n] (or [n, K] transposed). Its dims and strides, named by role:
   const int k_dim = opt.rhs_transposed ? 2 : 1, n_dim = opt.rhs_transposed ? 1 : 2;
   const int in_dim = contract_over_rhs_n ? n_dim : k_dim;   // contracted with a's columns
@@ -127,6 +122,11 @@ Status contraction_problem(const char* op, ConstTensorView lhs, ConstTensorView 
   MOEKIT_RETURN_IF_ERROR(check_view(op, "d_rhs", d_rhs, 3));
   MOEKIT_RETURN_IF_ERROR(check_float_input(op, "lhs", lhs.dtype, exec));
   MOEKIT_RETURN_IF_ERROR(check_mode(op, options, exec));
+  if (options.rhs_packed) {
+    return Status::invalid_argument(op, "options.rhs_packed", "true",
+                                    "the weight gradient writes the weights' own layout ([E_loc, "
+                                    "K, n], or [E_loc, n, K] with rhs_transposed); pack it after");
+  }
   MOEKIT_RETURN_IF_ERROR(check_same_dtype(op, "d_out", d_out.dtype, "lhs", lhs.dtype));
   MOEKIT_RETURN_IF_ERROR(check_output_dtype(op, "d_rhs", d_rhs.dtype, lhs.dtype));
   const int64_t m = lhs.shape[0];

@@ -28,8 +28,8 @@ struct Groups {
 // Forward and input gradient.
 //   A  [m, kc]   a + r*lda
 //   B  [E_loc] x [kc, n], element (j, k, c) at b + j*b_batch + k*b_s0 + c*b_s1; or, where
-//      b_packed (the forward on pack_ragged_rhs's layout; bf16 or f32), at b + j*b_batch +
-//      packed_b_offset(b_s0, k, c, in_type), b_s1 1
+//      b_packed (pack_ragged_rhs's layout, bf16 or f32: the forward's weights or the input
+//      gradient's transpose), at b + j*b_batch + packed_b_offset(b_s0, k, c, in_type), b_s1 1
 //   C  [m, n]    c + r*ldc; non-local rows set to 0 unless accumulate
 struct RowGroupedGemm {
   DType in_type, out_type;

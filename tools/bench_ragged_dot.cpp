@@ -315,16 +315,22 @@ Weights make_weights(BenchDevice& dev, const Options& o, const RaggedDotProblem&
   return w;
 }
 
-// With --rhs-packed, `w`'s copies packed (pack_ragged_rhs), expert by expert at the same places.
-Weights pack_weights(BenchDevice& dev, const RaggedDotProblem& pr, DType in, const Weights& w) {
+// With --rhs-packed, `w`'s copies packed (pack_ragged_rhs), expert by expert at the same places:
+// for the forward, or (`transpose`) their transposes for the input gradient.
+Weights pack_weights(BenchDevice& dev, const RaggedDotProblem& pr, DType in, const Weights& w,
+                     bool transpose) {
   Weights p = w;
   p.next = 0;
-  const PackedRhsShape s = packed_rhs_shape(1, pr.K, pr.n, in);
+  const PackedRhsShape s =
+      transpose ? packed_rhs_shape(1, pr.n, pr.K, in) : packed_rhs_shape(1, pr.K, pr.n, in);
   p.expert_bytes = static_cast<size_t>(s.dims[1] * s.dims[2]) * dtype_size(in);
   const int64_t experts = pr.E + (w.copies - 1) * w.span;
   p.mem = dev.alloc(experts * p.expert_bytes);
+  RaggedDotOptions read_as;
+  read_as.rhs_transposed = transpose;  // [E, K, n] read as [E, n' = K, K' = n]
   check(pack_ragged_rhs(ConstTensorView(w.mem.bytes_data(), in, {experts, pr.K, pr.n}),
-                        TensorView(p.mem.bytes_data(), in, {experts, s.dims[1], s.dims[2]})));
+                        TensorView(p.mem.bytes_data(), in, {experts, s.dims[1], s.dims[2]}),
+                        read_as));
   return p;
 }
 
@@ -377,7 +383,8 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
     }
     const int64_t m = pr.m, E = pr.E, K = pr.K, n = pr.n;
     Weights rhs = make_weights(dev, o, pr, in, text);
-    Weights packed = o.rhs_packed ? pack_weights(dev, pr, in, rhs) : Weights{};
+    const bool dlhs_only = o.passes == std::vector<std::string>{"dlhs"};
+    Weights packed = o.rhs_packed ? pack_weights(dev, pr, in, rhs, dlhs_only) : Weights{};
     Mem lhs = dev.alloc(m * K * in_es), d_out = dev.alloc(m * n * in_es);
     Mem y = dev.alloc(m * n * out_es), d_lhs = dev.alloc(m * K * out_es),
         d_rhs = dev.alloc(drhs ? E * K * n * out_es : 1);
@@ -410,9 +417,11 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
                                  TensorView(d_rhs.data(), out, {e_loc, rows, cols}), opt, exec);
         }
         if (opt.rhs_packed) {
-          const PackedRhsShape s = packed_rhs_shape(e_loc, K, n, in);
+          const PackedRhsShape s =
+              pass == "fwd" ? packed_rhs_shape(e_loc, K, n, in) : packed_rhs_shape(e_loc, n, K, in);
           const ConstTensorView w(packed.data(), in, {e_loc, s.dims[1], s.dims[2]});
-          return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
+          if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
+          return ragged_dot_dlhs(d_out_v, w, groups, d_lhs_v, opt, exec);
         }
         const ConstTensorView w(rhs.data(), in, {e_loc, rows, cols});
         if (pass == "fwd") return ragged_dot(lhs_v, w, groups, y_v, opt, exec);
@@ -459,10 +468,12 @@ int run(const Options& o) {
     throw CLI::ValidationError("--ep-shards", fmt::format("{} must divide E = {}", o.shards, p->E));
   }
   if (o.rhs_packed && (cuda || (in != DType::kBF16 && in != DType::kF32) || o.rhs_transposed ||
-                       o.passes != std::vector<std::string>{"fwd"})) {
+                       (o.passes != std::vector<std::string>{"fwd"} &&
+                        o.passes != std::vector<std::string>{"dlhs"}))) {
     throw CLI::ValidationError("--rhs-packed",
-                               "packed weights serve the CPU's bf16 and f32 forward: --passes fwd, "
-                               "bf16 or f32, no --rhs-transposed, --device cpu");
+                               "packed weights serve the CPU's bf16 and f32 forward and input "
+                               "gradient, one at a time: --passes fwd or dlhs, bf16 or f32, no "
+                               "--rhs-transposed, --device cpu");
   }
   if (o.invariant && cuda) {
     throw CLI::ValidationError("--invariant", "the batch-invariant mode runs on the CPU only");
@@ -686,9 +697,11 @@ void register_bench_ragged_dot(CLI::App& bench) {
   cmd->add_flag("--rhs-transposed", opts->rhs_transposed,
                 "The weights stored [E, n, K] (RaggedDotOptions::rhs_transposed), each pass and "
                 "its dense matmul in that layout");
-  cmd->add_flag("--rhs-packed", opts->rhs_packed,
-                "The forward on packed weights (pack_ragged_rhs, RaggedDotOptions::rhs_packed; "
-                "--passes fwd, bf16 or f32, CPU); --baseline runs on the same weights unpacked");
+  cmd->add_flag(
+      "--rhs-packed", opts->rhs_packed,
+      "The forward on packed weights (pack_ragged_rhs, RaggedDotOptions::rhs_packed; "
+      "--passes fwd, or dlhs on their transposes packed; bf16 or f32, CPU); --baseline runs on the "
+      "same weights unpacked");
   cmd->add_option("--imbalance", opts->imbalance, "Group size spread, see the header line")
       ->check(CLI::Range(0.0, 0.99))
       ->capture_default_str();

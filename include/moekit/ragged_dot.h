@@ -105,10 +105,13 @@ struct RaggedDotOptions {
   // 32-128; bench/results/ragged_dot_small-cpu-2026-11-28-5). Weights used for inference only
   // run fastest stored [E_loc, n, K].
   bool rhs_transposed = false;
-  // rhs is packed (pack_ragged_rhs, below): bf16 [E_loc, ceil(n / 32), 64 * ceil(K / 2)] or f32
-  // [E_loc, ceil(n / 32), 32 * K]. The forward only, on host buffers, with rhs_transposed false
-  // (the packed form is the same whichever layout it was packed from); kCpuStream and kReference
-  // take it (kAuto: kCpuStream).
+  // rhs is packed (pack_ragged_rhs, below), for the pass that reads it: the forward's weights
+  // packed, packed_rhs_shape(E_loc, K, n, dtype) (bf16 [E_loc, ceil(n / 32), 64 * ceil(K / 2)],
+  // f32 [E_loc, ceil(n / 32), 32 * K]); the input gradient's their transpose packed,
+  // packed_rhs_shape(E_loc, n, K, dtype) (pack_ragged_rhs with rhs_transposed the opposite of the
+  // weights' layout: frozen weights, a second copy). Not the weight gradient; on host buffers,
+  // with rhs_transposed false (the packed form is the same whichever layout it was packed from);
+  // kCpuStream and kReference take it (kAuto: kCpuStream).
   bool rhs_packed = false;
   // Add into the existing output instead of overwriting it. Forward and input gradient: rows
   // outside the local groups are left untouched (so shards can sum into one buffer). Weight
@@ -150,7 +153,11 @@ Status ragged_dot(ConstTensorView lhs, ConstTensorView rhs, const RaggedDotGroup
 // sums through L2 at 4-16 rows a group: on mixtral-8x7b's gate|up ([4096, 28672] bf16, an AMD
 // EPYC with AVX512-BF16) the forward on this layout ran 1.44-1.61x faster there, and 0.98-1.55x
 // the unpacked weights' kAuto on four presets' shapes at 1-2048 tokens
-// (bench/results/ragged_dot_small-cpu-2026-11-29-5).
+// (bench/results/ragged_dot_small-cpu-2026-11-29-5). For the input gradient through weights that
+// do not change (frozen experts), pack their transpose as well: pack_ragged_rhs(w, packed_t,
+// {.rhs_transposed = true}) reads [E_loc, K, n] weights as [E_loc, n' = K, K' = n] and writes
+// packed_rhs_shape(E_loc, n, K), which ragged_dot_dlhs reads with rhs_packed (from [E_loc, n, K]
+// weights, rhs_transposed false).
 //   rhs          [E_loc, K, n]  ([E_loc, n, K] if options.rhs_transposed)   bf16 | f32, host memory
 //   packed       packed_rhs_shape(E_loc, K, n, rhs dtype), rhs dtype,        host memory
 Status pack_ragged_rhs(ConstTensorView rhs, TensorView packed, const RaggedDotOptions& options = {},
@@ -167,7 +174,8 @@ PackedRhsShape packed_rhs_shape(int64_t num_local_groups, int64_t K, int64_t n,
 // Input gradient: d_lhs = ragged_dot(d_out, rhs^T) with the same groups and offset; 0 on
 // non-local rows (untouched with accumulate).
 //   d_out        [m, n]                                  f32 | bf16
-//   rhs          as in the forward (options.rhs_transposed says its layout), dtype of d_out
+//   rhs          as in the forward (options.rhs_transposed says its layout), dtype of d_out; or,
+//                with rhs_packed, rhs^T packed: packed_rhs_shape(E_loc, n, K, d_out dtype)
 //   d_lhs        [m, K]                                  f32 | d_out dtype
 Status ragged_dot_dlhs(ConstTensorView d_out, ConstTensorView rhs, const RaggedDotGroups& groups,
                        TensorView d_lhs, const RaggedDotOptions& options = {},

@@ -239,6 +239,75 @@ TEST(RaggedDotPacked, EveryKernelAgainstTheOracle) {
 
 // A row's output is the same bits in the batch-invariant mode whatever the rows beside it and
 // the threads: one row alone in its group, then the same row among 12 others of a bigger group.
+// The input gradient on the weights' transpose packed (pack_ragged_rhs reading [E, K, n] as
+// [E, n', K']), against an oracle on the weights (double accumulation): every call of calls()
+// with lhs and out's roles swapped (d_out [m, n], d_lhs [m, K]), on kAuto, the reference and the
+// stream on 1-3 threads; then the same bits as the forward through that packing.
+TEST(RaggedDotPacked, InputGradientOnTheTransposePacked) {
+  for (const Call& call : calls()) {
+    SCOPED_TRACE(fmt::format("{} K {} n {} sizes {} offset {}", dtype_name(call.in), call.K, call.n,
+                             call.sizes.size(), call.offset));
+    std::mt19937 rng(11);
+    int64_t m = 3;
+    for (int32_t s : call.sizes) m += s;
+    const auto G = static_cast<int64_t>(call.sizes.size());
+    const int64_t e_loc = call.e_loc > 0 ? call.e_loc : G;
+    HostTensor d_out(call.in, {m, call.n}), w(call.in, {e_loc, call.K, call.n});
+    d_out.fill_random(rng);
+    w.fill_random(rng);
+    RaggedDotOptions flip;
+    flip.rhs_transposed = true;
+    const PackedRhsShape s = packed_rhs_shape(e_loc, call.n, call.K, call.in);
+    HostTensor packed_t(call.in, {s.dims[0], s.dims[1], s.dims[2]});
+    ASSERT_TRUE(pack_ragged_rhs(w.in(), packed_t.mut(), flip).ok());
+    std::vector<int64_t> group(m, -1);
+    for (int64_t j = 0, r = 0; j < G; r += call.sizes[j], ++j) {
+      for (int64_t i = r; i < r + call.sizes[j]; ++i) {
+        if (j >= call.offset && j < call.offset + e_loc) group[i] = j - call.offset;
+      }
+    }
+    RaggedDotOptions o;
+    o.rhs_packed = true;
+    const int was = omp_get_max_threads();
+    for (int v = 0; v < 5; ++v) {  // kAuto, the reference, the stream on 1 / 2 / 3 threads
+      o.impl = v == 0 ? RaggedDotImpl::kAuto
+                      : (v == 1 ? RaggedDotImpl::kReference : RaggedDotImpl::kCpuStream);
+      omp_set_num_threads(v < 2 ? was : v - 1);
+      SCOPED_TRACE(fmt::format("{} on {} threads", impl_name(o.impl), omp_get_max_threads()));
+      HostTensor d_lhs(call.out, {m, call.K});
+      d_lhs.fill_random(rng);
+      const Status st =
+          ragged_dot_dlhs(d_out.in(), packed_t.in(), {call.sizes, call.offset}, d_lhs.mut(), o);
+      ASSERT_TRUE(st.ok()) << st.message();
+      int failures = 0;
+      for (int64_t r = 0; r < m && failures < 5; ++r) {
+        for (int64_t k = 0; k < call.K && failures < 5; ++k) {
+          double want = 0, abs_sum = 0;
+          for (int64_t c = 0; group[r] >= 0 && c < call.n; ++c) {
+            const double t = d_out.get({r, c}) * w.get({group[r], k, c});
+            want += t, abs_sum += std::abs(t);
+          }
+          double tol = (call.n + 4) * 1.2e-7 * abs_sum + 1e-30;
+          if (call.out == DType::kBF16) tol += std::ldexp(std::abs(want), -8);
+          if (!(std::abs(d_lhs.get({r, k}) - want) <= tol)) {
+            ADD_FAILURE() << "row " << r << " col " << k << ": " << d_lhs.get({r, k}) << ", want "
+                          << want << " +- " << tol;
+            ++failures;
+          }
+        }
+      }
+    }
+    omp_set_num_threads(was);
+    // The input gradient is the forward of d_out through the transpose's packing, to the bit.
+    o.impl = RaggedDotImpl::kAuto;
+    HostTensor a(call.out, {m, call.K}), b(call.out, {m, call.K});
+    ASSERT_TRUE(
+        ragged_dot_dlhs(d_out.in(), packed_t.in(), {call.sizes, call.offset}, a.mut(), o).ok());
+    ASSERT_TRUE(ragged_dot(d_out.in(), packed_t.in(), {call.sizes, call.offset}, b.mut(), o).ok());
+    EXPECT_EQ(a.bytes, b.bytes);
+  }
+}
+
 class RaggedDotPackedDtype : public ::testing::TestWithParam<DType> {};
 
 TEST_P(RaggedDotPackedDtype, BatchInvariant) {
@@ -289,9 +358,12 @@ TEST(RaggedDotPacked, BadInput) {
     EXPECT_FALSE(s.ok());
     EXPECT_NE(message(s).find(names), std::string::npos) << message(s);
   };
-  // The input gradient does not take packed weights.
+  // The input gradient does not take the forward's packing (it reads the transpose's), nor does
+  // the weight gradient take packed weights.
   HostTensor d_out(DType::kBF16, {m, n}), d_lhs(DType::kF32, {m, K});
-  expect_error(ragged_dot_dlhs(d_out.in(), p.in(), sizes, d_lhs.mut(), o), "rhs_packed");
+  expect_error(ragged_dot_dlhs(d_out.in(), p.in(), sizes, d_lhs.mut(), o), "rhs.shape[1]");
+  HostTensor d_w(DType::kF32, {2, K, n});
+  expect_error(ragged_dot_drhs(lhs.in(), d_out.in(), sizes, d_w.mut(), o), "options.rhs_packed");
   // Nor rhs_transposed beside it.
   RaggedDotOptions t = o;
   t.rhs_transposed = true;
