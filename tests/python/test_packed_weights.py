@@ -119,6 +119,66 @@ def test_errors_name_the_argument():
             .block_until_ready()
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["EKn", "EnK"])
+@pytest.mark.parametrize("m,K,n,sizes", [(40, 7, 70, [13, 0, 27]), (9, 33, 40, [5, 0, 4]),
+                                         (0, 5, 33, [0, 0])])
+@DTYPES
+def test_input_gradient_through_the_transposes_packed(m, K, n, sizes, transposed, dtype):
+    # pack_ragged_rhs(..., input_gradient=True): lhs's gradient (grad, jvp, linear_transpose,
+    # under jit and vmap) equals the one through the weights unpacked, on every offset; the
+    # transposes' layout is the documented one of the weights' transposes.
+    rng = np.random.default_rng(m + 7 * K + n)
+    num_groups = len(sizes)
+    lhs, gs = _bf16(rng, (m, K), dtype), jnp.asarray(sizes, jnp.int32)
+    for num_local in sorted({1, num_groups}):
+        w = _bf16(rng, (num_local, K, n), dtype)
+        packed = mj.pack_ragged_rhs(jnp.swapaxes(w, 1, 2) if transposed else w,
+                                    rhs_transposed=transposed, input_gradient=True)
+        np.testing.assert_array_equal(packed.data_t,
+                                      mj.pack_ragged_rhs(jnp.swapaxes(w, 1, 2)).data)
+        assert "input_gradient" in repr(packed)
+        ct = _bf16(rng, (m, n), F32)
+        for offset in range(num_groups - num_local + 1):
+            def loss(a, rhs):
+                out = mj.ragged_dot(a, rhs, gs, group_offset=offset, preferred_element_type=F32)
+                return jnp.sum(out * ct)
+            got = jax.jit(jax.grad(loss))(lhs, packed)
+            want = jax.grad(loss)(lhs, w)
+            assert got.dtype == dtype and got.shape == (m, K)
+            np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                       rtol=1e-6, atol=1e-6 * n)
+            f = lambda a: mj.ragged_dot(a, packed, gs, group_offset=offset,
+                                        preferred_element_type=F32)
+            _, tangent = jax.jvp(f, (lhs,), (lhs,))
+            np.testing.assert_allclose(tangent, f(lhs), rtol=1e-6, atol=1e-6)  # linear in lhs
+            (back,) = jax.linear_transpose(f, lhs)(ct)
+            np.testing.assert_allclose(np.asarray(back, np.float32), np.asarray(want, np.float32),
+                                       rtol=1e-6, atol=1e-6 * n)
+    if m:  # a batch of 2 under vmap, each its own call
+        batch = jnp.stack([lhs, lhs[::-1]])
+        grads = jax.vmap(jax.grad(lambda a: jnp.sum(mj.ragged_dot(a, packed, gs).astype(F32))))(
+            batch)
+        for b in range(2):
+            want = jax.grad(lambda a: jnp.sum(mj.ragged_dot(a, w, gs).astype(F32)))(batch[b])
+            np.testing.assert_allclose(np.asarray(grads[b], np.float32),
+                                       np.asarray(want, np.float32), rtol=1e-6, atol=1e-5)
+
+
+def test_input_gradient_refuses_the_weights_gradient():
+    rng = np.random.default_rng(6)
+    w, gs = _bf16(rng, (2, 8, 16)), jnp.asarray([3, 4], jnp.int32)
+    packed = mj.pack_ragged_rhs(w, input_gradient=True)
+    lhs = jnp.ones((7, 8), BF16)
+    loss = lambda a, p: jnp.sum(mj.ragged_dot(a, p, gs).astype(F32))
+    with pytest.raises(TypeError, match="packed weights .PackedRhs. take no gradient"):
+        jax.grad(loss, argnums=1)(lhs, packed)
+    with pytest.raises(TypeError, match="packed weights .PackedRhs. take no gradient"):
+        jax.jvp(lambda d: loss(lhs, mj.PackedRhs(d, 8, 16, packed.data_t)), (packed.data,),
+                (packed.data,))
+    with pytest.raises(TypeError, match="for lhs's gradient pack them with input_gradient=True"):
+        jax.grad(loss)(lhs, mj.pack_ragged_rhs(w))
+
+
 def _layer_params(rng, H, F, E, shared, dtype=BF16):
     w = lambda *shape: jnp.asarray(rng.standard_normal(shape) / np.sqrt(shape[-2]), dtype)
     return mj.MoeParams(w(H, E), w(E, H, 2 * F), w(E, F, H),

@@ -127,13 +127,17 @@ def _transpose(kind, ct, a, b, group_sizes, group_offset, *, out_dtype, num_loca
     return (grad, None, None, None) if first else (None, grad, None, None)
 
 
-def _batch(kind, args, dims, *, out_dtype, num_local, batch_invariant, rhs_transposed):
-    """Under vmap: one call per batch element (a lax.map over the batch)."""
+def _map_batch(call, args, dims):
+    """Under vmap: `call` once per batch element (a lax.map over the batch)."""
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
     moved = tuple(jnp.moveaxis(x, d, 0) if d is not None else
                   jnp.broadcast_to(x, (size,) + x.shape) for x, d in zip(args, dims))
-    return jax.lax.map(lambda xs: _bind(kind, *xs, out_dtype, num_local, batch_invariant,
-                                        rhs_transposed), moved), 0
+    return jax.lax.map(lambda xs: call(*xs), moved), 0
+
+
+def _batch(kind, args, dims, *, out_dtype, num_local, batch_invariant, rhs_transposed):
+    return _map_batch(lambda *xs: _bind(kind, *xs, out_dtype, num_local, batch_invariant,
+                                        rhs_transposed), args, dims)
 
 
 def _lower(kind, ctx, *args, out_dtype, num_local, batch_invariant, rhs_transposed):
@@ -186,8 +190,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     Args:
       lhs: ``[m, K]`` float32, bfloat16 or float16 (on the CPU float16 is computed in float32).
       rhs: ``[E_loc, K, n]``: the local groups' matrices; promoted with `lhs`. Or a
-        `PackedRhs` (`pack_ragged_rhs`) for inference on the CPU: then lhs has its dtype
-        (bfloat16 or float32) and there is no gradient.
+        `PackedRhs` (`pack_ragged_rhs`) for the CPU: then lhs has its dtype (bfloat16 or
+        float32), and only lhs has a gradient, where the transposes are packed too
+        (``input_gradient=True``).
       group_sizes: ``[G]`` integers, ``G >= E_loc``, each >= 0, summing to at most m.
       precision: accepted as `jax.lax.ragged_dot` does; products always accumulate in float32.
       preferred_element_type: the result dtype, any float dtype (default: the promoted inputs').
@@ -223,14 +228,16 @@ class PackedRhs:
     front to back, the padding 0: `data` in bfloat16 ``[E_loc, ceil(n / 32), 64 * ceil(K / 2)]``,
     the contraction as pairs (element ``(j, k, c)`` at ``data[j, c // 32, 64 * (k // 2) + 2 *
     (c % 32) + k % 2]``), or in float32 ``[E_loc, ceil(n / 32), 32 * K]`` (at ``data[j, c //
-    32, 32 * k + c % 32]``). `ragged_dot` takes it in place of rhs. A pytree (its leaf `data`;
-    K and n static), so it passes through `jit`, `device_put` and checkpoints as an array
-    does."""
+    32, 32 * k + c % 32]``). `data_t`, where it is packed too (`pack_ragged_rhs(...,
+    input_gradient=True)`), holds the transposes ``[E_loc, n, K]`` in the same layout, which
+    lhs's gradient reads. `ragged_dot` takes it in place of rhs. A pytree (its leaves `data` and
+    `data_t`; K and n static), so it passes through `jit`, `device_put` and checkpoints as an
+    array does."""
 
     ndim = 3
 
-    def __init__(self, data, k, n):
-        self.data, self.k, self.n = data, int(k), int(n)
+    def __init__(self, data, k, n, data_t=None):
+        self.data, self.k, self.n, self.data_t = data, int(k), int(n), data_t
 
     @property
     def num_local(self):
@@ -247,27 +254,32 @@ class PackedRhs:
         return (self.num_local, self.k, self.n)
 
     def tree_flatten(self):
-        return (self.data,), (self.k, self.n)
+        return (self.data, self.data_t), (self.k, self.n)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
+        return cls(children[0], *aux, data_t=children[1])
 
     def __repr__(self):
-        return f"PackedRhs(E_loc={self.num_local}, K={self.k}, n={self.n})"
+        grad = ", input_gradient" if self.data_t is not None else ""
+        return f"PackedRhs(E_loc={self.num_local}, K={self.k}, n={self.n}{grad})"
 
 
-def pack_ragged_rhs(rhs, *, rhs_transposed=False):
-    """Expert weights in the packed layout of `PackedRhs`, for inference on the CPU: weights
-    that do not change, read by every forward call. The C++ `pack_ragged_rhs` makes the same
-    layout. The forward on it ran 0.98-1.55x as fast as on the same weights unpacked at 1-2048
-    tokens (bench/results/ragged_dot_small-cpu-2026-11-29-5, a Zen 4 EPYC); the packed weights
-    take no gradient, and CUDA does not read them.
+def pack_ragged_rhs(rhs, *, rhs_transposed=False, input_gradient=False):
+    """Expert weights in the packed layout of `PackedRhs`, for the CPU, where the weights do not
+    change (inference, or frozen experts) and every forward call reads them. The C++
+    `pack_ragged_rhs` makes the same layout. The forward on it ran 0.98-1.55x as fast as on the
+    same weights unpacked at 1-2048 tokens (bench/results/ragged_dot_small-cpu-2026-11-29-5, a
+    Zen 4 EPYC). The packed weights take no gradient, and CUDA does not read them; lhs's
+    gradient needs their transposes packed too (`input_gradient`).
 
     Args:
       rhs: ``[E_loc, K, n]`` bfloat16 or float32 (``[E_loc, n, K]``, a linear layer's
         ``[out, in]`` per expert, with `rhs_transposed`).
       rhs_transposed: rhs is ``[E_loc, n, K]``.
+      input_gradient: also pack the transposes (`PackedRhs.data_t`, as many bytes again), so
+        that `ragged_dot` on them differentiates to lhs (the C++ input gradient on packed
+        weights).
 
     Returns:
       a `PackedRhs` of rhs's dtype: ``[E_loc, ceil(n / 32), 64 * ceil(K / 2)]`` in bfloat16,
@@ -280,19 +292,27 @@ def pack_ragged_rhs(rhs, *, rhs_transposed=False):
         raise TypeError(f"{fn}: rhs dtype {rhs.dtype} is neither bfloat16 nor float32 (the "
                         f"packed layout holds those; cast the weights first)")
     w = jnp.swapaxes(rhs, 1, 2) if _ffi.bool_arg(fn, "rhs_transposed", rhs_transposed) else rhs
+    data_t = (_packed_layout(jnp.swapaxes(w, 1, 2))
+              if _ffi.bool_arg(fn, "input_gradient", input_gradient) else None)
+    return PackedRhs(_packed_layout(w), w.shape[1], w.shape[2], data_t)
+
+
+def _packed_layout(w):
+    """[E, K, n] weights in PackedRhs's layout."""
     e, k, n = w.shape
     # Contraction rows per 32-bit word: a bfloat16 pair, or one float32.
-    per = 2 if rhs.dtype == jnp.bfloat16 else 1
+    per = 2 if w.dtype == jnp.bfloat16 else 1
     words, panels = -(-k // per), -(-n // 32)
     w = jnp.pad(w, ((0, 0), (0, per * words - k), (0, 32 * panels - n)))
     # [E, word, k % per, panel, c % 32] -> [E, panel, word, c % 32, k % per]
     w = w.reshape(e, words, per, panels, 32).transpose(0, 3, 1, 4, 2)
-    return PackedRhs(w.reshape(e, panels, 32 * per * words), k, n)
+    return w.reshape(e, panels, 32 * per * words)
 
 
 def _ragged_packed(lhs, rhs, group_sizes, precision, preferred_element_type, group_offset,
                    batch_invariant):
-    """ragged_dot's forward on a PackedRhs: rows of its dtype on the CPU, no gradient."""
+    """ragged_dot's forward on a PackedRhs: rows of its dtype on the CPU; lhs's gradient where
+    the transposes are packed too, none otherwise."""
     fn = "ragged_dot"
     _check_precision(precision)
     lhs = jnp.asarray(lhs)
@@ -308,6 +328,11 @@ def _ragged_packed(lhs, rhs, group_sizes, precision, preferred_element_type, gro
                                         rhs.num_local)
     invariant = _ffi.bool_arg(fn, "batch_invariant", batch_invariant)
     shape = (lhs.shape[0], rhs.n)
+    if rhs.data_t is not None:
+        return _PACKED.bind(*_ffi.vary_alike((lhs, rhs.data, rhs.data_t, group_sizes,
+                                              group_offset)),
+                            out_dtype=np.dtype(kernel_out), n_out=rhs.n,
+                            batch_invariant=invariant).astype(out_dtype)
 
     @jax.custom_jvp
     def forward(lhs, data, group_sizes, group_offset):
@@ -317,9 +342,68 @@ def _ragged_packed(lhs, rhs, group_sizes, precision, preferred_element_type, gro
     @forward.defjvp
     def _no_gradient(primals, tangents):
         raise TypeError(f"{fn}: packed weights (PackedRhs) serve the forward only, for "
-                        f"inference; differentiate with the weights unpacked")
+                        f"inference; for lhs's gradient pack them with input_gradient=True, "
+                        f"for theirs differentiate with the weights unpacked")
 
     return forward(lhs, rhs.data, group_sizes, group_offset).astype(out_dtype)
+
+
+# The forward on packed weights whose transposes are packed too, as a primitive linear in its
+# first operand: packed(a, P, Pt) = a @ W per group, with P = W packed and Pt = W^T packed. Its
+# JVP is itself and its transpose packed(ct, Pt, P) (ragged_dot_dlhs on Pt): grad, jvp and
+# linear_transpose of any order reach a; the packed weights take none (an error names them).
+def _packed_impl(a, data, data_t, group_sizes, group_offset, *, out_dtype, n_out,
+                 batch_invariant):
+    return _ffi.call("moekit_ragged_dot_fwd_packed", ((a.shape[0], n_out), out_dtype), a, data,
+                     group_sizes, group_offset, batch_invariant=batch_invariant)
+
+
+def _packed_abstract_eval(a, data, data_t, group_sizes, group_offset, *, out_dtype, n_out,
+                          batch_invariant):
+    return jax.core.ShapedArray((a.shape[0], n_out), out_dtype,
+                                **_ffi.varying_type((a, data, data_t, group_sizes,
+                                                     group_offset)))
+
+
+def _packed_no_weight_gradient():
+    return TypeError("ragged_dot: packed weights (PackedRhs) take no gradient; differentiate "
+                     "with the weights unpacked")
+
+
+def _packed_jvp(primals, tangents, **params):
+    if any(type(t) is not ad.Zero for t in tangents[1:3]):
+        raise _packed_no_weight_gradient()
+    out = _PACKED.bind(*primals, **params)
+    if type(tangents[0]) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, _PACKED.bind(tangents[0], *primals[1:], **params)
+
+
+def _packed_transpose(ct, a, data, data_t, group_sizes, group_offset, *, out_dtype, n_out,
+                      batch_invariant):
+    if ad.is_undefined_primal(data) or ad.is_undefined_primal(data_t):
+        raise _packed_no_weight_gradient()
+    if type(ct) is ad.Zero:
+        return (ad.Zero(a.aval), None, None, None, None)
+    # The kernel takes the cotangent in the operands' dtype.
+    grad = _PACKED.bind(ct.astype(data.dtype), data_t, data, group_sizes, group_offset,
+                        out_dtype=np.dtype(a.aval.dtype), n_out=a.aval.shape[1],
+                        batch_invariant=batch_invariant)
+    return (grad, None, None, None, None)
+
+
+def _packed_batch(args, dims, **params):
+    return _map_batch(lambda *xs: _PACKED.bind(*xs, **params), args, dims)
+
+
+_PACKED = Primitive("moekit_ragged_dot_packed")
+_PACKED.def_impl(_packed_impl)
+_PACKED.def_abstract_eval(_packed_abstract_eval)
+mlir.register_lowering(_PACKED, lambda ctx, *args, **params: mlir.lower_fun(
+    functools.partial(_packed_impl, **params), multiple_results=False)(ctx, *args))
+ad.primitive_jvps[_PACKED] = _packed_jvp
+ad.primitive_transposes[_PACKED] = _packed_transpose
+batching.primitive_batchers[_PACKED] = _packed_batch
 
 
 def _ragged_rows(fn, lhs, rhs, group_sizes, precision, preferred_element_type, group_offset,
