@@ -94,21 +94,38 @@ constexpr int kVecs = static_cast<int>(packed::kPanel / HWY_LANES(float));
 constexpr int kRegisters = HWY_TARGET <= HWY_AVX3 ? 32 : 16;
 constexpr int kRows = std::clamp(kRegisters / 2 / kVecs, 1, packed::kPairRows);
 
+// R rows' sums over a panel's 32 columns, in registers: zero to start, stored into a tile.
+template <int R>
+struct Sums {
+  static constexpr size_t N = HWY_LANES(float);
+  hn::Vec<D> v[R][kVecs];
+  Sums() {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < kVecs; ++j) v[r][j] = hn::Zero(D());
+  }
+  hn::Vec<D>* operator[](int r) { return v[r]; }
+  void Store(packed::Tile& tile) const {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int j = 0; j < kVecs; ++j) hn::StoreU(v[r][j], D(), tile[r] + j * N);
+  }
+};
+
 // Widened from a panel's pairs: tile[r][c] as pairs_panel's, on f32 FMA.
 template <int R>
 HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                            packed::Tile& tile) {
+                            packed::Tile& tile, packed::Ahead ahead) {
   const D d;
   const DU du;
   constexpr size_t N = HWY_LANES(float);
-  hn::Vec<D> s[R][kVecs];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < kVecs; ++v) s[r][v] = hn::Zero(d);
+  Sums<R> s;
   const auto high = hn::Set(du, 0xffff0000u);
   const int64_t pairs = (kc + 1) / 2;
   for (int64_t kp = 0; kp < pairs; ++kp) {
+    packed::prefetch_step(ahead, kp);
     const uint32_t* row = panel + kp * packed::kPanel;
     hn::Vec<D> even[kVecs], odd[kVecs];
 #pragma GCC unroll 8
@@ -130,10 +147,7 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
       }
     }
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < kVecs; ++v) hn::StoreU(s[r][v], d, tile[r] + v * N);
+  s.Store(tile);
 }
 
 // The f32 kernel: tile[r][c] = sum over k < kc of A[r][k] * the panel's (k, c), the panel one
@@ -143,11 +157,7 @@ HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const floa
                              packed::Tile& tile, packed::Ahead ahead) {
   const D d;
   constexpr size_t N = HWY_LANES(float);
-  hn::Vec<D> s[R][kVecs];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < kVecs; ++v) s[r][v] = hn::Zero(d);
+  Sums<R> s;
   for (int64_t k = 0; k < kc; ++k) {
     packed::prefetch_step(ahead, k);
     const float* row = panel + k * packed::kPanel;
@@ -161,10 +171,7 @@ HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const floa
       for (int v = 0; v < kVecs; ++v) s[r][v] = hn::MulAdd(x, b[v], s[r][v]);
     }
   }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int v = 0; v < kVecs; ++v) hn::StoreU(s[r][v], d, tile[r] + v * N);
+  s.Store(tile);
 }
 
 template <int R>
@@ -178,11 +185,11 @@ void FloatPanelRows(int rows, const float* a, int64_t lda, int64_t kc, const flo
 
 template <int R>
 void WidePanelRows(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                   packed::Tile& tile) {
+                   packed::Tile& tile, packed::Ahead ahead) {
   if constexpr (R > 1) {
-    if (rows < R) return WidePanelRows<R - 1>(rows, a, lda, kc, panel, tile);
+    if (rows < R) return WidePanelRows<R - 1>(rows, a, lda, kc, panel, tile, ahead);
   }
-  WidePanel<R>(a, lda, kc, panel, tile);
+  WidePanel<R>(a, lda, kc, panel, tile, ahead);
 }
 
 }  // namespace
@@ -249,7 +256,7 @@ void RunPacked(const RowGroupedGemm& g) {
                                 reinterpret_cast<const uint32_t*>(panel), tile, ahead);
           } else {
             WidePanelRows<kRows>(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
-                                 reinterpret_cast<const uint32_t*>(panel), tile);
+                                 reinterpret_cast<const uint32_t*>(panel), tile, ahead);
           }
           packed::store_tile(g, tile, rows, gr.row + r0, col, cols);
         }
