@@ -60,6 +60,15 @@ inline void prefetch_step(const Ahead& ahead, int64_t step) {
   if (step < ahead.lines) __builtin_prefetch(ahead.p + 64 * step, 0, 2);
 }
 
+// kernel.template operator()<rows>() for 1 <= rows <= R: a kernel compiled for each chunk height.
+template <int R, class Kernel>
+void with_rows(int rows, const Kernel& kernel) {
+  if constexpr (R > 1) {
+    if (rows < R) return with_rows<R - 1>(rows, kernel);
+  }
+  kernel.template operator()<R>();
+}
+
 // Adds `tile`'s first `cols` columns of `rows` rows to (accumulate) or writes them over c's rows
 // from `row`, columns from `col`.
 inline void store_tile(const RowGroupedGemm& g, const Tile& tile, int rows, int64_t row,
@@ -174,24 +183,6 @@ HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const floa
   s.Store(tile);
 }
 
-template <int R>
-void FloatPanelRows(int rows, const float* a, int64_t lda, int64_t kc, const float* panel,
-                    packed::Tile& tile, packed::Ahead ahead) {
-  if constexpr (R > 1) {
-    if (rows < R) return FloatPanelRows<R - 1>(rows, a, lda, kc, panel, tile, ahead);
-  }
-  FloatPanel<R>(a, lda, kc, panel, tile, ahead);
-}
-
-template <int R>
-void WidePanelRows(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                   packed::Tile& tile, packed::Ahead ahead) {
-  if constexpr (R > 1) {
-    if (rows < R) return WidePanelRows<R - 1>(rows, a, lda, kc, panel, tile, ahead);
-  }
-  WidePanel<R>(a, lda, kc, panel, tile, ahead);
-}
-
 }  // namespace
 
 // The call: units of (local group, panel) split over the threads in contiguous runs of near-equal
@@ -248,15 +239,18 @@ void RunPacked(const RowGroupedGemm& g) {
             const int64_t first = std::min(lines, c * steps);
             ahead = {panel + g.b_s0 * elem + 64 * first, std::min(steps, lines - first)};
           }
+          const auto* a16 = reinterpret_cast<const uint16_t*>(ar);
+          const auto* pairs_of = reinterpret_cast<const uint32_t*>(panel);
           if (f32) {
-            FloatPanelRows<kRows>(rows, reinterpret_cast<const float*>(ar), g.lda, g.kc,
-                                  reinterpret_cast<const float*>(panel), tile, ahead);
+            const auto* a32 = reinterpret_cast<const float*>(ar);
+            const auto* f32_of = reinterpret_cast<const float*>(panel);
+            packed::with_rows<kRows>(
+                rows, [&]<int R>() { FloatPanel<R>(a32, g.lda, g.kc, f32_of, tile, ahead); });
           } else if (pairs) {
-            packed::pairs_panel(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
-                                reinterpret_cast<const uint32_t*>(panel), tile, ahead);
+            packed::pairs_panel(rows, a16, g.lda, g.kc, pairs_of, tile, ahead);
           } else {
-            WidePanelRows<kRows>(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
-                                 reinterpret_cast<const uint32_t*>(panel), tile, ahead);
+            packed::with_rows<kRows>(
+                rows, [&]<int R>() { WidePanel<R>(a16, g.lda, g.kc, pairs_of, tile, ahead); });
           }
           packed::store_tile(g, tile, rows, gr.row + r0, col, cols);
         }
@@ -319,18 +313,9 @@ MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
 }
 }  // namespace
 
-template <int R>
-void pairs_rows(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                Tile& tile, Ahead ahead) {
-  if constexpr (R > 1) {
-    if (rows < R) return pairs_rows<R - 1>(rows, a, lda, kc, panel, tile, ahead);
-  }
-  pairs_kernel<R>(a, lda, kc, panel, tile, ahead);
-}
-
 void pairs_panel(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
                  Tile& tile, Ahead ahead) {
-  pairs_rows<kPairRows>(rows, a, lda, kc, panel, tile, ahead);
+  with_rows<kPairRows>(rows, [&]<int R>() { pairs_kernel<R>(a, lda, kc, panel, tile, ahead); });
 }
 
 }  // namespace packed
