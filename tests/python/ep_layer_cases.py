@@ -1,7 +1,7 @@
 """The expert-parallel moe_layer (ep_axis, under shard_map) against moe_layer on one device, run
 by test_layer_ep.py in a fresh process per device count (XLA_FLAGS must be set before jax
 starts). Usage: python ep_layer_cases.py DEVICES  -- prints one line per case, exits 1 on any
-mismatch.
+mismatch. Then the same on the experts' weights packed with their transposes (frozen experts).
 
 Each case runs with both of XLA's exchanges: ep_exchange="all_to_all", and "ragged" with
 jax.lax.ragged_all_to_all replaced by ragged_all_to_all_reference's (XLA:CPU does not lower the
@@ -51,6 +51,44 @@ def run_case(name, case, dtype, exchange):
     how = compare(name, case, dtype, (*np_tree(got), jax.tree.leaves(np_tree(g_got))),
                   (*np_tree(want), jax.tree.leaves(np_tree(g_want))), grad_names(params))
     print(f"ok {name} {np.dtype(dtype).name} on {DEVICES} devices ({exchange}): {how}")
+
+
+def run_packed_case(name, case, dtype, exchange):
+    """The experts' weights packed with their transposes (pack_ragged_rhs(...,
+    input_gradient=True): frozen experts), each device its own experts': the sharded layer's
+    output, losses and gradients to x, the router and the shared expert against the one-device
+    layer on the same weights unpacked (its experts' gradients left out)."""
+    mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("ep",))
+    x, params, ct = problem(case, dtype, DEVICES)
+    kw = layer_kwargs(case)
+    packed = params._replace(w_in=mj.pack_ragged_rhs(params.w_in, input_gradient=True),
+                             w_out=mj.pack_ragged_rhs(params.w_out, input_gradient=True))
+
+    def frozen(p):
+        return p._replace(w_in=jax.lax.stop_gradient(p.w_in),
+                          w_out=jax.lax.stop_gradient(p.w_out))
+
+    def sharded(x, params):
+        return jax.shard_map(
+            lambda x, p: mj.moe_layer(x, p, ep_axis="ep", ep_exchange=exchange, **kw), mesh=mesh,
+            in_specs=(P("ep"), param_specs(params)), out_specs=(P("ep"), P()))(x, frozen(params))
+
+    one = reference(case, DEVICES)
+    trained = ["d_x"] + [f"d_{f}" for f, v in zip(mj.MoeParams._fields, params)
+                         if v is not None and f not in ("w_in", "w_out")]
+
+    def trained_grads(g):  # (d_x, d_params) -> the trained ones, in `trained`'s order
+        d_x, d_p = g
+        return [np.asarray(d_x)] + [np.asarray(getattr(d_p, n[2:])) for n in trained[1:]]
+
+    got = jax.jit(sharded)(x, packed)
+    want = jax.jit(one)(x, params)
+    g_got = jax.jit(jax.grad(loss(sharded, ct), argnums=(0, 1)))(x, packed)
+    g_want = jax.jit(jax.grad(loss(one, ct), argnums=(0, 1)))(x, params)
+    np_tree = lambda t: jax.tree.map(np.asarray, t)  # noqa: E731
+    how = compare(name, case, dtype, (*np_tree(got), trained_grads(g_got)),
+                  (*np_tree(want), trained_grads(g_want)), trained)
+    print(f"ok packed {name} {np.dtype(dtype).name} on {DEVICES} devices ({exchange}): {how}")
 
 
 def check_errors():
@@ -103,6 +141,15 @@ def main():
                 except AssertionError as e:
                     failed += 1
                     print(f"FAILED {name} {np.dtype(dtype).name} on {DEVICES} devices "
+                          f"({exchange}): {e}")
+    for exchange in ("all_to_all", "ragged"):
+        for dtype in (jnp.float32, jnp.bfloat16):
+            for name in ("uneven_routing", "shared_expert_geglu"):
+                try:
+                    run_packed_case(name, cases(DEVICES)[name], dtype, exchange)
+                except AssertionError as e:
+                    failed += 1
+                    print(f"FAILED packed {name} {np.dtype(dtype).name} on {DEVICES} devices "
                           f"({exchange}): {e}")
     print(f"{failed} failed")
     return 1 if failed else 0

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import moekit.jax as mj
+from jax.sharding import PartitionSpec as P
 from test_ragged_dot import CASES, masked_reference
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -217,13 +218,79 @@ def test_moe_layer_on_packed_weights_refuses_by_name():
     packed = p._replace(w_in=mj.pack_ragged_rhs(p.w_in), w_out=mj.pack_ragged_rhs(p.w_out))
     with pytest.raises(ValueError, match="pack both .pack_ragged_rhs. or neither"):
         mj.moe_layer(x, p._replace(w_in=packed.w_in), k=2)
-    with pytest.raises(ValueError, match="not with fused = False"):
-        mj.moe_layer(x, packed, k=2, fused=False)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "ep"))
+    spec = mj.MoeParams(P(), P(), P())
+    with pytest.raises(ValueError, match="run on the CPU, on one device or each device its "
+                                         "experts' .ep_axis.; not with token_axes"):
+        jax.shard_map(lambda x, p: mj.moe_layer(x, p, k=2, token_axes="data")[0], mesh=mesh,
+                      in_specs=(P("data"), spec), out_specs=P("data"))(x, packed)
     with pytest.raises(ValueError, match="not with expert_weights_transposed"):
         mj.moe_layer(x, packed, k=2, expert_weights_transposed=True)
     with pytest.raises(ValueError, match=r"params.w_in must be \[4, 16, 16\]"):
         mj.moe_layer(x, packed._replace(w_in=mj.pack_ragged_rhs(p.w_in[:, :, :8])), k=2)
     with pytest.raises(TypeError, match="params.w_in is bfloat16, x is float32"):
         mj.moe_layer(x.astype(F32), packed._replace(router=p.router.astype(F32)), k=2)
-    with pytest.raises(TypeError, match="packed experts' weights .PackedRhs. serve the forward"):
+    with pytest.raises(TypeError, match="packed experts' weights .PackedRhs. serve the fused "
+                                        "layer's forward only; for x's and the router's"):
         jax.grad(lambda x: jnp.sum(mj.moe_layer(x, packed, k=2)[0].astype(F32)))(x)
+    with pytest.raises(TypeError, match="for lhs's gradient pack them with input_gradient=True"):
+        jax.grad(lambda x: jnp.sum(mj.moe_layer(x, packed, k=2, fused=False)[0].astype(F32)))(x)
+    frozen = p._replace(w_in=mj.pack_ragged_rhs(p.w_in, input_gradient=True),
+                        w_out=mj.pack_ragged_rhs(p.w_out, input_gradient=True))
+    with pytest.raises(TypeError, match="packed weights .PackedRhs. take no gradient"):
+        jax.grad(lambda q: jnp.sum(mj.moe_layer(x, q, k=2, fused=False)[0].astype(F32)))(frozen)
+
+
+@pytest.mark.parametrize("T", [1, 13])
+@DTYPES
+def test_moe_layer_steps_and_ep_on_packed_weights(T, dtype):
+    # fused=False and ep_axis (under shard_map; one device here, the exchange on one rank) run
+    # the steps with ragged_dot on the packed weights: the same forward as the fused layer on
+    # them and as the steps on the weights unpacked.
+    rng = np.random.default_rng(20 + T)
+    H, F, E, k = 48, 40, 6, 2
+    p = _layer_params(rng, H, F, E, True, dtype)
+    x = jnp.asarray(rng.standard_normal((T, H)), dtype)
+    packed = p._replace(w_in=mj.pack_ragged_rhs(p.w_in), w_out=mj.pack_ragged_rhs(p.w_out))
+    options = dict(k=k, aux_loss_coeff=0.01)
+    fused, fused_aux = mj.moe_layer(x, packed, **options)
+    steps, steps_aux = jax.jit(lambda x, q: mj.moe_layer(x, q, fused=False, **options))(x, packed)
+    unpacked, _ = mj.moe_layer(x, p, fused=False, **options)
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("ep",))
+    spec = mj.MoeParams(P(), P("ep"), P("ep"), P(), P())
+    ep = jax.jit(jax.shard_map(lambda x, q: mj.moe_layer(x, q, ep_axis="ep", **options)[0],
+                               mesh=mesh, in_specs=(P("ep"), spec), out_specs=P("ep")))(x, packed)
+    tol = 2e-2 if dtype == BF16 else 1e-5
+    for got in (steps, ep, unpacked):
+        assert got.shape == (T, H) and got.dtype == dtype
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(fused, np.float32),
+                                   rtol=tol, atol=tol)
+    np.testing.assert_array_equal(steps_aux.tokens_per_expert, fused_aux.tokens_per_expert)
+    np.testing.assert_allclose(steps_aux.aux_loss, fused_aux.aux_loss, rtol=1e-5)
+
+
+@DTYPES
+def test_moe_layer_gradients_through_frozen_packed_experts(dtype):
+    # input_gradient=True packs and fused=False: x's, the router's and the shared expert's
+    # gradients equal those through the same weights unpacked; the experts' weights closed over.
+    rng = np.random.default_rng(31)
+    H, F, E, k, T = 48, 40, 6, 2, 11
+    p = _layer_params(rng, H, F, E, True, dtype)
+    x = jnp.asarray(rng.standard_normal((T, H)), dtype)
+    ct = jnp.asarray(rng.standard_normal((T, H)), dtype)
+    w_in = mj.pack_ragged_rhs(p.w_in, input_gradient=True)
+    w_out = mj.pack_ragged_rhs(p.w_out, input_gradient=True)
+
+    def loss(x, router, shared_in, shared_out, w_in, w_out):
+        q = mj.MoeParams(router, w_in, w_out, shared_in, shared_out)
+        out, aux = mj.moe_layer(x, q, k=k, aux_loss_coeff=0.01, fused=False)
+        return jnp.sum(out.astype(F32) * ct.astype(F32)) + aux.aux_loss
+
+    trainable = (x, p.router, p.shared_in, p.shared_out)
+    got = jax.jit(jax.grad(lambda *a: loss(*a, w_in, w_out), argnums=(0, 1, 2, 3)))(*trainable)
+    want = jax.grad(lambda *a: loss(*a, p.w_in, p.w_out), argnums=(0, 1, 2, 3))(*trainable)
+    tol = 3e-2 if dtype == BF16 else 1e-4
+    for name, g, w in zip(("x", "router", "shared_in", "shared_out"), got, want):
+        assert g.dtype == dtype, name
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   rtol=tol, atol=tol, err_msg=name)

@@ -168,8 +168,10 @@ def _layer_fwd(x, weights, bias, attrs):
 
 def _layer_bwd(attrs, residuals, ct):
     if dict(attrs)["expert_weights_packed"]:
-        raise TypeError("moe_layer: packed experts' weights (PackedRhs) serve the forward only, "
-                        "for inference; differentiate with the weights unpacked")
+        raise TypeError("moe_layer: packed experts' weights (PackedRhs) serve the fused layer's "
+                        "forward only; for x's and the router's gradients through frozen experts, "
+                        "pack them with input_gradient=True and pass fused=False; for theirs, "
+                        "differentiate with the weights unpacked")
     x, weights, bias, saved = residuals
     d_out, d_aux = ct
     scratch_bytes = _ffi.layer_workspace(attrs, x.shape[0], x.dtype == jnp.bfloat16)[2]
@@ -374,10 +376,13 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
       params: `MoeParams`, or a mapping with its names (a dict, as Flax and Equinox hold
         weights: router, w_in, w_out, and shared_in, shared_out or neither, and the optional
         expert biases b_in ``[E, 2F | F]`` and b_out ``[E, H]``), every weight in x's dtype.
-        Gradients come back in the same structure. For inference on one CPU device, w_in and
-        w_out may be packed once (`pack_ragged_rhs`, in x's dtype, from either layout): the fused
-        forward on them, no gradient (bench/results/ragged_dot_small-cpu-2026-11-29-5: 0.98-1.67x
-        as fast as on the weights unpacked at 1-64 tokens, a Zen 4 EPYC).
+        Gradients come back in the same structure. On the CPU, w_in and w_out may be packed once
+        (`pack_ragged_rhs`, in x's dtype, from either layout), for weights that do not change:
+        on one device the fused forward on them (bench/results/layer_packed-cpu-2026-11-29:
+        0.99-1.69x as fast as on the weights unpacked at 1-64 tokens, a Zen 4 EPYC), with
+        ep_axis or fused=False the steps; with `input_gradient=True` packs and fused=False, x's
+        and the router's gradients flow through them (frozen experts: close over them or
+        `jax.lax.stop_gradient` them; differentiating them raises).
       k, score, pre_softmax, num_groups, group_topk, scaling_factor, expert_bias: the routing,
         as in `route`.
       activation_kind: "swiglu" (default), "geglu", "gelu" or "relu"; also the shared expert's.
@@ -579,16 +584,17 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
 
     can_fuse = ep_axis is None and jax.default_backend() == "cpu"
     if packed:
-        # The C++ layer's forward on packed weights (MoeLayerConfig::expert_weights_packed).
+        # The C++ layer's forward on packed weights (MoeLayerConfig::expert_weights_packed), or,
+        # with ep_axis or fused = False, the steps with ragged_dot on them.
         refused = [what for what, given in (
-            ("ep_axis", ep_axis is not None), ("token_axes", bool(token_axes)),
-            ("fused = False", fused is False),
+            ("token_axes", bool(token_axes)),
             (f"the {jax.default_backend()} backend", jax.default_backend() != "cpu"),
-            ("several devices", _split_by_tokens())) if given]
+            ("several devices under jit", ep_axis is None and _split_by_tokens())) if given]
         if refused:
-            raise ValueError(f"{fn}: packed experts' weights (PackedRhs) run the fused layer's "
-                             f"forward on one CPU device; not with {', '.join(refused)}")
-        fused = True
+            raise ValueError(f"{fn}: packed experts' weights (PackedRhs) run on the CPU, on one "
+                             f"device or each device its experts' (ep_axis); not with "
+                             f"{', '.join(refused)}")
+        fused = can_fuse and fused is not False
     if fused and not can_fuse:
         here = f"ep_axis = {ep_axis!r}" if ep_axis is not None else jax.default_backend()
         raise ValueError(f"{fn}: fused = True runs on the CPU without ep_axis (here {here})")
@@ -599,7 +605,7 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
                  drop_policy=drop_policy, align_size=align_size, batch_invariant=batch_invariant,
                  expert_weights_transposed=t)
     none = jnp.zeros((0,), x.dtype)
-    if packed:
+    if packed and fused:  # the C++ layer takes the packed data (the steps: the PackedRhs)
         w_in, w_out = w_in.data, w_out.data
     weights = (router, w_in, w_out, shared_in if shared else none,
                shared_out if shared else none, *(none if b is None else b for b in biases))
@@ -758,6 +764,8 @@ def _steps(x, weights, bias, o, ep_axis=None, exchange=None):
         sizes = plan.local_tokens_per_expert  # [E_loc]
         tokens_per_expert = jax.lax.psum(tokens_per_expert, ep_axis)
     def experts_dot(a, w):  # a @ w[e] on the rows of expert e, w in the experts' layout
+        if isinstance(w, PackedRhs):
+            return ragged_dot(a, w, sizes, batch_invariant=o.batch_invariant)
         return _ragged_rows("moe_layer", a, w, sizes, None, None, None, o.batch_invariant,
                             rhs_transposed=o.expert_weights_transposed)
 
