@@ -66,7 +66,7 @@ Status packed_row_problem(const char* op, const char* a_name, ConstTensorView a,
   if (a.dtype != DType::kBF16 && a.dtype != DType::kF32) {
     return Status::invalid_argument(
         op, fmt::format("{}.dtype", a_name), std::string(dtype_name(a.dtype)),
-        "packed weights are bf16 or f32: the forward on them takes rows of one of those");
+        "packed weights are bf16 or f32: a pass on them takes rows of one of those");
   }
   const PackedRhsShape want = packed_rhs_shape(rhs.shape[0], a.shape[1], c.shape[1], a.dtype);
   for (int d = 1; d < 3; ++d) {
