@@ -52,11 +52,13 @@ def test_sharded_layer_equals_the_one_device_layer(devices):
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    # Every case, f32 and bf16, with each of XLA's exchanges, each on every device; and the
-    # three bad arguments.
+    # Every case, f32 and bf16, with each of XLA's exchanges, each on every device; the two
+    # cases on packed weights (frozen experts) likewise; and the three bad arguments.
     for exchange in ("all_to_all", "ragged"):
-        assert sum(line.startswith("ok ") and f"on {devices} devices ({exchange})" in line
+        where = f"on {devices} devices ({exchange})"
+        assert sum(line.startswith("ok ") and not line.startswith("ok packed ") and where in line
                    for line in lines) == 2 * CASES, exchange
+        assert sum(line.startswith("ok packed ") and where in line for line in lines) == 2 * 2
     assert sum(line.startswith("ok error: ") for line in lines) == 3
     assert lines[-1] == "0 failed"
 
