@@ -381,8 +381,8 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         on one device the fused forward on them (bench/results/layer_packed-cpu-2026-11-29:
         0.99-1.69x as fast as on the weights unpacked at 1-64 tokens, a Zen 4 EPYC), with
         ep_axis or fused=False the steps; with `input_gradient=True` packs and fused=False, x's
-        and the router's gradients flow through them (frozen experts: close over them or
-        `jax.lax.stop_gradient` them; differentiating them raises).
+        and the router's gradients flow through them (frozen experts: leave them out of
+        `grad`'s argnums, or `jax.lax.stop_gradient` them; differentiating them raises).
       k, score, pre_softmax, num_groups, group_topk, scaling_factor, expert_bias: the routing,
         as in `route`.
       activation_kind: "swiglu" (default), "geglu", "gelu" or "relu"; also the shared expert's.
