@@ -1,8 +1,8 @@
-// ragged_dot's forward on packed weights (RaggedDotOptions::rhs_packed, pack_ragged_rhs): each
-// panel of 32 output columns holds its whole contraction front to back (as bf16 pairs, or one f32
-// a row), so a chunk of a group's rows walks one panel from its first word to its last with every
-// row's 32 sums in
-// registers, and each thread reads its run of panels as one sequential stream. Nothing is blocked
+// ragged_dot's forward (and the input gradient, on the transposes) on packed weights
+// (RaggedDotOptions::rhs_packed, pack_ragged_rhs): each panel of 32 output columns holds its
+// whole contraction front to back (as bf16 pairs, or one f32 a row), so a chunk of a group's rows
+// walks one panel from its first word to its last with every row's 32 sums in registers, and
+// each thread reads its run of panels as one sequential stream. Nothing is blocked
 // or sliced: the sums are loaded and stored once per panel and chunk, where the [K, n] form
 // (ragged_dot_stream.cpp) stores them once per block of weight rows and, on long weight rows, in
 // L2. A chunk is at most 8 rows (on AVX512-BF16: 16 sums in registers; 12 rows as one chunk ran

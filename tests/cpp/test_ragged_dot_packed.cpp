@@ -241,8 +241,9 @@ TEST(RaggedDotPacked, EveryKernelAgainstTheOracle) {
 // the threads: one row alone in its group, then the same row among 12 others of a bigger group.
 // The input gradient on the weights' transpose packed (pack_ragged_rhs reading [E, K, n] as
 // [E, n', K']), against an oracle on the weights (double accumulation): every call of calls()
-// with lhs and out's roles swapped (d_out [m, n], d_lhs [m, K]), on kAuto, the reference and the
-// stream on 1-3 threads; then the same bits as the forward through that packing.
+// with lhs and out's roles swapped (d_out [m, n], d_lhs [m, K]; accumulation as the call says),
+// on kAuto, the reference and the stream on 1-3 threads; then the same bits as the forward
+// through that packing.
 TEST(RaggedDotPacked, InputGradientOnTheTransposePacked) {
   for (const Call& call : calls()) {
     SCOPED_TRACE(fmt::format("{} K {} n {} sizes {} offset {}", dtype_name(call.in), call.K, call.n,
@@ -268,6 +269,7 @@ TEST(RaggedDotPacked, InputGradientOnTheTransposePacked) {
     }
     RaggedDotOptions o;
     o.rhs_packed = true;
+    o.accumulate = call.accumulate;
     const int was = omp_get_max_threads();
     for (int v = 0; v < 5; ++v) {  // kAuto, the reference, the stream on 1 / 2 / 3 threads
       o.impl = v == 0 ? RaggedDotImpl::kAuto
@@ -276,13 +278,15 @@ TEST(RaggedDotPacked, InputGradientOnTheTransposePacked) {
       SCOPED_TRACE(fmt::format("{} on {} threads", impl_name(o.impl), omp_get_max_threads()));
       HostTensor d_lhs(call.out, {m, call.K});
       d_lhs.fill_random(rng);
+      const HostTensor before = d_lhs;
       const Status st =
           ragged_dot_dlhs(d_out.in(), packed_t.in(), {call.sizes, call.offset}, d_lhs.mut(), o);
       ASSERT_TRUE(st.ok()) << st.message();
       int failures = 0;
       for (int64_t r = 0; r < m && failures < 5; ++r) {
         for (int64_t k = 0; k < call.K && failures < 5; ++k) {
-          double want = 0, abs_sum = 0;
+          const double was_there = call.accumulate ? before.get({r, k}) : 0.0;
+          double want = was_there, abs_sum = std::abs(was_there);
           for (int64_t c = 0; group[r] >= 0 && c < call.n; ++c) {
             const double t = d_out.get({r, c}) * w.get({group[r], k, c});
             want += t, abs_sum += std::abs(t);
@@ -300,6 +304,7 @@ TEST(RaggedDotPacked, InputGradientOnTheTransposePacked) {
     omp_set_num_threads(was);
     // The input gradient is the forward of d_out through the transpose's packing, to the bit.
     o.impl = RaggedDotImpl::kAuto;
+    o.accumulate = false;
     HostTensor a(call.out, {m, call.K}), b(call.out, {m, call.K});
     ASSERT_TRUE(
         ragged_dot_dlhs(d_out.in(), packed_t.in(), {call.sizes, call.offset}, a.mut(), o).ok());

@@ -178,6 +178,16 @@ def test_input_gradient_refuses_the_weights_gradient():
                 (packed.data,))
     with pytest.raises(TypeError, match="for lhs's gradient pack them with input_gradient=True"):
         jax.grad(loss)(lhs, mj.pack_ragged_rhs(w))
+    # Forward mode needs no transposes: jvp reaches lhs on the forward's packing alone.
+    f = lambda a: mj.ragged_dot(a, mj.pack_ragged_rhs(w), gs, preferred_element_type=F32)
+    np.testing.assert_array_equal(jax.jvp(f, (lhs,), (2 * lhs,))[1], 2 * f(lhs))
+    # A PackedRhs put together by hand whose transposes do not match: refused before any call.
+    bad = mj.PackedRhs(packed.data, 8, 16, packed.data)  # the transposes' are [2, 1, 512]
+    with pytest.raises(ValueError, match=r"PackedRhs.data_t is \(2, 1, 256\) bfloat16; K = 8, "
+                                         r"n = 16 pack into \(2, 1, 512\)"):
+        mj.ragged_dot(lhs, bad, gs)
+    with pytest.raises(ValueError, match=r"PackedRhs.data is \(2, 1, 64\)"):
+        mj.ragged_dot(lhs, mj.PackedRhs(packed.data[:, :, :64], 8, 16), gs)
 
 
 def _layer_params(rng, H, F, E, shared, dtype=BF16):

@@ -297,16 +297,22 @@ def pack_ragged_rhs(rhs, *, rhs_transposed=False, input_gradient=False):
     return PackedRhs(_packed_layout(w), w.shape[1], w.shape[2], data_t)
 
 
+def _packed_shape(e, k, n, dtype):
+    """The packed layout's shape for [e, k, n] weights, and the contraction rows per 32-bit
+    word (a bfloat16 pair, or one float32)."""
+    per = 2 if dtype == jnp.bfloat16 else 1
+    return (e, -(-n // 32), 32 * per * -(-k // per)), per
+
+
 def _packed_layout(w):
     """[E, K, n] weights in PackedRhs's layout."""
     e, k, n = w.shape
-    # Contraction rows per 32-bit word: a bfloat16 pair, or one float32.
-    per = 2 if w.dtype == jnp.bfloat16 else 1
-    words, panels = -(-k // per), -(-n // 32)
+    shape, per = _packed_shape(e, k, n, w.dtype)
+    words, panels = shape[2] // (32 * per), shape[1]
     w = jnp.pad(w, ((0, 0), (0, per * words - k), (0, 32 * panels - n)))
     # [E, word, k % per, panel, c % 32] -> [E, panel, word, c % 32, k % per]
     w = w.reshape(e, words, per, panels, 32).transpose(0, 3, 1, 4, 2)
-    return w.reshape(e, panels, 32 * per * words)
+    return w.reshape(shape)
 
 
 def _ragged_packed(lhs, rhs, group_sizes, precision, preferred_element_type, group_offset,
@@ -327,39 +333,34 @@ def _ragged_packed(lhs, rhs, group_sizes, precision, preferred_element_type, gro
     group_sizes, group_offset = _groups(fn, jnp.asarray(group_sizes), group_offset,
                                         rhs.num_local)
     invariant = _ffi.bool_arg(fn, "batch_invariant", batch_invariant)
-    shape = (lhs.shape[0], rhs.n)
-    if rhs.data_t is not None:
-        return _PACKED.bind(*_ffi.vary_alike((lhs, rhs.data, rhs.data_t, group_sizes,
-                                              group_offset)),
-                            out_dtype=np.dtype(kernel_out), n_out=rhs.n,
-                            batch_invariant=invariant).astype(out_dtype)
-
-    @jax.custom_jvp
-    def forward(lhs, data, group_sizes, group_offset):
-        return _ffi.call("moekit_ragged_dot_fwd_packed", (shape, kernel_out), lhs, data,
-                         group_sizes, group_offset, batch_invariant=invariant)
-
-    @forward.defjvp
-    def _no_gradient(primals, tangents):
-        raise TypeError(f"{fn}: packed weights (PackedRhs) serve the forward only, for "
-                        f"inference; for lhs's gradient pack them with input_gradient=True, "
-                        f"for theirs differentiate with the weights unpacked")
-
-    return forward(lhs, rhs.data, group_sizes, group_offset).astype(out_dtype)
+    # The packed arrays' shapes, checked here: a PackedRhs built by hand that disagrees would
+    # otherwise meet the kernel's error only in the backward, under another name.
+    for name, arr, k, n in (("data", rhs.data, rhs.k, rhs.n), ("data_t", rhs.data_t, rhs.n, rhs.k)):
+        want = _packed_shape(rhs.num_local, k, n, rhs.dtype)[0]
+        if arr is not None and (tuple(arr.shape) != want or arr.dtype != rhs.dtype):
+            raise ValueError(f"{fn}: PackedRhs.{name} is {tuple(arr.shape)} {arr.dtype}; K = "
+                             f"{rhs.k}, n = {rhs.n} pack into {want} {rhs.dtype} "
+                             f"(pack_ragged_rhs)")
+    has_t = rhs.data_t is not None
+    data_t = rhs.data_t if has_t else jnp.zeros((0,), rhs.dtype)
+    return _PACKED.bind(*_ffi.vary_alike((lhs, rhs.data, data_t, group_sizes, group_offset)),
+                        out_dtype=np.dtype(kernel_out), n_out=rhs.n, has_t=has_t,
+                        batch_invariant=invariant).astype(out_dtype)
 
 
-# The forward on packed weights whose transposes are packed too, as a primitive linear in its
-# first operand: packed(a, P, Pt) = a @ W per group, with P = W packed and Pt = W^T packed. Its
-# JVP is itself and its transpose packed(ct, Pt, P) (ragged_dot_dlhs on Pt): grad, jvp and
-# linear_transpose of any order reach a; the packed weights take none (an error names them).
-def _packed_impl(a, data, data_t, group_sizes, group_offset, *, out_dtype, n_out,
+# The forward on packed weights, as a primitive linear in its first operand: packed(a, P, Pt) =
+# a @ W per group, with P = W packed and Pt = W^T packed (or, where has_t is false, an empty
+# placeholder). Its JVP is itself and its transpose packed(ct, Pt, P) (ragged_dot_dlhs on Pt):
+# jvp reaches a always, grad and linear_transpose where Pt is there; the packed weights take
+# no derivative (an error names them).
+def _packed_impl(a, data, data_t, group_sizes, group_offset, *, out_dtype, n_out, has_t,
                  batch_invariant):
     return _ffi.call("moekit_ragged_dot_fwd_packed", ((a.shape[0], n_out), out_dtype), a, data,
                      group_sizes, group_offset, batch_invariant=batch_invariant)
 
 
 def _packed_abstract_eval(a, data, data_t, group_sizes, group_offset, *, out_dtype, n_out,
-                          batch_invariant):
+                          has_t, batch_invariant):
     return jax.core.ShapedArray((a.shape[0], n_out), out_dtype,
                                 **_ffi.varying_type((a, data, data_t, group_sizes,
                                                      group_offset)))
@@ -380,14 +381,18 @@ def _packed_jvp(primals, tangents, **params):
 
 
 def _packed_transpose(ct, a, data, data_t, group_sizes, group_offset, *, out_dtype, n_out,
-                      batch_invariant):
+                      has_t, batch_invariant):
     if ad.is_undefined_primal(data) or ad.is_undefined_primal(data_t):
         raise _packed_no_weight_gradient()
+    if not has_t:
+        raise TypeError("ragged_dot: packed weights (PackedRhs) serve the forward only, for "
+                        "inference; for lhs's gradient pack them with input_gradient=True, for "
+                        "theirs differentiate with the weights unpacked")
     if type(ct) is ad.Zero:
         return (ad.Zero(a.aval), None, None, None, None)
     # The kernel takes the cotangent in the operands' dtype.
     grad = _PACKED.bind(ct.astype(data.dtype), data_t, data, group_sizes, group_offset,
-                        out_dtype=np.dtype(a.aval.dtype), n_out=a.aval.shape[1],
+                        out_dtype=np.dtype(a.aval.dtype), n_out=a.aval.shape[1], has_t=True,
                         batch_invariant=batch_invariant)
     return (grad, None, None, None, None)
 
