@@ -464,18 +464,13 @@ Status check_inputs(const char* op, const ConstTensorView& x, const MoeLayerWeig
   return check_weights(op, w, d, c);
 }
 
-// Where packed experts' weights are refused: the backward (it needs the weights' transposes,
-// which the packed layout does not give) and, not yet built, the layer over P ranks.
-Status check_not_packed(const char* op, const MoeLayerConfig& c, bool backward) {
+// The backward refuses packed experts' weights: it needs the weights' transposes, which the
+// packed layout does not give.
+Status check_backward_not_packed(const char* op, const MoeLayerConfig& c) {
   if (!c.expert_weights_packed) return {};
-  if (backward) {
-    return Status::invalid_argument(op, "config.expert_weights_packed", "true",
-                                    "packed weights serve the forward only (inference): the "
-                                    "backward takes the weights unpacked");
-  }
-  return Status::unimplemented(op,
-                               "config.expert_weights_packed over P ranks: packed weights "
-                               "run in the one-rank layer only, for now");
+  return Status::invalid_argument(op, "config.expert_weights_packed", "true",
+                                  "packed weights serve the forward only (inference): the "
+                                  "backward takes the weights unpacked");
 }
 
 // A view of the first `rows` rows.
@@ -926,7 +921,7 @@ Status moe_layer_backward(ConstTensorView x, const MoeLayerWeights& weights,
   constexpr const char* op = "moe_layer_backward";
   Dims d;
   MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, 1, exec));
-  MOEKIT_RETURN_IF_ERROR(check_not_packed(op, config, /*backward=*/true));
+  MOEKIT_RETURN_IF_ERROR(check_backward_not_packed(op, config));
   MOEKIT_RETURN_IF_ERROR(
       check_backward_args(op, d, weights, d_out, d_aux_loss, d_z_loss, d_x, grads));
   const MoeLayerWorkspace need = workspace_of(d);
@@ -1087,7 +1082,6 @@ Status moe_layer_ep_forward(ConstTensorView x, const MoeLayerWeights& weights,
       return Status::invalid_argument(op, "state", "null", "must point to a MoeLayerEpState");
     }
     MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, comm.size()));
-    MOEKIT_RETURN_IF_ERROR(check_not_packed(op, config, /*backward=*/false));
     MOEKIT_RETURN_IF_ERROR(check_outputs(op, d, out));
     return check_forward_disjoint(op, x, weights, config, out, {}, {});
   }();
@@ -1149,7 +1143,7 @@ Status moe_layer_ep_backward(ConstTensorView x, const MoeLayerWeights& weights,
       return Status::invalid_argument(op, "state", "null", "must point to a MoeLayerEpState");
     }
     MOEKIT_RETURN_IF_ERROR(check_inputs(op, x, weights, config, d, comm.size()));
-    MOEKIT_RETURN_IF_ERROR(check_not_packed(op, config, /*backward=*/true));
+    MOEKIT_RETURN_IF_ERROR(check_backward_not_packed(op, config));
     const MoeLayerEpState::Impl& st = *state->impl;
     if (!st.ready || st.tokens != d.T || st.dtype != d.dt || st.plan.rank != comm.rank() ||
         st.plan.num_ranks != comm.size()) {

@@ -511,9 +511,9 @@ int run(const Options& o) {
   if (o.packed && (o.device != "cpu" || (o.dtype != "bf16" && o.dtype != "f32") ||
                    o.weights_transposed || o.ep > 0)) {
     throw CLI::ValidationError("--packed-weights",
-                               "packed weights serve the one-rank layer's bf16 and f32 forward on "
-                               "the CPU: --dtype bf16 or f32, no --expert-weights-transposed or "
-                               "--ep");
+                               "packed weights serve the layer's bf16 and f32 forward on the CPU, "
+                               "timed here on one rank: --dtype bf16 or f32, no "
+                               "--expert-weights-transposed or --ep");
   }
   if (o.ep > 0) {
     if (o.invariant) throw CLI::ValidationError("--invariant", "not with --ep (yet)");

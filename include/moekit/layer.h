@@ -92,8 +92,9 @@ struct MoeLayerConfig {
   // The experts' weights packed once for inference (pack_ragged_rhs, RaggedDotOptions::rhs_packed:
   // each 32-column panel's whole contraction front to back): w_in packed from [E, H, 2F | F] (or
   // its transpose), in bf16 [E, ceil(2F | F / 32), 64 * ceil(H / 2)], in f32 [E, ceil(2F | F /
-  // 32), 32 * H]; w_out from [E, F, H], packed_rhs_shape(E, F, H, dtype) likewise. The forward
-  // only, bf16 or f32, on the CPU: moe_layer_backward refuses it, and expert_weights_transposed
+  // 32), 32 * H]; w_out from [E, F, H], packed_rhs_shape(E, F, H, dtype) likewise (over P ranks
+  // each rank's E_loc experts, packed_rhs_shape(E_loc, ...)). The forward only, bf16 or f32, on
+  // the CPU, on one rank or P: the backwards refuse it, and expert_weights_transposed
   // must be false (the packed form is the same from either layout). On weight rows too long for a
   // block of them and the rows' sums to stay in a core's caches (mixtral-8x7b's, gpt-oss-20b's) the
   // grouped matmuls at 4-16 rows an expert ran 1.3-1.6x faster on them
@@ -258,7 +259,8 @@ class MoeLayerEpState {
 
 // Forward on this rank's tokens.
 //   x        [T_p, H] f32 | bf16
-//   weights  router [H, E], w_in [E_loc, H, 2F | F], w_out [E_loc, F, H], shared as on one rank
+//   weights  router [H, E], w_in [E_loc, H, 2F | F], w_out [E_loc, F, H], shared as on one rank;
+//            w_in and w_out packed with config.expert_weights_packed (this rank's E_loc experts)
 //   out      as on one rank; tokens_per_expert [E] gets the group's counts
 Status moe_layer_ep_forward(ConstTensorView x, const MoeLayerWeights& weights,
                             const MoeLayerConfig& config, Communicator& comm,

@@ -24,6 +24,7 @@
 #include "ep_ranks.h"
 #include "host_tensor.h"
 #include "moekit/layer.h"
+#include "moekit/ragged_dot.h"
 
 namespace moekit {
 namespace {
@@ -396,6 +397,73 @@ TEST_P(LayerEp, EqualsTheOneRankLayerBf16) { run_case(GetParam(), DType::kBF16);
 
 INSTANTIATE_TEST_SUITE_P(Cases, LayerEp, testing::ValuesIn(kCases),
                          [](const testing::TestParamInfo<EpCase>& i) { return i.param.name; });
+
+// Experts [e0, e1) of [E, K, n] weights, packed (pack_ragged_rhs).
+HostTensor packed_experts(HostTensor& w, int64_t e0, int64_t e1) {
+  const PackedRhsShape s = packed_rhs_shape(e1 - e0, w.shape[1], w.shape[2], w.dtype);
+  HostTensor p(w.dtype, {s.dims[0], s.dims[1], s.dims[2]});
+  const Status st = pack_ragged_rhs(rows<ConstTensorView>(w, e0, e1), p.mut());
+  EXPECT_TRUE(st.ok()) << st.message();
+  return p;
+}
+
+// config.expert_weights_packed over P ranks: each rank packs its own experts, and the forward
+// equals the one-rank forward on every expert packed, on the concatenated tokens (dropless): to
+// the rounding of the router's GEMM on T_p rows instead of T, and bit for bit in the
+// batch-invariant mode (the packed kernel's sums, like every step's there, do not depend on the
+// other rows). The backward refuses packed weights on every rank, and the group still works.
+TEST(LayerEpPacked, TheForwardEqualsTheOneRankForwardOnPackedWeights) {
+  for (const std::string name : {"mixtral_like", "losses_and_shared", "invariant_shared_losses"}) {
+    const EpCase& c = *std::find_if(std::begin(kCases), std::end(kCases),
+                                    [&](const EpCase& e) { return e.name == name; });
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (int P : rank_counts()) {
+        Problem pb(c, P, dt);
+        SCOPED_TRACE(testing::Message() << name << " " << dtype_name(dt) << " P=" << P);
+        pb.cfg.expert_weights_packed = pb.all_cfg.expert_weights_packed = true;
+        Result ref(pb, pb.T, pb.E);
+        HostTensor all_in = packed_experts(pb.w_in, 0, pb.E),
+                   all_out = packed_experts(pb.w_out, 0, pb.E);
+        MoeLayerWeights all = weights_of(pb, 0, pb.E);
+        all.w_in = all_in.in(), all.w_out = all_out.in();
+        const MoeLayerWorkspace ws = moe_layer_workspace(pb.all_cfg, pb.T, dt);
+        Bytes saved(std::max<size_t>(ws.saved_bytes, 64)),
+            fwd(std::max<size_t>(ws.forward_bytes, 64));
+        const Status s = moe_layer_forward(pb.x.in(), all, pb.all_cfg, saved, fwd,
+                                           {ref.out.mut(), &ref.aux, &ref.z, {}});
+        ASSERT_TRUE(s.ok()) << s.message();
+        on_ranks(P, [&](Communicator& comm) {
+          const int p = comm.rank();
+          const int64_t t0 = pb.first[p], t1 = pb.first[p + 1], El = pb.c.El;
+          HostTensor w_in = packed_experts(pb.w_in, p * El, (p + 1) * El),
+                     w_out = packed_experts(pb.w_out, p * El, (p + 1) * El);
+          MoeLayerWeights w = weights_of(pb, p * El, (p + 1) * El);
+          w.w_in = w_in.in(), w.w_out = w_out.in();
+          const ConstTensorView x = rows<ConstTensorView>(pb.x, t0, t1);
+          Result r(pb, t1 - t0, El);
+          MoeLayerEpState state;
+          Status st =
+              moe_layer_ep_forward(x, w, pb.cfg, comm, &state, {r.out.mut(), &r.aux, &r.z, {}});
+          ASSERT_TRUE(st.ok()) << st.message();
+          const int64_t differ =
+              compare("out", r.out, ref.out, t0, dt == DType::kF32 ? 2e-5 : 1.0 / 64);
+          if (c.invariant) EXPECT_EQ(differ, 0);
+          EXPECT_NEAR(r.aux, ref.aux, 1e-5 * (1 + std::fabs(ref.aux)));
+          EXPECT_NEAR(r.z, ref.z, 1e-5 * (1 + std::fabs(ref.z)));
+          st = moe_layer_ep_backward(x, w, pb.cfg, comm, &state,
+                                     rows<ConstTensorView>(pb.d_out, t0, t1), 0, 0, r.d_x.mut(),
+                                     r.grads(pb.c));
+          EXPECT_FALSE(st.ok());
+          EXPECT_NE(st.message().find("config.expert_weights_packed"), std::string::npos)
+              << st.message();
+          st =
+              moe_layer_ep_forward(x, w, pb.cfg, comm, &state, {r.out.mut(), nullptr, nullptr, {}});
+          EXPECT_TRUE(st.ok()) << st.message();
+        });
+      }
+    }
+  }
+}
 
 // A bad argument on one rank is an error on every rank, naming it, and the group still works.
 TEST(LayerEpErrors, ABadArgumentOnAnyRankIsAnErrorOnEveryRank) {
