@@ -432,14 +432,17 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
                r.roof.dense_tflops, r.fwd_flops / (r.roof.dense_tflops * 1e9), r.copies,
                100 * r.fwd_floor_ms() / r.fwd.median_ms);
     if (r.fwd_packed.median_ms > 0) {
-      auto step = [&](MoeStep s) { return r.fwd_steps_packed[static_cast<int>(s)]; };
+      std::string steps;  // every step's median, ms
+      for (int s = 0; s < kMoeSteps; ++s) {
+        if (r.fwd_steps_packed[s] <= 0) continue;
+        steps += fmt::format("{}{} {:.2f}", steps.empty() ? "" : ", ",
+                             moe_step_name(static_cast<MoeStep>(s)), r.fwd_steps_packed[s]);
+      }
       fmt::print(f,
                  "forward on packed expert weights (expert_weights_packed), in the same loop: "
-                 "{:.2f} ms, {:.1f}% of the floor, {:.2f}x the forward's speed (gmm_up {:.2f} ms, "
-                 "gmm_down {:.2f} ms)\n",
+                 "{:.2f} ms, {:.1f}% of the floor, {:.2f}x the forward's speed (steps, ms: {})\n",
                  r.fwd_packed.median_ms, 100 * r.fwd_floor_ms() / r.fwd_packed.median_ms,
-                 r.fwd.median_ms / r.fwd_packed.median_ms, step(MoeStep::kGmmUp),
-                 step(MoeStep::kGmmDown));
+                 r.fwd.median_ms / r.fwd_packed.median_ms, steps);
     }
     std::string steps;
     for (int s = 0; s < kMoeSteps; ++s) {

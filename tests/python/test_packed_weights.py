@@ -3,6 +3,8 @@ inference forward): the layout against its documented index, ragged_dot against 
 reference and the same weights unpacked (group_offset, jit, vmap), moe_layer against itself on
 the weights unpacked, and the errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -240,15 +242,16 @@ def test_moe_layer_on_packed_weights_refuses_by_name():
         mj.moe_layer(x, packed._replace(w_in=mj.pack_ragged_rhs(p.w_in[:, :, :8])), k=2)
     with pytest.raises(TypeError, match="params.w_in is bfloat16, x is float32"):
         mj.moe_layer(x.astype(F32), packed._replace(router=p.router.astype(F32)), k=2)
-    with pytest.raises(TypeError, match="packed experts' weights .PackedRhs. serve the fused "
-                                        "layer's forward only; for x's and the router's"):
-        jax.grad(lambda x: jnp.sum(mj.moe_layer(x, packed, k=2)[0].astype(F32)))(x)
-    with pytest.raises(TypeError, match="for lhs's gradient pack them with input_gradient=True"):
-        jax.grad(lambda x: jnp.sum(mj.moe_layer(x, packed, k=2, fused=False)[0].astype(F32)))(x)
     frozen = p._replace(w_in=mj.pack_ragged_rhs(p.w_in, input_gradient=True),
                         w_out=mj.pack_ragged_rhs(p.w_out, input_gradient=True))
-    with pytest.raises(TypeError, match="packed weights .PackedRhs. take no gradient"):
-        jax.grad(lambda q: jnp.sum(mj.moe_layer(x, q, k=2, fused=False)[0].astype(F32)))(frozen)
+    for fused in (None, False):  # the fused forward takes the steps under differentiation
+        with pytest.raises(TypeError, match="for lhs's gradient pack them with "
+                                            "input_gradient=True"):
+            jax.grad(lambda x: jnp.sum(mj.moe_layer(x, packed, k=2, fused=fused)[0]
+                                       .astype(F32)))(x)
+        with pytest.raises(TypeError, match="packed weights .PackedRhs. take no gradient"):
+            jax.grad(lambda q: jnp.sum(mj.moe_layer(x, q, k=2, fused=fused)[0]
+                                       .astype(F32)))(frozen)
 
 
 @pytest.mark.parametrize("T", [1, 13])
@@ -279,10 +282,13 @@ def test_moe_layer_steps_and_ep_on_packed_weights(T, dtype):
     np.testing.assert_allclose(steps_aux.aux_loss, fused_aux.aux_loss, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [None, False], ids=["default", "steps"])
 @DTYPES
-def test_moe_layer_gradients_through_frozen_packed_experts(dtype):
-    # input_gradient=True packs and fused=False: x's, the router's and the shared expert's
-    # gradients equal those through the same weights unpacked; the experts' weights closed over.
+def test_moe_layer_gradients_through_frozen_packed_experts(dtype, fused):
+    # input_gradient=True packs: x's, the router's and the shared expert's gradients equal those
+    # through the same weights unpacked, step by step (fused=False), or by default, where the
+    # fused forward on them takes the steps under differentiation; the experts' weights closed
+    # over.
     rng = np.random.default_rng(31)
     H, F, E, k, T = 48, 40, 6, 2, 11
     p = _layer_params(rng, H, F, E, True, dtype)
@@ -291,14 +297,20 @@ def test_moe_layer_gradients_through_frozen_packed_experts(dtype):
     w_in = mj.pack_ragged_rhs(p.w_in, input_gradient=True)
     w_out = mj.pack_ragged_rhs(p.w_out, input_gradient=True)
 
-    def loss(x, router, shared_in, shared_out, w_in, w_out):
+    def loss(x, router, shared_in, shared_out, w_in, w_out, fused=False):
         q = mj.MoeParams(router, w_in, w_out, shared_in, shared_out)
-        out, aux = mj.moe_layer(x, q, k=k, aux_loss_coeff=0.01, fused=False)
+        out, aux = mj.moe_layer(x, q, k=k, aux_loss_coeff=0.01, fused=fused)
         return jnp.sum(out.astype(F32) * ct.astype(F32)) + aux.aux_loss
 
     trainable = (x, p.router, p.shared_in, p.shared_out)
-    got = jax.jit(jax.grad(lambda *a: loss(*a, w_in, w_out), argnums=(0, 1, 2, 3)))(*trainable)
+    got = jax.jit(jax.grad(lambda *a: loss(*a, w_in, w_out, fused), argnums=(0, 1, 2, 3)))(
+        *trainable)
     want = jax.grad(lambda *a: loss(*a, p.w_in, p.w_out), argnums=(0, 1, 2, 3))(*trainable)
+    if fused is None:  # the fused forward's one call, which the steps replace under grad
+        calls = lambda f: set(re.findall(r"moekit_\w+", str(jax.make_jaxpr(f)(*trainable))))
+        forward = lambda *a: loss(*a, w_in, w_out, fused)
+        assert calls(forward) == {"moekit_layer_fwd"}
+        assert "moekit_layer_fwd" not in calls(jax.grad(forward, argnums=(0, 1, 2, 3)))
     tol = 3e-2 if dtype == BF16 else 1e-4
     for name, g, w in zip(("x", "router", "shared_in", "shared_out"), got, want):
         assert g.dtype == dtype, name

@@ -7,6 +7,8 @@ weights closed over, taking none) on a preset's shapes, three ways in one proces
            asked for, so not computed)
   fused    the same weights unpacked, the fused C++ layer (its backward computes every gradient,
            the experts' included, and the unwanted ones are dropped)
+  default  (--with-default, added 2026-11-30) the packed weights as packed, fused left to
+           moe_layer: the fused forward, handing differentiation to the steps
 
 Each line: the median over --rounds of a round's median of --reps calls of the jitted
 value_and_grad, ms, and the ratios. The forward alone (jitted moe_layer) beside it.
@@ -34,6 +36,7 @@ def main():
     ap.add_argument("--tokens", default="8,32,64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--with-default", action="store_true")
     a = ap.parse_args()
     p = next(q for q in json.loads(PRESETS.read_text())["presets"] if q["name"] == a.preset)
     H, F, E, k = p["H"], p["F"], p["E"], p["k"]
@@ -61,6 +64,8 @@ def main():
 
     ways = {"packed": make(p_in, p_out, False), "steps": make(w_in, w_out, False),
             "fused": make(w_in, w_out, True)}
+    if a.with_default:
+        ways["default"] = make(p_in, p_out, None)
     print(f"{a.preset} bf16, H {H} F {F} E {E} k {k}, jax {jax.__version__}; ms, median of "
           f"{a.rounds} rounds of {a.reps}", flush=True)
     print(f"{'tokens':>6} {'pass':>9} " + " ".join(f"{w:>8}" for w in ways) +

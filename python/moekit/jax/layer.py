@@ -167,11 +167,6 @@ def _layer_fwd(x, weights, bias, attrs):
 
 
 def _layer_bwd(attrs, residuals, ct):
-    if dict(attrs)["expert_weights_packed"]:
-        raise TypeError("moe_layer: packed experts' weights (PackedRhs) serve the fused layer's "
-                        "forward only; for x's and the router's gradients through frozen experts, "
-                        "pack them with input_gradient=True and pass fused=False; for theirs, "
-                        "differentiate with the weights unpacked")
     x, weights, bias, saved = residuals
     d_out, d_aux = ct
     scratch_bytes = _ffi.layer_workspace(attrs, x.shape[0], x.dtype == jnp.bfloat16)[2]
@@ -184,6 +179,51 @@ def _layer_bwd(attrs, residuals, ct):
 
 
 _layer.defvjp(_layer_fwd, _layer_bwd)
+
+
+# The layer on packed experts' weights (PackedRhs) on one device: the fused C++ forward, and
+# under differentiation the steps instead, whose ragged_dot on the packed weights reaches x,
+# the router and the shared expert through the weights' transposes (PackedRhs.data_t): the fused
+# backward computes the experts' gradients, which packed weights do not take. weights as
+# _layer's, w_in and w_out PackedRhs; o and lc the steps' options and losses.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _packed_layer(x, weights, bias, attrs, o, lc):
+    router, w_in, w_out, *rest = weights
+    return _layer(x, (router, w_in.data, w_out.data, *rest), bias, attrs)
+
+
+def _packed_layer_fwd(x, weights, bias, attrs, o, lc):
+    # symbolic_zeros: each leaf a CustomVJPPrimal, saying whether it is differentiated.
+    value = functools.partial(jax.tree.map, lambda p: p.value)
+    perturbed = functools.partial(jax.tree.map, lambda p: p.perturbed)
+    if any(jax.tree.leaves(perturbed(weights[1:3]))):
+        raise TypeError("moe_layer: packed weights (PackedRhs) take no gradient; differentiate "
+                        "with the weights unpacked")
+    x, weights, bias = value(x), value(weights), value(bias)
+    router, w_in, w_out, *rest = weights
+
+    def steps(x, router, rest):
+        out, tokens_per_expert, logits = _steps(x, (router, w_in, w_out, *rest), bias, o)
+        return out, MoeAux(*_losses(logits, o, lc), tokens_per_expert)
+
+    out, vjp = jax.vjp(steps, x, router, rest)
+    return out, vjp
+
+
+def _packed_layer_bwd(attrs, o, lc, vjp, ct):
+    def instantiate(c):  # symbolic_zeros: an output not differentiated comes as a SymbolicZero
+        if not isinstance(c, jax.custom_derivatives.SymbolicZero):
+            return c
+        return (np.zeros(c.aval.shape, c.aval.dtype) if c.aval.dtype == jax.dtypes.float0 else
+                jnp.zeros(c.aval.shape, c.aval.dtype))
+
+    ct = jax.tree.map(instantiate, ct,
+                      is_leaf=lambda c: isinstance(c, jax.custom_derivatives.SymbolicZero))
+    d_x, d_router, d_rest = vjp(ct)
+    return d_x, (d_router, None, None, *d_rest), None
+
+
+_packed_layer.defvjp(_packed_layer_fwd, _packed_layer_bwd, symbolic_zeros=True)
 
 
 def _token_axes(fn, token_axes, ep_axis):
@@ -380,9 +420,11 @@ def moe_layer(x, params, *, k, score="softmax", pre_softmax=False, num_groups=No
         (`pack_ragged_rhs`, in x's dtype, from either layout), for weights that do not change:
         on one device the fused forward on them (bench/results/layer_packed-cpu-2026-11-29:
         0.99-1.69x as fast as on the weights unpacked at 1-64 tokens, a Zen 4 EPYC), with
-        ep_axis or fused=False the steps; with `input_gradient=True` packs and fused=False, x's
-        and the router's gradients flow through them (frozen experts: leave them out of
-        `grad`'s argnums, or `jax.lax.stop_gradient` them; differentiating them raises).
+        ep_axis or fused=False the steps; with `input_gradient=True` packs, x's, the router's
+        and the shared expert's gradients flow through them, by the steps (which the fused
+        forward hands differentiation to: its backward computes the experts' gradients too).
+        Frozen experts: leave them out of `grad`'s argnums, or `jax.lax.stop_gradient` them;
+        differentiating them raises.
       k, score, pre_softmax, num_groups, group_topk, scaling_factor, expert_bias: the routing,
         as in `route`.
       activation_kind: "swiglu" (default), "geglu", "gelu" or "relu"; also the shared expert's.
@@ -605,8 +647,6 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
                  drop_policy=drop_policy, align_size=align_size, batch_invariant=batch_invariant,
                  expert_weights_transposed=t)
     none = jnp.zeros((0,), x.dtype)
-    if packed and fused:  # the C++ layer takes the packed data (the steps: the PackedRhs)
-        w_in, w_out = w_in.data, w_out.data
     weights = (router, w_in, w_out, shared_in if shared else none,
                shared_out if shared else none, *(none if b is None else b for b in biases))
     lc = _Losses(aux_loss_coeff, sequences, z_loss_coeff)
@@ -641,7 +681,8 @@ def _moe_layer(fn, x, params, k, score, pre_softmax, num_groups, group_topk, sca
             aux, z = _losses(logits, o, lc, batch_axes, pieces)
         return out, MoeAux(aux, z, tokens_per_expert)
     if fused:
-        return _layer(x, weights, bias, attrs)
+        return (_packed_layer(x, weights, bias, attrs, o, lc) if packed else
+                _layer(x, weights, bias, attrs))
     exchange = None if ep_axis is None else (ep_exchange, ranks)
     out, tokens_per_expert, logits = _steps(x, weights, bias, o, ep_axis, exchange)
     if token_axes:
