@@ -25,8 +25,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 
 import moekit.jax as mj  # noqa: E402
-from ep_problem import (cases, compare, grad_names, layer_kwargs, loss, param_specs,  # noqa
-                        problem, reference)  # noqa: E402,E501
+from ep_problem import (cases, compare, frozen, grad_names, layer_kwargs, loss,  # noqa
+                        packed, param_specs, problem, reference, trained_grads,  # noqa
+                        trained_names)  # noqa: E402
 import ragged_all_to_all_reference  # noqa: E402
 
 jax.lax.ragged_all_to_all = ragged_all_to_all_reference.ragged_all_to_all
@@ -61,12 +62,6 @@ def run_packed_case(name, case, dtype, exchange):
     mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("ep",))
     x, params, ct = problem(case, dtype, DEVICES)
     kw = layer_kwargs(case)
-    packed = params._replace(w_in=mj.pack_ragged_rhs(params.w_in, input_gradient=True),
-                             w_out=mj.pack_ragged_rhs(params.w_out, input_gradient=True))
-
-    def frozen(p):
-        return p._replace(w_in=jax.lax.stop_gradient(p.w_in),
-                          w_out=jax.lax.stop_gradient(p.w_out))
 
     def sharded(x, params):
         return jax.shard_map(
@@ -74,20 +69,15 @@ def run_packed_case(name, case, dtype, exchange):
             in_specs=(P("ep"), param_specs(params)), out_specs=(P("ep"), P()))(x, frozen(params))
 
     one = reference(case, DEVICES)
-    trained = ["d_x"] + [f"d_{f}" for f, v in zip(mj.MoeParams._fields, params)
-                         if v is not None and f not in ("w_in", "w_out")]
-
-    def trained_grads(g):  # (d_x, d_params) -> the trained ones, in `trained`'s order
-        d_x, d_p = g
-        return [np.asarray(d_x)] + [np.asarray(getattr(d_p, n[2:])) for n in trained[1:]]
-
-    got = jax.jit(sharded)(x, packed)
+    trained = trained_names(params)
+    packed_params = packed(params)
+    got = jax.jit(sharded)(x, packed_params)
     want = jax.jit(one)(x, params)
-    g_got = jax.jit(jax.grad(loss(sharded, ct), argnums=(0, 1)))(x, packed)
+    g_got = jax.jit(jax.grad(loss(sharded, ct), argnums=(0, 1)))(x, packed_params)
     g_want = jax.jit(jax.grad(loss(one, ct), argnums=(0, 1)))(x, params)
     np_tree = lambda t: jax.tree.map(np.asarray, t)  # noqa: E731
-    how = compare(name, case, dtype, (*np_tree(got), trained_grads(g_got)),
-                  (*np_tree(want), trained_grads(g_want)), trained)
+    how = compare(name, case, dtype, (*np_tree(got), trained_grads(g_got, trained)),
+                  (*np_tree(want), trained_grads(g_want, trained)), trained)
     print(f"ok packed {name} {np.dtype(dtype).name} on {DEVICES} devices ({exchange}): {how}")
 
 

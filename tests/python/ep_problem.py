@@ -45,6 +45,31 @@ def param_specs(params):
                           for f, v in zip(mj.MoeParams._fields, params)))
 
 
+def packed(params):
+    """params with the experts' weights packed with their transposes (pack_ragged_rhs(...,
+    input_gradient=True)): frozen experts."""
+    return params._replace(w_in=mj.pack_ragged_rhs(params.w_in, input_gradient=True),
+                           w_out=mj.pack_ragged_rhs(params.w_out, input_gradient=True))
+
+
+def frozen(params):
+    """params with the experts' weights taking no gradient (packed weights take none)."""
+    return params._replace(w_in=jax.lax.stop_gradient(params.w_in),
+                           w_out=jax.lax.stop_gradient(params.w_out))
+
+
+def trained_names(params):
+    """The gradients of (x, params) that frozen experts leave: x's and the other weights'."""
+    return ["d_x"] + [f"d_{f}" for f, v in zip(mj.MoeParams._fields, params)
+                      if v is not None and f not in ("w_in", "w_out")]
+
+
+def trained_grads(grads, names):
+    """(d_x, d_params) -> the gradients `names` lists, as NumPy arrays, in its order."""
+    d_x, d_p = grads
+    return [np.asarray(d_x)] + [np.asarray(getattr(d_p, n[2:])) for n in names[1:]]
+
+
 def grad_names(params):
     """The names of the gradients of (x, params), in jax.tree.leaves order."""
     return ["d_x"] + [f"d_{f}" for f, v in zip(mj.MoeParams._fields, params) if v is not None]

@@ -24,8 +24,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import moekit.jax as mj  # noqa: E402
-from ep_problem import (cases, compare, grad_names, layer_kwargs, loss, param_specs,  # noqa
-                        problem, reference)  # noqa: E402
+from ep_problem import (cases, compare, frozen, grad_names, layer_kwargs, loss,  # noqa
+                        packed, param_specs, problem, reference, trained_grads,  # noqa
+                        trained_names)  # noqa: E402
 
 
 def global_array(mesh, value, pspec):
@@ -69,6 +70,41 @@ def run_case(name, case, dtype, exchange, mesh):
     how = compare(name, case, dtype, (out, aux, grads), (w_out, w_aux, w_grads),
                   grad_names(params))
     print(f"ok {name} {np.dtype(dtype).name} on {n} processes ({exchange}): {how}", flush=True)
+
+
+def run_packed_case(name, case, dtype, exchange, mesh):
+    """The experts' weights packed with their transposes (frozen experts), each process its own
+    experts': this process's part of the output, the losses and the gradients to x, the router
+    and the shared expert against the one-device layer on the same weights unpacked (its
+    experts' gradients left out)."""
+    n = len(mesh.devices)
+    x, params, ct = problem(case, dtype, n)
+    spec = param_specs(params)
+
+    def shard(v, s):  # a PackedRhs's arrays split as the weights they hold
+        if isinstance(v, mj.PackedRhs):
+            return mj.PackedRhs(global_array(mesh, v.data, s), v.k, v.n,
+                                global_array(mesh, v.data_t, s))
+        return None if v is None else global_array(mesh, v, s)
+
+    g_packed = mj.MoeParams(*(shard(v, s) for v, s in zip(packed(params), spec)))
+    g_x, g_ct = global_array(mesh, x, P("ep")), global_array(mesh, ct, P("ep"))
+    layer = sharded_layer(mesh, case, spec, exchange)
+    sharded = lambda x, p: layer(x, frozen(p))  # noqa: E731
+    trained = trained_names(params)
+    got = jax.jit(sharded)(g_x, g_packed)
+    g_got = jax.jit(jax.grad(lambda x, p, c: loss(sharded, c)(x, p), argnums=(0, 1)))(
+        g_x, g_packed, g_ct)
+    one = reference(case, n)
+    want = jax.jit(one)(x, params)
+    g_want = jax.jit(jax.grad(loss(one, ct), argnums=(0, 1)))(x, params)
+    d_x, d_p = g_got
+    got_trained = [d_x] + [getattr(d_p, t[2:]) for t in trained[1:]]
+    (out, aux, grads), (w_out, w_aux, w_grads) = local_parts(
+        (*got, got_trained), (*want, trained_grads(g_want, trained)))
+    how = compare(name, case, dtype, (out, aux, grads), (w_out, w_aux, w_grads), trained)
+    print(f"ok packed {name} {np.dtype(dtype).name} on {n} processes ({exchange}): {how}",
+          flush=True)
 
 
 def check_wrong_order(mesh_devices):
@@ -129,6 +165,10 @@ def main(argv):
         case, _, dtype = name.partition(":")
         run_case(case, all_cases[case], jnp.bfloat16 if dtype == "bf16" else jnp.float32,
                  exchange, mesh)
+    if exchange == "mpi":  # frozen experts, packed, over moekit's MPI exchange
+        for dtype in (jnp.float32, jnp.bfloat16):
+            for name in ("uneven_routing", "shared_expert_geglu"):
+                run_packed_case(name, all_cases[name], dtype, exchange, mesh)
     print(f"ok process {jax.process_index()} of {n}", flush=True)
     jax.distributed.shutdown()
 

@@ -86,8 +86,9 @@ def test_two_processes_with_jax_distributed_equal_the_one_device_layer():
                     reason="moekit built without MPI (libmoekit_jax_mpi.so), or no mpiexec")
 @pytest.mark.parametrize("processes", [2, 3])
 def test_mpi_exchange_under_mpiexec_equals_the_one_device_layer(processes):
-    """ep_exchange="mpi", one process per device under mpiexec: every case, f32 and bf16, and a
-    mesh in the wrong order an error on every process."""
+    """ep_exchange="mpi", one process per device under mpiexec: every case, f32 and bf16, two of
+    them on packed weights (frozen experts) too, and a mesh in the wrong order an error on every
+    process."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     run = subprocess.Popen(["mpiexec", "-n", str(processes), "--oversubscribe", sys.executable,
                             str(HERE / "ep_processes.py"), "mpi"], cwd=HERE, env=env,
@@ -105,4 +106,6 @@ def test_mpi_exchange_under_mpiexec_equals_the_one_device_layer(processes):
         assert f"ok process {i} of {processes}" in out, out
     assert out.count("ok auto is mpi") == processes, out
     assert out.count("ok error on a mesh in the wrong order") == processes, out
-    assert out.count("(mpi): out") == processes * 2 * CASES, out
+    assert out.count("(mpi): out") == processes * (2 * CASES + 2 * 2), out
+    # Of them, the two cases on packed weights (frozen experts), f32 and bf16.
+    assert out.count("ok packed ") == processes * 2 * 2, out
