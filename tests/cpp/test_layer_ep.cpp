@@ -411,9 +411,13 @@ HostTensor packed_experts(HostTensor& w, int64_t e0, int64_t e1) {
 // equals the one-rank forward on every expert packed, on the concatenated tokens (dropless): to
 // the rounding of the router's GEMM on T_p rows instead of T, and bit for bit in the
 // batch-invariant mode (the packed kernel's sums, like every step's there, do not depend on the
-// other rows). The backward refuses packed weights on every rank, and the group still works.
+// other rows). Cases: a shared expert and the losses; every token sent to rank 0's experts (the
+// other ranks' groups all empty); one expert a rank, ReLU (w_in [E_loc, H, F], not gated); the
+// batch-invariant mode. The backward refuses packed weights on every rank, and the group still
+// works.
 TEST(LayerEpPacked, TheForwardEqualsTheOneRankForwardOnPackedWeights) {
-  for (const std::string name : {"mixtral_like", "losses_and_shared", "invariant_shared_losses"}) {
+  for (const std::string name : {"mixtral_like", "losses_and_shared", "all_to_rank0",
+                                 "one_expert_per_rank", "invariant_shared_losses"}) {
     const EpCase& c = *std::find_if(std::begin(kCases), std::end(kCases),
                                     [&](const EpCase& e) { return e.name == name; });
     for (DType dt : {DType::kF32, DType::kBF16}) {

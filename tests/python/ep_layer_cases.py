@@ -76,8 +76,8 @@ def run_packed_case(name, case, dtype, exchange):
     g_got = jax.jit(jax.grad(loss(sharded, ct), argnums=(0, 1)))(x, packed_params)
     g_want = jax.jit(jax.grad(loss(one, ct), argnums=(0, 1)))(x, params)
     np_tree = lambda t: jax.tree.map(np.asarray, t)  # noqa: E731
-    how = compare(name, case, dtype, (*np_tree(got), trained_grads(g_got, trained)),
-                  (*np_tree(want), trained_grads(g_want, trained)), trained)
+    how = compare(name, case, dtype, (*np_tree(got), np_tree(trained_grads(g_got, trained))),
+                  (*np_tree(want), np_tree(trained_grads(g_want, trained))), trained)
     print(f"ok packed {name} {np.dtype(dtype).name} on {DEVICES} devices ({exchange}): {how}")
 
 

@@ -65,9 +65,9 @@ def trained_names(params):
 
 
 def trained_grads(grads, names):
-    """(d_x, d_params) -> the gradients `names` lists, as NumPy arrays, in its order."""
+    """(d_x, d_params) -> the gradients `names` lists, in its order."""
     d_x, d_p = grads
-    return [np.asarray(d_x)] + [np.asarray(getattr(d_p, n[2:])) for n in names[1:]]
+    return [d_x] + [getattr(d_p, n[2:]) for n in names[1:]]
 
 
 def grad_names(params):

@@ -282,15 +282,19 @@ def test_moe_layer_steps_and_ep_on_packed_weights(T, dtype):
     np.testing.assert_allclose(steps_aux.aux_loss, fused_aux.aux_loss, rtol=1e-5)
 
 
+@pytest.mark.parametrize("T,skew", [(11, False), (0, False), (11, True)],
+                         ids=["11_tokens", "no_tokens", "every_token_to_expert_0"])
 @pytest.mark.parametrize("fused", [None, False], ids=["default", "steps"])
 @DTYPES
-def test_moe_layer_gradients_through_frozen_packed_experts(dtype, fused):
+def test_moe_layer_gradients_through_frozen_packed_experts(dtype, fused, T, skew):
     # input_gradient=True packs: x's, the router's and the shared expert's gradients equal those
     # through the same weights unpacked, step by step (fused=False), or by default, where the
     # fused forward on them takes the steps under differentiation; the experts' weights closed
-    # over.
+    # over. Also with no tokens, and with an expert bias sending every token to expert 0 (one
+    # group holding every token's first row, the others empty or nearly).
     rng = np.random.default_rng(31)
-    H, F, E, k, T = 48, 40, 6, 2, 11
+    H, F, E, k = 48, 40, 6, 2
+    bias = jnp.asarray([30.0] + [0.0] * (E - 1), F32) if skew else None
     p = _layer_params(rng, H, F, E, True, dtype)
     x = jnp.asarray(rng.standard_normal((T, H)), dtype)
     ct = jnp.asarray(rng.standard_normal((T, H)), dtype)
@@ -299,9 +303,14 @@ def test_moe_layer_gradients_through_frozen_packed_experts(dtype, fused):
 
     def loss(x, router, shared_in, shared_out, w_in, w_out, fused=False):
         q = mj.MoeParams(router, w_in, w_out, shared_in, shared_out)
-        out, aux = mj.moe_layer(x, q, k=k, aux_loss_coeff=0.01, fused=fused)
+        out, aux = mj.moe_layer(x, q, k=k, aux_loss_coeff=0.01, fused=fused, expert_bias=bias,
+                                score="sigmoid" if skew else "softmax")
         return jnp.sum(out.astype(F32) * ct.astype(F32)) + aux.aux_loss
 
+    if skew:  # the bias does what the case says
+        q = mj.MoeParams(p.router, w_in, w_out, p.shared_in, p.shared_out)
+        counts = mj.moe_layer(x, q, k=k, score="sigmoid", expert_bias=bias)[1].tokens_per_expert
+        assert int(counts[0]) == T
     trainable = (x, p.router, p.shared_in, p.shared_out)
     got = jax.jit(jax.grad(lambda *a: loss(*a, w_in, w_out, fused), argnums=(0, 1, 2, 3)))(
         *trainable)
