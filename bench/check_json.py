@@ -1,7 +1,8 @@
 """Checks the JSON that `moekit bench OP ... --json` prints on stdin.
 
-Usage: bench/check_json.py OP COUNT [invariant] [floor] [subset]
-(invariant: each case must carry the --invariant keys too; floor: each ragged_dot case, and each
+Usage: bench/check_json.py OP COUNT [invariant] [floor] [subset] [packed]
+(invariant: each case must carry the --invariant keys too; packed: each layer forward the
+--packed-weights forward's time and its steps' (the two grouped matmuls among them); floor: each ragged_dot case, and each
 layer forward, its floor on the CPU (and the layer's weight-reading steps each theirs): issue 35; subset: each layer case ran a subset of the
 preset's experts at fewer tokens than it stands for, as --mem-limit-gib makes it; without it, the
 tokens it stands for are its own)
@@ -33,8 +34,9 @@ REQUIRED = {
 def main() -> int:
     op, count = sys.argv[1], int(sys.argv[2])
     flags = set(sys.argv[3:])
-    assert flags <= {"invariant", "floor", "subset"}, f"unknown flags {sorted(flags)}"
+    assert flags <= {"invariant", "floor", "subset", "packed"}, f"unknown flags {sorted(flags)}"
     invariant, floor, subset = "invariant" in flags, "floor" in flags, "subset" in flags
+    packed = "packed" in flags
     keys, passes, rate, ops = REQUIRED[op]
     cases = json.load(sys.stdin)
     assert isinstance(cases, list), f"expected a JSON array, got {type(cases).__name__}"
@@ -62,6 +64,11 @@ def main() -> int:
         if invariant:  # --invariant: the batch-invariant mode's time and rate beside it
             assert c["invariant_ms"] > 0, c
             assert c.get("invariant_rate", c.get("fwd_bwd_invariant_rate", 0)) > 0, c
+        if packed and c["pass"] == "fwd":  # --packed-weights: the forward on them, step by step
+            assert c["packed_weights_ms"] > 0, c
+            steps = c["packed_weights_steps_ms"]
+            assert {"gmm_up", "gmm_down"} <= steps.keys(), c
+            assert all(0 < v <= c["packed_weights_ms"] for v in steps.values()), c
         if floor and (op == "ragged_dot" or c["pass"] == "fwd"):  # the floor and the share of it
             for key in ("weight_bytes", "read_gbps", "dense_peak_tflops", "floor_ms",
                         "share_of_floor"):

@@ -431,26 +431,28 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
                r.fwd_weight_bytes / (r.roof.read_gbps * 1e6), r.fwd_flops / 1e9,
                r.roof.dense_tflops, r.fwd_flops / (r.roof.dense_tflops * 1e9), r.copies,
                100 * r.fwd_floor_ms() / r.fwd.median_ms);
-    if (r.fwd_packed.median_ms > 0) {
-      std::string steps;  // every step's median, ms
+    // "name value, ..." over the steps whose value(s) is positive, each value as shown(value).
+    auto join_steps = [](auto value, auto shown) {
+      std::string out;
       for (int s = 0; s < kMoeSteps; ++s) {
-        if (r.fwd_steps_packed[s] <= 0) continue;
-        steps += fmt::format("{}{} {:.2f}", steps.empty() ? "" : ", ",
-                             moe_step_name(static_cast<MoeStep>(s)), r.fwd_steps_packed[s]);
+        if (value(s) <= 0) continue;
+        out += fmt::format("{}{} {}", out.empty() ? "" : ", ",
+                           moe_step_name(static_cast<MoeStep>(s)), shown(value(s)));
       }
+      return out;
+    };
+    if (r.fwd_packed.median_ms > 0) {
       fmt::print(f,
                  "forward on packed expert weights (expert_weights_packed), in the same loop: "
                  "{:.2f} ms, {:.1f}% of the floor, {:.2f}x the forward's speed (steps, ms: {})\n",
                  r.fwd_packed.median_ms, 100 * r.fwd_floor_ms() / r.fwd_packed.median_ms,
-                 r.fwd.median_ms / r.fwd_packed.median_ms, steps);
+                 r.fwd.median_ms / r.fwd_packed.median_ms,
+                 join_steps([&](int s) { return r.fwd_steps_packed[s]; },
+                            [](double ms) { return fmt::format("{:.2f}", ms); }));
     }
-    std::string steps;
-    for (int s = 0; s < kMoeSteps; ++s) {
-      const double share = r.step_share_of_floor(s);
-      if (share <= 0) continue;
-      steps += fmt::format("{}{} {:.1f}%", steps.empty() ? "" : ", ",
-                           moe_step_name(static_cast<MoeStep>(s)), 100 * share);
-    }
+    const std::string steps =
+        join_steps([&](int s) { return r.step_share_of_floor(s); },
+                   [](double share) { return fmt::format("{:.1f}%", 100 * share); });
     fmt::print(f,
                "forward steps against their own floor (their weights or FLOPs, the same rates): "
                "{}\n",
@@ -458,12 +460,17 @@ void print_result(std::FILE* f, const Result& r, const Preset& p, DType dt, bool
   }
 }
 
-nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool backward) {
+// {step name: ms} over the steps that took time.
+nlohmann::json steps_json(const std::array<double, kMoeSteps>& ms) {
   nlohmann::json steps = nlohmann::json::object();
   for (int s = 0; s < kMoeSteps; ++s) {
-    const double ms = backward ? r.bwd_steps[s] : r.fwd_steps[s];
-    if (ms > 0) steps[moe_step_name(static_cast<MoeStep>(s))] = ms;
+    if (ms[s] > 0) steps[moe_step_name(static_cast<MoeStep>(s))] = ms[s];
   }
+  return steps;
+}
+
+nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool backward) {
+  const nlohmann::json steps = steps_json(backward ? r.bwd_steps : r.fwd_steps);
   const Timing& t = backward ? r.bwd : r.fwd;
   const double gmm_flops = (backward ? 2 : 1) * r.gmm_flops_fwd;
   nlohmann::json j{{"op", "layer"},
@@ -486,7 +493,10 @@ nlohmann::json result_json(const Result& r, DType dt, const Options& o, bool bac
                    {"dense_impl", r.dense_impl},
                    {"fwd_bwd_ratio_to_dense", r.ratio()},
                    {"fwd_bwd_ratio_to_dense_with_shared", r.ratio_with_shared()}};
-  if (!backward && r.fwd_packed.median_ms > 0) j["packed_weights_ms"] = r.fwd_packed.median_ms;
+  if (!backward && r.fwd_packed.median_ms > 0) {
+    j["packed_weights_ms"] = r.fwd_packed.median_ms;
+    j["packed_weights_steps_ms"] = steps_json(r.fwd_steps_packed);
+  }
   if (o.invariant) {
     j["invariant_ms"] = (backward ? r.bwd_inv : r.fwd_inv).median_ms;
     j["fwd_bwd_invariant_rate"] = r.invariant_rate();
