@@ -6,7 +6,11 @@ in its own run (so that drift between the runs' processes cancels), the best (kA
 not run shows '-' there.
 
 python3 bench/schedules_table.py FOLDER > FOLDER/table.txt
-(bench/results/gpu-h200-2026-11-28/: schedules, check/schedules, final/schedules-24576.)"""
+(bench/results/gpu-h200-2026-11-28/: schedules, check/schedules, final/schedules-24576.)
+
+python3 bench/schedules_table.py --runs FOLDER: from `scripts/device-check runs` (runs-*.json,
+each run-order schedule with its own schedule as the baseline), each shape's time on the run
+order over CUTLASS's order (below 1: the runs faster), and the faster one's share of dense."""
 import collections
 import glob
 import json
@@ -15,7 +19,31 @@ import sys
 
 # Short names, in the table's column order.
 NAMES = {"sm90-pingpong": "pingpong", "sm90": "coop128", "sm90-cooperative-256": "coop256",
-         "sm90-pingpong-64x256": "pp64x256"}
+         "sm90-pingpong-64x256": "pp64x256", "sm90-pingpong-64x256-runs": "pp64runs",
+         "sm90-cooperative-256-runs": "c256runs"}
+
+
+def runs(folder):
+    rows = collections.defaultdict(dict)
+    for path in glob.glob(os.path.join(folder, "runs-*.json")):
+        for r in json.load(open(path)):
+            if "baseline_ms" in r:
+                rows[(r["preset"], r["tokens"], r["pass"])][r["baseline_impl"]] = r
+    bases = sorted({b for v in rows.values() for b in v})
+    print(f"{'preset':17}{'tokens':>6}{'pass':>5} {'r':>6}  "
+          + "  ".join(f"{NAMES[b] + ' runs/base':>17} {'% dense':>7}" for b in bases))
+    for key in sorted(rows):
+        v = rows[key]
+        r0 = next(iter(v.values()))
+        cells = []
+        for b in bases:
+            if b not in v:
+                cells.append(f"{'-':>17} {'-':>7}")
+                continue
+            x = v[b]
+            cells.append(f"{x['ms'] / x['baseline_ms']:17.3f} "
+                         f"{100 * x['dense_ms'] / min(x['ms'], x['baseline_ms']):7.1f}")
+        print(f"{key[0]:17}{key[1]:>6}{key[2]:>5} {r0['m'] // r0['E']:>6}  " + "  ".join(cells))
 
 
 def main(folder):
@@ -40,4 +68,7 @@ def main(folder):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--runs":
+        runs(sys.argv[2])
+    else:
+        main(sys.argv[1])

@@ -79,6 +79,9 @@ bool sm90_rows_pick_cooperative256(const RowGroupedGemm& g) {
 bool sm90_rows_pick_pingpong64(const RowGroupedGemm& g) {
   return sm90_row_schedule(g) == RaggedDotImpl::kCudaSm90Pingpong64x256;
 }
+// The run-order candidates run by name only.
+bool by_name_only(const RowGroupedGemm&) { return false; }
+bool by_name_only(const ContractionGroupedGemm&) { return false; }
 constexpr const char* kSm80Needs =
     "CUDA buffers, bf16/f16 inputs aligned for tensor cores, a device of compute capability "
     ">= 8.0 and a build with sm_80";
@@ -106,6 +109,10 @@ constexpr Implementation<RaggedDotImpl, RowGroupedGemm> kRowImpls[] = {
     {RaggedDotImpl::kCudaSm90Pingpong64x256, cu::row_grouped_sm90_pingpong64, on_sm90_bf16,
      kSm90Bf16Needs, sm90_rows_pick_pingpong64},
     {RaggedDotImpl::kCudaSm90Pingpong, cu::row_grouped_sm90_pingpong, on_sm90_bf16, kSm90Bf16Needs},
+    {RaggedDotImpl::kCudaSm90Pingpong64x256Runs, cu::row_grouped_sm90_pingpong64_runs, on_sm90_bf16,
+     kSm90Bf16Needs, by_name_only},
+    {RaggedDotImpl::kCudaSm90Cooperative256Runs, cu::row_grouped_sm90_coop256_runs, on_sm90_bf16,
+     kSm90Bf16Needs, by_name_only},
     {RaggedDotImpl::kCudaSm90, cu::row_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::row_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::row_grouped_portable, on_cuda, kCudaNeeds},
@@ -123,6 +130,10 @@ constexpr Implementation<RaggedDotImpl, ContractionGroupedGemm> kContractionImpl
      kSm90Bf16Needs},
     {RaggedDotImpl::kCudaSm90Pingpong64x256, cu::contraction_grouped_sm90_pingpong64, on_sm90_bf16,
      kSm90Bf16Needs},
+    {RaggedDotImpl::kCudaSm90Pingpong64x256Runs, cu::contraction_grouped_sm90_pingpong64_runs,
+     on_sm90_bf16, kSm90Bf16Needs, by_name_only},
+    {RaggedDotImpl::kCudaSm90Cooperative256Runs, cu::contraction_grouped_sm90_coop256_runs,
+     on_sm90_bf16, kSm90Bf16Needs, by_name_only},
     {RaggedDotImpl::kCudaSm90, cu::contraction_grouped_sm90, on_sm90, kSm90Needs},
     {RaggedDotImpl::kCudaSm80, cu::contraction_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::contraction_grouped_portable, on_cuda, kCudaNeeds},
@@ -320,6 +331,10 @@ const char* impl_name(RaggedDotImpl impl) {
       return "sm90-cooperative-256";
     case RaggedDotImpl::kCudaSm90Pingpong64x256:
       return "sm90-pingpong-64x256";
+    case RaggedDotImpl::kCudaSm90Pingpong64x256Runs:
+      return "sm90-pingpong-64x256-runs";
+    case RaggedDotImpl::kCudaSm90Cooperative256Runs:
+      return "sm90-cooperative-256-runs";
   }
   return "unknown";
 }

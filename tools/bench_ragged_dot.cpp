@@ -63,6 +63,8 @@ constexpr RaggedDotImpl kImpls[] = {
     RaggedDotImpl::kCudaSm90Pingpong,
     RaggedDotImpl::kCudaSm90Cooperative256,
     RaggedDotImpl::kCudaSm90Pingpong64x256,
+    RaggedDotImpl::kCudaSm90Pingpong64x256Runs,
+    RaggedDotImpl::kCudaSm90Cooperative256Runs,
 };
 
 RaggedDotImpl parse_impl(const std::string& name) {
@@ -683,7 +685,8 @@ void register_bench_ragged_dot(CLI::App& bench) {
   cmd->add_option("--impl", opts->impl,
                   "Implementation of the timed calls (RaggedDotOptions::impl): auto picks by "
                   "shape; onednn, stream, reference (CPU); sm90, sm90-pingpong, "
-                  "sm90-pingpong-64x256, sm90-cooperative-256, sm80, portable (CUDA)")
+                  "sm90-pingpong-64x256, sm90-cooperative-256, sm90-pingpong-64x256-runs, "
+                  "sm90-cooperative-256-runs, sm80, portable (CUDA)")
       ->check(CLI::IsMember(impl_names()))
       ->capture_default_str();
   cmd->add_option("--baseline", opts->baseline,

@@ -91,10 +91,16 @@ enum class RaggedDotImpl {
   kCudaSm90Pingpong,
   kCudaSm90Cooperative256,
   kCudaSm90Pingpong64x256,
+  // kCudaSm90Pingpong64x256 and kCudaSm90Cooperative256 with the output tiles dealt to the
+  // multiprocessors in runs of consecutive tiles (a multiprocessor's next tile mostly in the same
+  // group) rather than one at a time; by name only (kAuto never picks them) until measured.
+  kCudaSm90Pingpong64x256Runs,
+  kCudaSm90Cooperative256Runs,
 };
 // The implementation's name, as moekit bench's --impl takes it and the errors say it ("auto",
 // "onednn", "reference", "sm90", "sm80", "portable", "stream", "sm90-pingpong",
-// "sm90-cooperative-256", "sm90-pingpong-64x256"); "unknown" for a value outside the enum.
+// "sm90-cooperative-256", "sm90-pingpong-64x256", "sm90-pingpong-64x256-runs",
+// "sm90-cooperative-256-runs"); "unknown" for a value outside the enum.
 const char* impl_name(RaggedDotImpl impl);
 
 struct RaggedDotOptions {

@@ -47,7 +47,8 @@ Status contraction_grouped_portable(const ContractionGroupedGemm& g);
 // four tile schedules, each its own RaggedDotImpl: sm90 (cooperative, 128x128 tiles; bf16 and
 // f16), sm90_pingpong (128x128, one tile per consumer warpgroup), sm90_pingpong64 (the same,
 // 64x256) and sm90_coop256 (cooperative, 256x128 tiles on 2x1 clusters), the last three bf16
-// only; sm90_workspace_size covers all four.
+// only; sm90_pingpong64_runs and sm90_coop256_runs are those two with the tiles dealt to the
+// multiprocessors in runs (cuda/tile_runs.h); sm90_workspace_size covers them all.
 // Each architecture is compiled when CMAKE_CUDA_ARCHITECTURES names it (MOEKIT_CUDA_SM80,
 // MOEKIT_CUDA_SM90 = 1); otherwise the stubs below say so.
 #define MOEKIT_CUDA_DECLARE_SCHEDULE(name)            \
@@ -139,6 +140,14 @@ inline bool sm90_contraction_on_pingpong(int64_t m, int64_t groups, bool bandwid
   return bandwidth_rich && groups > 0 && groups <= 32 && m < 65536;
 }
 
+// Tests only: the sm90 run-order schedules take runs of this many tiles (> 0) rather than their
+// rule's, so that short test calls run runs longer than one tile; 0 restores the rule.
+#if MOEKIT_CUDA_SM90
+void set_sm90_run_tiles_for_tests(int run_tiles);
+#else
+inline void set_sm90_run_tiles_for_tests(int) {}
+#endif
+
 #if MOEKIT_CUDA_SM80
 MOEKIT_CUDA_DECLARE_TC(sm80)
 #else
@@ -149,11 +158,15 @@ MOEKIT_CUDA_DECLARE_TC(sm90)
 MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_pingpong)
 MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_pingpong64)
 MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_coop256)
+MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_pingpong64_runs)
+MOEKIT_CUDA_DECLARE_SCHEDULE(sm90_coop256_runs)
 #else
 MOEKIT_CUDA_STUB_TC(sm90)
 MOEKIT_CUDA_STUB_SCHEDULE(sm90_pingpong, sm90)
 MOEKIT_CUDA_STUB_SCHEDULE(sm90_pingpong64, sm90)
 MOEKIT_CUDA_STUB_SCHEDULE(sm90_coop256, sm90)
+MOEKIT_CUDA_STUB_SCHEDULE(sm90_pingpong64_runs, sm90)
+MOEKIT_CUDA_STUB_SCHEDULE(sm90_coop256_runs, sm90)
 #endif
 
 }  // namespace moekit::detail::cuda

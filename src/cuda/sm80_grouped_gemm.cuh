@@ -112,7 +112,7 @@ struct Kernel {
   }
 
   static Status run(const Arrays& w, int64_t num_local, bool accumulate, const DeviceInfo& info,
-                    cudaStream_t stream) {
+                    const tc::CallShape&, cudaStream_t stream) {
     const int blocks = threadblocks(info);
     MOEKIT_RETURN_IF_ERROR(tc::cutlass_status(kOp, "occupancy query", blocks > 0));
     return tc::launch<Gemm>(kOp, arguments(w, num_local, accumulate, blocks),

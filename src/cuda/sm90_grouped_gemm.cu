@@ -1,10 +1,12 @@
 // The sm90 entry points of grouped_gemm_cuda.h: four tile schedules of one CUTLASS 3.x kernel
-// (sm90_grouped_gemm.cuh), each a RaggedDotImpl of its own. The cooperative 128x128 kernels are
-// instantiated for bf16 and f16 (sm90_grouped_gemm_bf16.cu, _f16.cu), the pingpong (128x128 and
-// 64x256) and the cooperative 256x128 ones for bf16 only (sm90_grouped_gemm_bf16_pingpong.cu,
-// _pingpong64.cu, _coop256.cu);
+// (sm90_grouped_gemm.cuh), each a RaggedDotImpl of its own, and two of them again on the run
+// order of tiles (sm90_run_scheduler.cuh). The cooperative 128x128 kernels are instantiated for
+// bf16 and f16 (sm90_grouped_gemm_bf16.cu, _f16.cu), the pingpong (128x128 and 64x256) and the
+// cooperative 256x128 ones for bf16 only (sm90_grouped_gemm_bf16_pingpong.cu, _pingpong64.cu,
+// _coop256.cu, _pingpong64_runs.cu, _coop256_runs.cu);
 // ragged_dot.cpp's tables say which one kAuto runs for which call.
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "cuda/sm90_grouped_gemm.cuh"
@@ -17,11 +19,14 @@ MOEKIT_TC_EXTERN(sm90::Kernel, cutlass::half_t)
 MOEKIT_TC_EXTERN(sm90::KernelCoop256, cutlass::bfloat16_t)
 MOEKIT_TC_EXTERN(sm90::KernelPingpong, cutlass::bfloat16_t)
 MOEKIT_TC_EXTERN(sm90::KernelPingpong64, cutlass::bfloat16_t)
+MOEKIT_TC_EXTERN(sm90::KernelPingpong64Runs, cutlass::bfloat16_t)
+MOEKIT_TC_EXTERN(sm90::KernelCoop256Runs, cutlass::bfloat16_t)
 }  // namespace tc
 
 namespace {
 
 using BF16 = cutlass::bfloat16_t;
+std::atomic<int> g_run_tiles_for_tests{0};
 
 // A call on one of the bf16-only schedules (the table's predicate keeps other dtypes away; this
 // guards a direct call).
@@ -42,11 +47,16 @@ Status run_bf16(const Problem& g) {
 
 }  // namespace
 
+void set_sm90_run_tiles_for_tests(int run_tiles) { g_run_tiles_for_tests.store(run_tiles); }
+int sm90::sm90_run_tiles_for_tests() { return g_run_tiles_for_tests.load(); }
+
 size_t sm90_workspace_size(int64_t num_local, const DeviceInfo& info) {
   return std::max({tc::workspace_size_any<sm90::Kernel>(num_local, info),
                    tc::workspace_size<sm90::KernelCoop256, BF16>(num_local, info),
                    tc::workspace_size<sm90::KernelPingpong, BF16>(num_local, info),
-                   tc::workspace_size<sm90::KernelPingpong64, BF16>(num_local, info)});
+                   tc::workspace_size<sm90::KernelPingpong64, BF16>(num_local, info),
+                   tc::workspace_size<sm90::KernelPingpong64Runs, BF16>(num_local, info),
+                   tc::workspace_size<sm90::KernelCoop256Runs, BF16>(num_local, info)});
 }
 
 Status row_grouped_sm90(const RowGroupedGemm& g) {
@@ -78,6 +88,18 @@ Status row_grouped_sm90_coop256(const RowGroupedGemm& g) {
 }
 Status contraction_grouped_sm90_coop256(const ContractionGroupedGemm& g) {
   return run_bf16<sm90::KernelCoop256>(g);
+}
+Status row_grouped_sm90_pingpong64_runs(const RowGroupedGemm& g) {
+  return run_bf16<sm90::KernelPingpong64Runs>(g);
+}
+Status contraction_grouped_sm90_pingpong64_runs(const ContractionGroupedGemm& g) {
+  return run_bf16<sm90::KernelPingpong64Runs>(g);
+}
+Status row_grouped_sm90_coop256_runs(const RowGroupedGemm& g) {
+  return run_bf16<sm90::KernelCoop256Runs>(g);
+}
+Status contraction_grouped_sm90_coop256_runs(const ContractionGroupedGemm& g) {
+  return run_bf16<sm90::KernelCoop256Runs>(g);
 }
 
 }  // namespace moekit::detail::cuda

@@ -8,7 +8,7 @@
 //     __device__ set(j, m, n, k, a, lda, b, ldb, d, ldd)
 //   arrays_in(workspace, E_loc)     where they are (workspace may be null: sizes only)
 //   workspace_size(E_loc, info)
-//   run(arrays, E_loc, accumulate, info, stream)
+//   run(arrays, E_loc, accumulate, info, call, stream)
 //   kOp                             the op name in its errors
 // This file maps the two problems of ragged_dot_problem.h onto such a family.
 #pragma once
@@ -48,6 +48,26 @@ Status launch(const char* op, const typename Gemm::Arguments& args, void* worksp
   MOEKIT_RETURN_IF_ERROR(cutlass_status(
       op, "initialize", gemm.initialize(args, workspace, stream) == cutlass::Status::kSuccess));
   return cutlass_status(op, "run", gemm.run(stream) == cutlass::Status::kSuccess);
+}
+
+// What the host knows of a call's tiles (the sm90 run order sizes its runs from it): the local
+// groups' M extents add up to about m_total (row-grouped: the rows are ragged, and the local
+// groups are taken to hold their share of all m rows) or are each m_each (contraction-grouped:
+// p rows in every non-empty group), over `groups` local groups, each n wide.
+struct CallShape {
+  int64_t m_total = 0, m_each = 0, groups = 0, n = 0;
+};
+inline CallShape call_shape(const RowGroupedGemm& g, const Groups& groups) {
+  // An estimate, so in floating point (no product of two sizes to overflow).
+  const int64_t local_rows =
+      groups.count > 0
+          ? static_cast<int64_t>(static_cast<double>(g.m) * static_cast<double>(groups.num_local) /
+                                 static_cast<double>(groups.count))
+          : 0;
+  return {local_rows, 0, groups.num_local, g.n};
+}
+inline CallShape call_shape(const ContractionGroupedGemm& g, const Groups& groups) {
+  return {0, g.p, groups.num_local, g.q};
 }
 
 // Row-grouped (forward, input gradient): local group j is D = C[rows of j], A = the input's same
@@ -96,7 +116,7 @@ Status run(const Problem& g, const Groups& groups, const Exec& exec, const Devic
   MOEKIT_RETURN_IF_ERROR(
       plan_and_zero(K::kOp, g, groups, exec.workspace, make_emit(w), exec.stream));
   if (groups.num_local == 0) return {};
-  return K::run(w, groups.num_local, g.accumulate, info, exec.stream);
+  return K::run(w, groups.num_local, g.accumulate, info, call_shape(g, groups), exec.stream);
 }
 
 template <template <class, class, class, class> class KernelT, class TIn, class TOut, class LayoutB>

@@ -1224,13 +1224,16 @@ TEST(RaggedDot, RanSaysWhichImplementationRan) {
 // "unknown" past the enum.
 TEST(RaggedDot, ImplNames) {
   std::vector<std::string> names;
-  for (int i = 0; i <= static_cast<int>(RaggedDotImpl::kCudaSm90Pingpong64x256); ++i)
+  for (int i = 0; i <= static_cast<int>(RaggedDotImpl::kCudaSm90Cooperative256Runs); ++i)
     names.emplace_back(impl_name(static_cast<RaggedDotImpl>(i)));
   std::vector<std::string> unique = names;
   std::sort(unique.begin(), unique.end());
   unique.erase(std::unique(unique.begin(), unique.end()), unique.end());
   EXPECT_EQ(unique.size(), names.size());
   EXPECT_EQ(std::count(names.begin(), names.end(), "unknown"), 0);
+  EXPECT_STREQ(impl_name(static_cast<RaggedDotImpl>(
+                   static_cast<int>(RaggedDotImpl::kCudaSm90Cooperative256Runs) + 1)),
+               "unknown");
   EXPECT_STREQ(impl_name(RaggedDotImpl::kCpuStream), "stream");
   EXPECT_STREQ(impl_name(RaggedDotImpl::kOneDnn), "onednn");
   EXPECT_STREQ(impl_name(static_cast<RaggedDotImpl>(99)), "unknown");

@@ -16,11 +16,14 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/grouped_gemm_cuda.h"
 #include "cuda/plan_math.h"
+#include "cuda/tile_runs.h"
 #include "host_tensor.h"
 #include "moekit/ragged_dot.h"
 
@@ -153,6 +156,90 @@ TEST(CudaScheduleRules, BandwidthPerSmTellsTheCards) {
   EXPECT_FALSE(rich(DeviceInfo{0, 90, 132, 0}));  // bandwidth not reported
 }
 
+// The run order of the sm90 run scheduler (cuda/tile_runs.h): Q clusters taking runs of R
+// consecutive units. Every unit is taken exactly once, each cluster's units only grow, and a
+// cluster's steps s and s + 1 are neighbouring units unless s + 1 starts a new run.
+TEST(CudaTileRuns, EveryUnitOnceInRunsOfR) {
+  for (uint64_t q_count : {1, 2, 3, 66, 132}) {
+    for (uint64_t r : {1, 2, 3, 8}) {
+      SCOPED_TRACE(fmt::format("Q={} R={}", q_count, r));
+      const detail::cuda::TileRuns order{q_count, r};
+      const uint64_t units = 5 * q_count * r + 7;  // a partial last round
+      std::vector<int> taken(units, 0);
+      for (uint64_t q = 0; q < q_count; ++q) {
+        uint64_t last = 0;
+        for (uint64_t s = 0;; ++s) {
+          const uint64_t u = order.unit(q, s);
+          if (s > 0) {
+            EXPECT_GT(u, last);
+            if (s % r != 0) EXPECT_EQ(u, last + 1);
+          }
+          if (u >= units) break;
+          ++taken[u];
+          last = u;
+        }
+      }
+      EXPECT_EQ(std::count(taken.begin(), taken.end(), 1), static_cast<long>(units));
+    }
+  }
+  // Run j belongs to cluster j mod Q.
+  const detail::cuda::TileRuns order{4, 3};
+  EXPECT_EQ(order.unit(0, 0), 0u);
+  EXPECT_EQ(order.unit(1, 0), 3u);
+  EXPECT_EQ(order.unit(3, 2), 11u);
+  EXPECT_EQ(order.unit(0, 3), 12u);
+  EXPECT_EQ(order.unit(2, 4), 19u);
+}
+
+// A group's cluster tiles: ceil(extent / tile) rounded up to the cluster, in clusters; nothing
+// for an empty extent; unit t of a group is its cluster tile (t mod along_m, t / along_m).
+TEST(CudaTileRuns, ClusterTilesOfAGroup) {
+  using detail::cuda::cluster_tiles;
+  EXPECT_EQ(cluster_tiles(0, 128, 1), 0u);
+  EXPECT_EQ(cluster_tiles(-5, 128, 2), 0u);
+  EXPECT_EQ(cluster_tiles(1, 128, 1), 1u);
+  EXPECT_EQ(cluster_tiles(128, 128, 1), 1u);
+  EXPECT_EQ(cluster_tiles(129, 128, 1), 2u);
+  EXPECT_EQ(cluster_tiles(256, 256, 2), 1u);  // one 256-row tile: one cluster of two, half idle
+  EXPECT_EQ(cluster_tiles(257, 256, 2), 1u);
+  EXPECT_EQ(cluster_tiles(513, 256, 2), 2u);
+  EXPECT_EQ(cluster_tiles(2048, 256, 2), 4u);  // qwen3-30b-a3b's weight gradient: 8 tiles of M
+  std::set<std::tuple<uint64_t, uint64_t>> seen;
+  for (uint64_t t = 0; t < 4 * 6; ++t) {
+    const auto c = detail::cuda::cluster_tile_of(t, 4);
+    EXPECT_LT(c.m, 4u);
+    EXPECT_LT(c.n, 6u);
+    seen.insert({c.m, c.n});
+    if (t > 0 && t % 4 != 0) EXPECT_EQ(c.n, detail::cuda::cluster_tile_of(t - 1, 4).n);
+  }
+  EXPECT_EQ(seen.size(), 24u);
+}
+
+// The run length: at most 8, at least 1, and short enough for 4 runs a cluster; the expected
+// units of the two kinds of call.
+TEST(CudaTileRuns, RunLengthFromTheExpectedTiles) {
+  using detail::cuda::expected_units;
+  using detail::cuda::run_length;
+  EXPECT_EQ(run_length(0, 132), 1u);
+  EXPECT_EQ(run_length(4 * 132 - 1, 132), 1u);
+  EXPECT_EQ(run_length(4 * 132 * 3, 132), 3u);
+  EXPECT_EQ(run_length(1 << 30, 132), 8u);
+  EXPECT_EQ(run_length(100, 0), 1u);
+  for (uint64_t units : {600, 1536, 3072, 6144}) {
+    const uint64_t r = run_length(units, 132);
+    if (r > 1) EXPECT_GE(units / (r * 132), 4u) << units;
+  }
+  // qwen3-30b-a3b at 4096 tokens: the weight gradient on 256x128 tiles in clusters of 2 (128
+  // groups of [2048, 768]: 4 x 6 cluster tiles each), and the forward on 64x256 tiles (32768
+  // rows: 512 tiles of M and half a tile a group, 3 of N).
+  EXPECT_EQ(expected_units(0, 2048, 128, 768, 256, 128, 2, 1), 128u * 4 * 6);
+  EXPECT_EQ(expected_units(32768, 0, 128, 768, 64, 256, 1, 1), (512u + 64) * 3);
+  EXPECT_EQ(run_length(128 * 4 * 6, 66), 8u);
+  EXPECT_EQ(run_length((512 + 64) * 3, 132), 3u);
+  EXPECT_EQ(expected_units(32768, 0, 0, 768, 64, 256, 1, 1), 0u);  // no local groups
+  EXPECT_EQ(expected_units(0, 0, 8, 768, 64, 256, 1, 1), 4u * 3);  // no rows: half a tile each
+}
+
 // --- The calls as these tests make them -----------------------------------------------------
 
 // Groups whose sizes (and offset, where `device_offset` is set) live on the device.
@@ -282,6 +369,7 @@ struct GpuCase {
   DType in = DType::kBF16, out = DType::kF32;
   bool transposed = false, accumulate = false, device_offset = false;
   int64_t row_pad = 0;
+  int run_tiles = 0;  // the sm90 run-order schedules' run length; 0: their rule
   std::string name;
 };
 void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.name; }
@@ -350,7 +438,9 @@ class RaggedDotCuda : public ::testing::TestWithParam<std::tuple<GpuCase, Ragged
     opt.accumulate = c.accumulate;
     ref_opt = opt;
     ref_opt.impl = RaggedDotImpl::kReference;
+    detail::cuda::set_sm90_run_tiles_for_tests(c.run_tiles);
   }
+  void TearDown() override { detail::cuda::set_sm90_run_tiles_for_tests(0); }
   std::vector<int64_t> rhs_dims() const {
     return c.transposed ? std::vector<int64_t>{c.e_loc, c.n, c.K}
                         : std::vector<int64_t>{c.e_loc, c.K, c.n};
@@ -555,6 +645,8 @@ constexpr RaggedDotImpl kCudaImpls[] = {RaggedDotImpl::kAuto,
                                         RaggedDotImpl::kCudaSm90Pingpong,
                                         RaggedDotImpl::kCudaSm90Pingpong64x256,
                                         RaggedDotImpl::kCudaSm90Cooperative256,
+                                        RaggedDotImpl::kCudaSm90Pingpong64x256Runs,
+                                        RaggedDotImpl::kCudaSm90Cooperative256Runs,
                                         RaggedDotImpl::kCudaSm80,
                                         RaggedDotImpl::kCudaPortable};
 
@@ -565,6 +657,46 @@ INSTANTIATE_TEST_SUITE_P(Gpu, RaggedDotCuda,
                            return std::get<0>(info.param).name + "_" +
                                   impl_tag(std::get<1>(info.param));
                          });
+
+// The run-order schedules with runs longer than their rule gives these small calls: runs that
+// cross group boundaries, skip empty groups and more than 32 groups at a time (the scheduler's
+// warp looks at 32), wrap round the clusters more than once, and a last round that leaves some
+// clusters idle.
+std::vector<GpuCase> run_cases() {
+  std::mt19937 rng(23);
+  std::vector<GpuCase> base = {
+      {1000, 512, 256, random_sizes(rng, 64, 1000), 16, 16},
+      {1200, 64, 32, random_sizes(rng, 600, 1200), 250, 20},
+      {60, 16, 24, {5, 0, 7, 20, 0, 0, 13, 0, 15, 0}, 1, 8},
+      {500, 256, 128, {0, 0, 0, 500, 0, 0, 0, 0}, 0, 8},
+      {4000, 64, 512, random_sizes(rng, 128, 4000), 0, 128},
+  };
+  const char* names[] = {"e64_shard2of4", "g600_across_chunks", "empty_groups_edges",
+                         "all_rows_in_group3", "e128_m4000"};
+  std::vector<GpuCase> out;
+  for (size_t i = 0; i < base.size(); ++i) {
+    for (int r : {2, 3, 8}) {
+      for (DType o : {DType::kF32, DType::kBF16}) {
+        GpuCase c = base[i];
+        c.out = o, c.run_tiles = r;
+        c.name = fmt::format("{}_bf16_{}_runs{}", names[i], dtype_name(o), r);
+        out.push_back(c);
+      }
+    }
+  }
+  GpuCase t = out.front();
+  t.transposed = true, t.accumulate = true, t.name += "_T_acc";
+  out.push_back(t);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(
+    GpuRuns, RaggedDotCuda,
+    ::testing::Combine(::testing::ValuesIn(run_cases()),
+                       ::testing::Values(RaggedDotImpl::kCudaSm90Pingpong64x256Runs,
+                                         RaggedDotImpl::kCudaSm90Cooperative256Runs)),
+    [](const auto& info) {
+      return std::get<0>(info.param).name + "_" + impl_tag(std::get<1>(info.param));
+    });
 
 // A call captured once in a CUDA graph computes the right answer when replayed after the device
 // group sizes and offset change: nothing of them is read on the host, and the launches do not
@@ -695,7 +827,9 @@ TEST(RaggedDotCudaDispatch, TensorCoresTakeAlignedCallsOnTheirDevices) {
         const bool sm80 = impl == RaggedDotImpl::kCudaSm80;
         const bool bf16_only = impl == RaggedDotImpl::kCudaSm90Pingpong ||
                                impl == RaggedDotImpl::kCudaSm90Pingpong64x256 ||
-                               impl == RaggedDotImpl::kCudaSm90Cooperative256;
+                               impl == RaggedDotImpl::kCudaSm90Cooperative256 ||
+                               impl == RaggedDotImpl::kCudaSm90Pingpong64x256Runs ||
+                               impl == RaggedDotImpl::kCudaSm90Cooperative256Runs;
         const bool built = sm80 ? MOEKIT_CUDA_SM80 : MOEKIT_CUDA_SM90;
         const bool takes = built && K % 8 == 0 && (sm80 ? arch >= 80 : arch == 90) &&
                            (!bf16_only || in == DType::kBF16);
