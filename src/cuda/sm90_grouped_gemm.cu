@@ -71,35 +71,18 @@ Status contraction_grouped_sm90(const ContractionGroupedGemm& g) {
   return tc::contraction_grouped_any<sm90::Kernel>(g, g.groups, g.exec, info);
 }
 
-Status row_grouped_sm90_pingpong(const RowGroupedGemm& g) {
-  return run_bf16<sm90::KernelPingpong>(g);
-}
-Status contraction_grouped_sm90_pingpong(const ContractionGroupedGemm& g) {
-  return run_bf16<sm90::KernelPingpong>(g);
-}
-Status row_grouped_sm90_pingpong64(const RowGroupedGemm& g) {
-  return run_bf16<sm90::KernelPingpong64>(g);
-}
-Status contraction_grouped_sm90_pingpong64(const ContractionGroupedGemm& g) {
-  return run_bf16<sm90::KernelPingpong64>(g);
-}
-Status row_grouped_sm90_coop256(const RowGroupedGemm& g) {
-  return run_bf16<sm90::KernelCoop256>(g);
-}
-Status contraction_grouped_sm90_coop256(const ContractionGroupedGemm& g) {
-  return run_bf16<sm90::KernelCoop256>(g);
-}
-Status row_grouped_sm90_pingpong64_runs(const RowGroupedGemm& g) {
-  return run_bf16<sm90::KernelPingpong64Runs>(g);
-}
-Status contraction_grouped_sm90_pingpong64_runs(const ContractionGroupedGemm& g) {
-  return run_bf16<sm90::KernelPingpong64Runs>(g);
-}
-Status row_grouped_sm90_coop256_runs(const RowGroupedGemm& g) {
-  return run_bf16<sm90::KernelCoop256Runs>(g);
-}
-Status contraction_grouped_sm90_coop256_runs(const ContractionGroupedGemm& g) {
-  return run_bf16<sm90::KernelCoop256Runs>(g);
-}
+// The bf16-only schedules' two entry points each (grouped_gemm_cuda.h's
+// MOEKIT_CUDA_DECLARE_SCHEDULE).
+#define MOEKIT_SM90_BF16_SCHEDULE(name, KernelT)                                            \
+  Status row_grouped_##name(const RowGroupedGemm& g) { return run_bf16<sm90::KernelT>(g); } \
+  Status contraction_grouped_##name(const ContractionGroupedGemm& g) {                      \
+    return run_bf16<sm90::KernelT>(g);                                                      \
+  }
+MOEKIT_SM90_BF16_SCHEDULE(sm90_pingpong, KernelPingpong)
+MOEKIT_SM90_BF16_SCHEDULE(sm90_pingpong64, KernelPingpong64)
+MOEKIT_SM90_BF16_SCHEDULE(sm90_coop256, KernelCoop256)
+MOEKIT_SM90_BF16_SCHEDULE(sm90_pingpong64_runs, KernelPingpong64Runs)
+MOEKIT_SM90_BF16_SCHEDULE(sm90_coop256_runs, KernelCoop256Runs)
+#undef MOEKIT_SM90_BF16_SCHEDULE
 
 }  // namespace moekit::detail::cuda
