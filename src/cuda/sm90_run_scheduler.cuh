@@ -57,13 +57,10 @@ class RunScheduler {
     CUTLASS_HOST_DEVICE int32_t reduction_subtile_idx() const { return -1; }
   };
   using SchedulerResponse = WorkTileInfo;
-  static constexpr bool IsDynamicPersistent = false;
 
   using Pipeline = cutlass::PipelineAsync<Stages>;
   using PipelineStorage = typename Pipeline::SharedStorage;
   using PipelineState = typename Pipeline::PipelineState;
-  using ThrottlePipeline = cutlass::PipelineEmpty;
-  using ThrottlePipelineStorage = typename cutlass::PipelineEmpty::SharedStorage;
 
   // The kernels read and write a raster order and a swizzle; the run order has neither (it is
   // along M within a group, unswizzled), so they only pass through.
@@ -180,10 +177,7 @@ class RunScheduler {
   template <class FrgTensorC>
   CUTLASS_DEVICE static void fixup(Params const&, WorkTileInfo const&, FrgTensorC&, uint32_t,
                                    uint32_t) {}
-  CUTLASS_DEVICE static bool continue_current_work(WorkTileInfo&) { return false; }
   CUTLASS_DEVICE static bool valid_warpgroup_in_work_tile(WorkTileInfo const&) { return true; }
-  CUTLASS_DEVICE static bool requires_separate_reduction(Params const&) { return false; }
-  CUTLASS_DEVICE static bool need_separate_reduction(Params const&) { return false; }
 
   template <class ProblemShapeMNKL, class TileShape>
   CUTLASS_HOST_DEVICE static int get_work_k_tile_count(WorkTileInfo const&,
