@@ -9,6 +9,17 @@ TEST_SHARDS ?= 8
 # reads this file (on a fresh machine that was before ninja existed); a build directory configured
 # already keeps its generator, which CMake would refuse to change.
 cmake_gen = $$(test -f $(1)/CMakeCache.txt || { command -v ninja >/dev/null && echo "-G Ninja"; })
+# ccache where it is (install-deps installs it), as CMake's compiler launcher for C++ and CUDA: the
+# package's build in `make python` then compiles nothing that `make build` compiled already (the
+# same flags; the CUDA kernels alone are ~20 minutes on 2 cores), and a rebuild from a fresh clone
+# compiles only what changed. Given as CMake's environment default, which a build directory
+# configured already does not take: there, its own setting stays.
+ccache_env = $$(command -v ccache >/dev/null && \
+  echo "CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+# The package's build takes $(BUILD)'s C++ compiler where that is configured: scikit-build-core
+# would take Python's (g++ where CMake took c++, the same compiler by another name, which ccache
+# tells apart).
+python_cxx = $$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=/CXX=/p' $(BUILD)/CMakeCache.txt 2>/dev/null)
 
 .PHONY: run test deps build test-cpp python test-python pip-from-archive sanitize format \
         format-check clean
@@ -25,7 +36,7 @@ deps:
 	@scripts/install-deps
 
 build: deps
-	cmake -S . -B $(BUILD) $(call cmake_gen,$(BUILD)) -DCMAKE_BUILD_TYPE=Release \
+	env $(ccache_env) cmake -S . -B $(BUILD) $(call cmake_gen,$(BUILD)) -DCMAKE_BUILD_TYPE=Release \
 	  -DMOEKIT_TEST_SHARDS=$(TEST_SHARDS)
 	cmake --build $(BUILD) -j $(JOBS)
 
@@ -35,12 +46,13 @@ test-cpp:
 # The Python package in $(VENV), built against the jax installed there (pyproject.toml).
 python: deps
 	scripts/python-env $(VENV)
-	$(VENV)/bin/pip install -q --no-build-isolation .
+	env $(ccache_env) $(python_cxx) $(VENV)/bin/pip install -q --no-build-isolation .
 
 # The GPU tests of the other ops skip without a GPU; their comparisons also run CPU against CPU
 # (MOEKIT_GPU_TEST_ON_CPU=1), which checks the tests' own code and traces every CUDA branch.
+# Over $(JOBS) processes (pytest-xdist): the suite is mostly JAX's compiles, one core each.
 test-python: python
-	$(VENV)/bin/python -m pytest -q tests/python
+	$(VENV)/bin/python -m pytest -q -n $(JOBS) tests/python
 	MOEKIT_GPU_TEST_ON_CPU=1 $(VENV)/bin/python -m pytest -q tests/python/test_ops_gpu.py
 
 # What a new JAX user does, away from this checkout's .deps/, build dirs and .venv/: `pip install .`
@@ -50,8 +62,8 @@ pip-from-archive: deps
 
 # The C++ tests under AddressSanitizer and UndefinedBehaviorSanitizer (a build of its own).
 sanitize: deps
-	cmake -S . -B $(ASAN_BUILD) $(call cmake_gen,$(ASAN_BUILD)) -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF \
-	  -DMOEKIT_TEST_SHARDS=$(TEST_SHARDS)
+	env $(ccache_env) cmake -S . -B $(ASAN_BUILD) $(call cmake_gen,$(ASAN_BUILD)) \
+	  -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_SANITIZE=ON -DMOEKIT_CUDA=OFF -DMOEKIT_TEST_SHARDS=$(TEST_SHARDS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
