@@ -3,7 +3,8 @@
 # AVX512-BF16); every earlier record was taken on Zen 4 (AVX512-BF16) or a Xeon with AMX. The
 # commands of ../ragged_dot_packed_f32-cpu-2026-11-29/sweep.sh (ragged_dot on packed weights
 # beside kAuto on the same weights unpacked, in one loop), on qwen3-30b-a3b only (deepseek-v3's
-# sweep did not fit the session: stopped at its start, the lines of it in sweep-f32-fwd.txt), and
+# sweep did not fit the session: stopped before its first result, its probe lines in
+# sweep-f32-fwd.txt), and
 # the layer forward on packed weights at 1-64 tokens (../layer_packed-cpu-2026-11-29/run.sh's
 # command) on qwen3-30b-a3b.
 D=$(dirname "$0")
