@@ -2,15 +2,16 @@
 // (RaggedDotOptions::rhs_packed, pack_ragged_rhs): each panel of 32 output columns holds its
 // whole contraction front to back (as bf16 pairs, or one f32 a row), so a chunk of a group's rows
 // walks one panel from its first word to its last with every row's 32 sums in registers, and
-// each thread reads its run of panels as one sequential stream. Nothing is blocked
-// or sliced: the sums are loaded and stored once per panel and chunk, where the [K, n] form
+// each thread reads its run of panels as one sequential stream. Nothing is blocked: the sums
+// are loaded and stored once per panel and chunk, where the [K, n] form
 // (ragged_dot_stream.cpp) stores them once per block of weight rows and, on long weight rows, in
 // L2. A chunk is at most 8 rows (on AVX512-BF16: 16 sums in registers; 12 rows as one chunk ran
 // 1.2-1.3x slower than as two chunks of 6, by hand:
-// bench/results/ragged_dot_small-cpu-2026-11-29-5/ chunks.txt); the chunks after a group's first
-// read the panel again from L2 (a panel of a contraction of K takes 64 K bytes in bf16: 448 KiB
-// at deepseek-v3's 7168; twice that in f32, past L2 there), while prefetching the next panel
-// (Ahead, below).
+// bench/results/ragged_dot_small-cpu-2026-11-29-5/ chunks.txt; on AVX2's 16 registers, 2 rows,
+// or for groups of many rows 6 (f32) or 4 (bf16) over each half of the panel in turn: kHalves).
+// The chunks after a group's first read the panel again from L2 (a panel of a contraction of K
+// takes 64 K bytes in bf16: 448 KiB at deepseek-v3's 7168; twice that in f32, past L2 there), while
+// prefetching the next panel (Ahead, below).
 //
 // Three kernels: for bf16, on a CPU with AVX512-BF16 the pairs multiply as they lie (vdpbf16ps,
 // written with intrinsics for that target and chosen at run time); elsewhere, through Highway,
@@ -97,60 +98,80 @@ namespace {
 
 using D = hn::ScalableTag<float>;
 using DU = hn::RebindToUnsigned<D>;
-// Vectors a panel's 32 columns take, and the most rows of a chunk: sums in at most half of the
-// target's vector registers (the rest for the panel's widened pairs).
-constexpr int kVecs = static_cast<int>(packed::kPanel / HWY_LANES(float));
+constexpr size_t kLanes = HWY_LANES(float);
+// Vectors a panel's 32 columns take, and the most rows of a chunk over them: sums in at most half
+// of the target's vector registers (the rest for the panel's widened pairs).
+constexpr int kVecs = static_cast<int>(packed::kPanel / kLanes);
 constexpr int kRegisters = HWY_TARGET <= HWY_AVX3 ? 32 : 16;
-constexpr int kRows = std::clamp(kRegisters / 2 / kVecs, 1, packed::kPairRows);
+constexpr int kPanelRows = std::clamp(kRegisters / 2 / kVecs, 1, packed::kPairRows);
+// On 16 registers (AVX2: 2 rows a chunk over the whole panel, each chunk re-reading the panel
+// from L2 for 8 FMAs a step to 4 loads) a group of many rows takes each half of the panel in
+// turn (each of a panel row's two cache lines read by one of them), in chunks of up to 6 rows in
+// f32 (12 sums: the classic 6 x 16 tile, beside its 2 panel vectors and a broadcast) and 4 in
+// bf16 (8 sums, beside 4 widened vectors and 2 broadcasts). Few rows keep the whole panel: its
+// first pass reads the memory as one stream, where the halves' first pass reads every other line.
+constexpr bool kHalves = kRegisters == 16 && kVecs >= 2;
+constexpr int kHalfVecs = std::max(kVecs / 2, 1);
+constexpr int kHalfFloatRows = std::clamp(12 / kHalfVecs, 1, packed::kPairRows);
+constexpr int kHalfWideRows = std::clamp(8 / kHalfVecs, 1, packed::kPairRows);
+// The fewest rows of a group that takes the halves: measured on a Zen 3 (qwen3-30b-a3b, 2-32
+// rows a group), the halves ran 0.5-0.8x the whole panel's speed in f32 at 2-8 rows, level at
+// 16, 1.15-1.2x at 32; in bf16 (whose whole-panel chunks of 2 rows widen each pair for 2 rows
+// only) 0.9x at 4 rows, level to 1.25x at 8-32
+// (bench/results/ragged_dot_packed-avx2-cpu-2026-11-30/halves.txt).
+constexpr int64_t kHalvesFromF32 = 17, kHalvesFromBf16 = 8;
 
-// R rows' sums over a panel's 32 columns, in registers: zero to start, stored into a tile.
-template <int R>
+// R rows' sums over V vectors of columns, in registers: zero to start, stored into a tile's
+// first V * kLanes columns.
+template <int R, int V>
 struct Sums {
-  static constexpr size_t N = HWY_LANES(float);
-  hn::Vec<D> v[R][kVecs];
+  hn::Vec<D> v[R][V];
   Sums() {
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int j = 0; j < kVecs; ++j) v[r][j] = hn::Zero(D());
+      for (int j = 0; j < V; ++j) v[r][j] = hn::Zero(D());
   }
   hn::Vec<D>* operator[](int r) { return v[r]; }
   void Store(packed::Tile& tile) const {
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int j = 0; j < kVecs; ++j) hn::StoreU(v[r][j], D(), tile[r] + j * N);
+      for (int j = 0; j < V; ++j) hn::StoreU(v[r][j], D(), tile[r] + j * kLanes);
   }
 };
 
-// Widened from a panel's pairs: tile[r][c] as pairs_panel's, on f32 FMA.
-template <int R>
+// Widened from a panel's pairs: tile[r][c] as pairs_panel's for c < V * kLanes, on f32 FMA,
+// `panel` at the chunk's first column (its rows still kPanel words apart).
+template <int R, int V>
 HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
                             packed::Tile& tile, packed::Ahead ahead) {
   const D d;
   const DU du;
-  constexpr size_t N = HWY_LANES(float);
-  Sums<R> s;
+  Sums<R, V> s;
   const auto high = hn::Set(du, 0xffff0000u);
   const int64_t pairs = (kc + 1) / 2;
   for (int64_t kp = 0; kp < pairs; ++kp) {
     packed::prefetch_step(ahead, kp);
     const uint32_t* row = panel + kp * packed::kPanel;
-    hn::Vec<D> even[kVecs], odd[kVecs];
+    hn::Vec<D> even[V], odd[V];
 #pragma GCC unroll 8
-    for (int v = 0; v < kVecs; ++v) {
-      const auto x = hn::LoadU(du, row + v * N);
+    for (int v = 0; v < V; ++v) {
+      const auto x = hn::LoadU(du, row + v * kLanes);
       even[v] = hn::BitCast(d, hn::ShiftLeft<16>(x));
       odd[v] = hn::BitCast(d, hn::And(x, high));
     }
     const bool last_odd = 2 * kp + 1 == kc;  // its second row is past A's rows: not read
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
+      // A's pair broadcast once and widened as the panel's: bf16 is f32's upper half.
       const uint16_t* ar = a + r * lda + 2 * kp;
-      const auto a0 = hn::Set(d, bf16_to_float(ar[0]));
-      const auto a1 = hn::Set(d, last_odd ? 0.f : bf16_to_float(ar[1]));
+      uint32_t w = ar[0];
+      if (!last_odd) std::memcpy(&w, ar, sizeof(w));
+      const auto x = hn::Set(du, w);
+      const auto a0 = hn::BitCast(d, hn::ShiftLeft<16>(x)), a1 = hn::BitCast(d, hn::And(x, high));
 #pragma GCC unroll 8
-      for (int v = 0; v < kVecs; ++v) {
+      for (int v = 0; v < V; ++v) {
         s[r][v] = hn::MulAdd(a0, even[v], s[r][v]);
         s[r][v] = hn::MulAdd(a1, odd[v], s[r][v]);
       }
@@ -159,38 +180,56 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
   s.Store(tile);
 }
 
-// The f32 kernel: tile[r][c] = sum over k < kc of A[r][k] * the panel's (k, c), the panel one
-// f32 a column per contraction row; A's rows lda apart.
-template <int R>
+// The f32 kernel: tile[r][c] = sum over k < kc of A[r][k] * the panel's (k, c) for c < V *
+// kLanes, the panel one f32 a column per contraction row (kPanel apart) from the chunk's first
+// column; A's rows lda apart.
+template <int R, int V>
 HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const float* panel,
                              packed::Tile& tile, packed::Ahead ahead) {
   const D d;
-  constexpr size_t N = HWY_LANES(float);
-  Sums<R> s;
+  Sums<R, V> s;
   for (int64_t k = 0; k < kc; ++k) {
     packed::prefetch_step(ahead, k);
     const float* row = panel + k * packed::kPanel;
-    hn::Vec<D> b[kVecs];
+    hn::Vec<D> b[V];
 #pragma GCC unroll 8
-    for (int v = 0; v < kVecs; ++v) b[v] = hn::LoadU(d, row + v * N);
+    for (int v = 0; v < V; ++v) b[v] = hn::LoadU(d, row + v * kLanes);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const auto x = hn::Set(d, a[r * lda + k]);
 #pragma GCC unroll 8
-      for (int v = 0; v < kVecs; ++v) s[r][v] = hn::MulAdd(x, b[v], s[r][v]);
+      for (int v = 0; v < V; ++v) s[r][v] = hn::MulAdd(x, b[v], s[r][v]);
     }
   }
   s.Store(tile);
+}
+
+// A chunk of `rows` rows over V vectors of a panel's columns from `panel` (f32, or bf16 pairs
+// widened), in kernels of up to FloatRows / WideRows rows.
+template <int V, int FloatRows, int WideRows>
+void Chunk(bool f32, int rows, const char* a, int64_t lda, int64_t kc, const char* panel,
+           packed::Tile& tile, packed::Ahead ahead) {
+  if (f32) {
+    const auto* a32 = reinterpret_cast<const float*>(a);
+    const auto* p32 = reinterpret_cast<const float*>(panel);
+    packed::with_rows<FloatRows>(
+        rows, [&]<int R>() { FloatPanel<R, V>(a32, lda, kc, p32, tile, ahead); });
+  } else {
+    const auto* a16 = reinterpret_cast<const uint16_t*>(a);
+    const auto* pairs = reinterpret_cast<const uint32_t*>(panel);
+    packed::with_rows<WideRows>(
+        rows, [&]<int R>() { WidePanel<R, V>(a16, lda, kc, pairs, tile, ahead); });
+  }
 }
 
 }  // namespace
 
 // The call: units of (local group, panel) split over the threads in contiguous runs of near-equal
 // cost (a panel's bytes, times its group's rows over 16 past 16 rows, where the FMAs take longer
-// than the read), each unit's rows in the fewest chunks of near-equal size.
+// than the read), each unit's columns whole or in halves (kHalves), their rows in the fewest
+// chunks of near-equal size.
 void RunPacked(const RowGroupedGemm& g) {
   const bool f32 = g.in_type == DType::kF32, pairs = !f32 && packed::runs_pairs();
-  const int most = pairs ? packed::kPairRows : kRows;
   const int64_t panels = (g.n + packed::kPanel - 1) / packed::kPanel;
   struct Group {
     int64_t j, row, rows;
@@ -224,33 +263,42 @@ void RunPacked(const RowGroupedGemm& g) {
       const int64_t p0 = std::clamp<int64_t>((lo - start + unit - 1) / unit, 0, panels);
       const int64_t p1 = std::clamp<int64_t>((hi - start + unit - 1) / unit, 0, panels);
       start = ends[i];
+      // Its chunks' columns (the whole panel, or each half in turn) and rows.
+      const bool halves = kHalves && !pairs && gr.rows >= (f32 ? kHalvesFromF32 : kHalvesFromBf16);
+      const int64_t width = halves ? packed::kPanel / 2 : packed::kPanel;
+      const int most = pairs    ? packed::kPairRows
+                       : halves ? (f32 ? kHalfFloatRows : kHalfWideRows)
+                                : kPanelRows;
       const int64_t chunks = (gr.rows + most - 1) / most;
+      const int64_t units = packed::kPanel / width * chunks;
       for (int64_t p = p0; p < p1; ++p) {
         const char* panel = b + (gr.j * g.b_batch + p * g.b_s0) * elem;
-        const int64_t col = p * packed::kPanel, cols = std::min(packed::kPanel, g.n - col);
-        for (int64_t c = 0; c < chunks; ++c) {
+        for (int64_t u = 0; u < units; ++u) {
+          const int64_t c = u % chunks, col = p * packed::kPanel + u / chunks * width;
+          const int64_t cols = std::min(width, g.n - col);
+          if (cols <= 0) break;  // the last panel's padding
           const int64_t r0 = gr.rows * c / chunks, r1 = gr.rows * (c + 1) / chunks;
           const int rows = static_cast<int>(r1 - r0);
           const char* ar = a + (gr.row + r0) * g.lda * elem;
-          // Chunk c prefetches lines [c steps, (c + 1) steps) of the group's next panel.
+          // Unit u prefetches lines [u steps, (u + 1) steps) of the group's next panel.
           packed::Ahead ahead;
-          if (chunks > 1 && p + 1 < p1) {
+          if (units > 1 && p + 1 < p1) {
             const int64_t steps = f32 ? g.kc : (g.kc + 1) / 2, lines = 2 * steps;
-            const int64_t first = std::min(lines, c * steps);
+            const int64_t first = std::min(lines, u * steps);
             ahead = {panel + g.b_s0 * elem + 64 * first, std::min(steps, lines - first)};
           }
-          const auto* a16 = reinterpret_cast<const uint16_t*>(ar);
-          const auto* pairs_of = reinterpret_cast<const uint32_t*>(panel);
-          if (f32) {
-            const auto* a32 = reinterpret_cast<const float*>(ar);
-            const auto* f32_of = reinterpret_cast<const float*>(panel);
-            packed::with_rows<kRows>(
-                rows, [&]<int R>() { FloatPanel<R>(a32, g.lda, g.kc, f32_of, tile, ahead); });
-          } else if (pairs) {
-            packed::pairs_panel(rows, a16, g.lda, g.kc, pairs_of, tile, ahead);
+          // The chunk's first column: one word (an f32, or a bf16 pair) a column.
+          const char* at = panel + (col - p * packed::kPanel) * sizeof(float);
+          if (pairs) {
+            packed::pairs_panel(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
+                                reinterpret_cast<const uint32_t*>(at), tile, ahead);
+          } else if (halves) {
+            if constexpr (kHalves) {
+              Chunk<kHalfVecs, kHalfFloatRows, kHalfWideRows>(f32, rows, ar, g.lda, g.kc, at, tile,
+                                                              ahead);
+            }
           } else {
-            packed::with_rows<kRows>(
-                rows, [&]<int R>() { WidePanel<R>(a16, g.lda, g.kc, pairs_of, tile, ahead); });
+            Chunk<kVecs, kPanelRows, kPanelRows>(f32, rows, ar, g.lda, g.kc, at, tile, ahead);
           }
           packed::store_tile(g, tile, rows, gr.row + r0, col, cols);
         }
