@@ -16,7 +16,9 @@ cmake_gen = $$(test -f $(1)/CMakeCache.txt || { command -v ninja >/dev/null && e
 # configured already does not take: there, its own setting stays.
 ccache_env = $$(command -v ccache >/dev/null && \
   echo "CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache")
-# Paths under the checkout hashed as relative ones: a clone elsewhere (CI's) hits the same cache.
+# Paths under the checkout hashed as relative ones (to the compiler's working directory, the build
+# directory): a clone elsewhere (CI's) hits the same cache, and so does the package's build
+# (build-python, at build/'s depth: pyproject.toml).
 export CCACHE_BASEDIR := $(CURDIR)
 # The package's build takes $(BUILD)'s C++ compiler where that is configured: scikit-build-core
 # would take Python's (g++ where CMake took c++, the same compiler by another name, which ccache
