@@ -115,10 +115,10 @@ constexpr int kHalfVecs = std::max(kVecs / 2, 1);
 constexpr int kHalfFloatRows = std::clamp(12 / kHalfVecs, 1, packed::kPairRows);
 constexpr int kHalfWideRows = std::clamp(8 / kHalfVecs, 1, packed::kPairRows);
 // The fewest rows of a group that takes the halves: measured on a Zen 3 (qwen3-30b-a3b, 2-32
-// rows a group), the halves ran 0.5-0.8x the whole panel's speed in f32 at 2-8 rows, level at
-// 16, 1.15-1.2x at 32; in bf16 (whose whole-panel chunks of 2 rows widen each pair for 2 rows
-// only) 0.9x at 4 rows, level to 1.25x at 8-32
-// (bench/results/ragged_dot_packed-avx2-cpu-2026-11-30/halves.txt).
+// rows a group, two rounds), the halves ran 0.5-0.8x the whole panel's speed in f32 at 2-8 rows,
+// 0.81x and 1.01x at 16, 1.17-1.18x at 32; in bf16 (whose whole-panel chunks of 2 rows widen each
+// pair for 2 rows only) 0.85-0.9x at 4 rows, 1.0-1.24x at 8, 0.76x and 1.21x at 16, 1.23-1.29x
+// at 32 (bench/results/ragged_dot_packed-avx2-cpu-2026-11-30/halves.txt).
 constexpr int64_t kHalvesFromF32 = 17, kHalvesFromBf16 = 8;
 
 // R rows' sums over V vectors of columns, in registers: zero to start, stored into a tile's
