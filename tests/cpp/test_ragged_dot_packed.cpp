@@ -193,6 +193,9 @@ std::vector<Call> calls() {
       {15, 40, {2, 11, 5}, 0, 0, DType::kBF16},
       {20, 50, {6, 8, 0, 1}, 0, 0, DType::kF32, true},
       {31, 45, {9, 3}, 0, 0, DType::kBF16, true, 5},
+      // On AVX2, the halves in both dtypes on a shard, accumulating, the last panel's second
+      // half 2 columns wide.
+      {19, 50, {3, 17, 20, 4}, 1, 2, DType::kF32, true},
       {0, 40, {3, 2}},                           // no contraction: the rows are 0
       {0, 40, {3, 2}, 0, 0, DType::kF32, true},  // ... or left as they were
       {5, 0, {2, 3}},                            // no columns
