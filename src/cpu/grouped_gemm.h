@@ -31,6 +31,14 @@ bool stream_picks(const RowGroupedGemm& g);
 // the Highway kernels on a CPU with AVX512-BF16 too, -1 gives the choice back to the CPU.
 void row_grouped_gemm_packed(const RowGroupedGemm& g);
 void set_packed_pairs_for_test(int mode);
+// Its blocks of a panel's contraction, in steps (a panel row of 128 bytes: one contraction row in
+// f32, a pair in bf16), where a group's rows read a panel more than once and the panel is longer
+// than 4 blocks (half of L2): an eighth of a core's L2 of `l2_bytes` (512 KiB where the machine
+// does not say, l2_bytes <= 0), at least 64 steps.
+// ragged_dot_packed.cpp gives the measurements. set_packed_block_steps_for_test sets the steps the
+// calls use (0: the machine's).
+int64_t packed_block_steps(int64_t l2_bytes);
+void set_packed_block_steps_for_test(int64_t steps);
 namespace stream {
 // Whether this CPU runs the bf16-pair kernels (AVX512-BF16).
 bool has_avx512_bf16();

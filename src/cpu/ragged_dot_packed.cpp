@@ -2,16 +2,22 @@
 // (RaggedDotOptions::rhs_packed, pack_ragged_rhs): each panel of 32 output columns holds its
 // whole contraction front to back (as bf16 pairs, or one f32 a row), so a chunk of a group's rows
 // walks one panel from its first word to its last with every row's 32 sums in registers, and
-// each thread reads its run of panels as one sequential stream. Nothing is blocked: the sums
-// are loaded and stored once per panel and chunk, where the [K, n] form
-// (ragged_dot_stream.cpp) stores them once per block of weight rows and, on long weight rows, in
-// L2. A chunk is at most 8 rows (on AVX512-BF16: 16 sums in registers; 12 rows as one chunk ran
-// 1.2-1.3x slower than as two chunks of 6, by hand:
-// bench/results/ragged_dot_small-cpu-2026-11-29-5/ chunks.txt; on AVX2's 16 registers, 2 rows,
-// or for groups of many rows 6 (f32) or 4 (bf16) over each half of the panel in turn: kHalves).
-// The chunks after a group's first read the panel again from L2 (a panel of a contraction of K
-// takes 64 K bytes in bf16: 448 KiB at deepseek-v3's 7168; twice that in f32, past L2 there), while
-// prefetching the next panel (Ahead, below).
+// each thread reads its run of panels as one sequential stream. A group of one chunk walks the
+// panel once with its sums in registers throughout. The chunks after a group's first read the
+// panel again from L2 (a panel of a contraction of K takes 64 K bytes in bf16: 448 KiB at
+// deepseek-v3's 7168; twice that in f32, past a 512 KiB L2), so where L2 does not hold two
+// panels such a group walks the panel in blocks of the contraction of an eighth of L2
+// (packed_block_steps), every chunk over a block before the next block, each chunk's sums kept
+// in a tile between blocks (a band of at most 64 rows at a time), while prefetching the next
+// block (Ahead, below). On a Zen 3 (512 KiB of L2) deepseek-v3's forward at 128 and 512 tokens
+// ran 1.0-1.27x faster in f32 in blocks of 256-1024 steps than unblocked, in bf16 1.05-1.17x at
+// 128 tokens and 0.91-1.03x at 512; qwen3-30b-a3b's panels (128-256 KiB) level either way
+// (bench/results/ragged_dot_packed_blocks-cpu-2026-11-30/). A row's sums run over the
+// contraction in one order either way: the same bits blocked or not. A chunk is at most 8 rows
+// (on AVX512-BF16: 16 sums in registers; 12 rows as one chunk ran 1.2-1.3x slower than as two
+// chunks of 6, by hand: bench/results/ragged_dot_small-cpu-2026-11-29-5/ chunks.txt; on AVX2's
+// 16 registers, 2 rows, or for groups of many rows 6 (f32) or 4 (bf16) over each half of the
+// panel in turn: kHalves).
 //
 // Three kernels: for bf16, on a CPU with AVX512-BF16 the pairs multiply as they lie (vdpbf16ps,
 // written with intrinsics for that target and chosen at run time); elsewhere, through Highway,
@@ -26,6 +32,7 @@
 #include <hwy/highway.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -45,14 +52,20 @@ bool runs_pairs();
 constexpr int64_t kPanel = kPackedPanel;
 // The most rows of a chunk on AVX512-BF16 (2 x 8 sums of 16 lanes in registers).
 constexpr int kPairRows = 8;
-// A panel's sums as a kernel leaves them: [rows][kPanel] f32.
-using Tile = float[kPairRows][kPanel];
+// A band of a group's rows: those whose sums a thread keeps between blocks of the contraction.
+constexpr int kBandRows = 64;
+// A band's sums as the kernels leave them: [rows][kPanel] f32 (8 KiB), a chunk's from its first
+// row and the first column its kernel covers.
+using Tile = float[kBandRows][kPanel];
+// Steps (panel rows) a block of the contraction takes: packed_block_steps of this machine.
+int64_t block_steps();
 // Lines a kernel prefetches into L2, one a contraction step: the next panel's, where a group's
 // rows take several chunks. The first chunk of a panel waits on the memory and the others compute
 // from L2; with each chunk fetching its share of the next panel, every chunk computes from L2
 // (qwen3-30b-a3b at 16 rows a group 1.10-1.16x faster in f32 and bf16, mixtral-8x7b's gate|up
 // 1.10-1.18x; deepseek-v3's panels of 448-896 KiB, two of which L2 does not hold, level:
-// bench/results/ragged_dot_packed_f32-cpu-2026-11-29/ab-ahead.txt).
+// bench/results/ragged_dot_packed_f32-cpu-2026-11-29/ab-ahead.txt). Where a group's panel goes in
+// blocks of the contraction, the next block's (packed_block_steps).
 struct Ahead {
   const char* p = nullptr;
   int64_t lines = 0;
@@ -70,23 +83,24 @@ void with_rows(int rows, const Kernel& kernel) {
   kernel.template operator()<R>();
 }
 
-// Adds `tile`'s first `cols` columns of `rows` rows to (accumulate) or writes them over c's rows
-// from `row`, columns from `col`.
-inline void store_tile(const RowGroupedGemm& g, const Tile& tile, int rows, int64_t row,
+// Adds the first `cols` sums of `rows` rows (kPanel apart from `sums`) to (accumulate) or writes
+// them over c's rows from `row`, columns from `col`.
+inline void store_tile(const RowGroupedGemm& g, const float* sums, int rows, int64_t row,
                        int64_t col, int64_t cols) {
   for (int r = 0; r < rows; ++r) {
     const int64_t o = (row + r) * g.ldc + col;
     for (int64_t c = 0; c < cols; ++c) {
       const float add = g.accumulate ? load_as_float(g.c, g.out_type, o + c) : 0.f;
-      store_float(g.c, g.out_type, o + c, tile[r][c] + add);
+      store_float(g.c, g.out_type, o + c, sums[r * kPanel + c] + add);
     }
   }
 }
 
-// The AVX512-BF16 kernel: tile[r][c] = sum over k < kc of A[r][k] * the panel's (k, c), for r <
-// rows <= kPairRows; A's rows lda apart (bf16 bits), the panel's pairs from `panel`.
+// The AVX512-BF16 kernel: sums[r][c] (rows kPanel apart) = (resume ? sums[r][c] : 0) + the sum
+// over k < kc of A[r][k] * the panel's (k, c), for r < rows <= kPairRows; A's rows lda apart (bf16
+// bits), the panel's pairs from `panel`.
 void pairs_panel(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                 Tile& tile, Ahead ahead);
+                 float* sums, bool resume, Ahead ahead);
 
 }  // namespace moekit::detail::packed
 #endif  // MOEKIT_RAGGED_DOT_PACKED_DECL
@@ -121,34 +135,36 @@ constexpr int kHalfWideRows = std::clamp(8 / kHalfVecs, 1, packed::kPairRows);
 // at 32 (bench/results/ragged_dot_packed-avx2-cpu-2026-11-30/halves.txt).
 constexpr int64_t kHalvesFromF32 = 17, kHalvesFromBf16 = 8;
 
-// R rows' sums over V vectors of columns, in registers: zero to start, stored into a tile's
-// first V * kLanes columns.
+// R rows' sums over V vectors of columns, in registers: zero to start or (resume) loaded from
+// `tile` (rows kPanel apart), stored back there.
 template <int R, int V>
 struct Sums {
   hn::Vec<D> v[R][V];
-  Sums() {
+  Sums(const float* tile, bool resume) {
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int j = 0; j < V; ++j) v[r][j] = hn::Zero(D());
+      for (int j = 0; j < V; ++j) {
+        v[r][j] = resume ? hn::LoadU(D(), tile + r * packed::kPanel + j * kLanes) : hn::Zero(D());
+      }
   }
   hn::Vec<D>* operator[](int r) { return v[r]; }
-  void Store(packed::Tile& tile) const {
+  void Store(float* tile) const {
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int j = 0; j < V; ++j) hn::StoreU(v[r][j], D(), tile[r] + j * kLanes);
+      for (int j = 0; j < V; ++j) hn::StoreU(v[r][j], D(), tile + r * packed::kPanel + j * kLanes);
   }
 };
 
-// Widened from a panel's pairs: tile[r][c] as pairs_panel's for c < V * kLanes, on f32 FMA,
+// Widened from a panel's pairs: sums[r][c] as pairs_panel's for c < V * kLanes, on f32 FMA,
 // `panel` at the chunk's first column (its rows still kPanel words apart).
 template <int R, int V>
 HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                            packed::Tile& tile, packed::Ahead ahead) {
+                            float* sums, bool resume, packed::Ahead ahead) {
   const D d;
   const DU du;
-  Sums<R, V> s;
+  Sums<R, V> s(sums, resume);
   const auto high = hn::Set(du, 0xffff0000u);
   const int64_t pairs = (kc + 1) / 2;
   for (int64_t kp = 0; kp < pairs; ++kp) {
@@ -177,17 +193,17 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
       }
     }
   }
-  s.Store(tile);
+  s.Store(sums);
 }
 
-// The f32 kernel: tile[r][c] = sum over k < kc of A[r][k] * the panel's (k, c) for c < V *
-// kLanes, the panel one f32 a column per contraction row (kPanel apart) from the chunk's first
-// column; A's rows lda apart.
+// The f32 kernel: sums[r][c] = (resume ? sums[r][c] : 0) + the sum over k < kc of A[r][k] * the
+// panel's (k, c) for c < V * kLanes, the panel one f32 a column per contraction row (kPanel apart)
+// from the chunk's first column; A's rows lda apart.
 template <int R, int V>
 HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const float* panel,
-                             packed::Tile& tile, packed::Ahead ahead) {
+                             float* sums, bool resume, packed::Ahead ahead) {
   const D d;
-  Sums<R, V> s;
+  Sums<R, V> s(sums, resume);
   for (int64_t k = 0; k < kc; ++k) {
     packed::prefetch_step(ahead, k);
     const float* row = panel + k * packed::kPanel;
@@ -201,24 +217,24 @@ HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const floa
       for (int v = 0; v < V; ++v) s[r][v] = hn::MulAdd(x, b[v], s[r][v]);
     }
   }
-  s.Store(tile);
+  s.Store(sums);
 }
 
 // A chunk of `rows` rows over V vectors of a panel's columns from `panel` (f32, or bf16 pairs
 // widened), in kernels of up to FloatRows / WideRows rows.
 template <int V, int FloatRows, int WideRows>
 void Chunk(bool f32, int rows, const char* a, int64_t lda, int64_t kc, const char* panel,
-           packed::Tile& tile, packed::Ahead ahead) {
+           float* sums, bool resume, packed::Ahead ahead) {
   if (f32) {
     const auto* a32 = reinterpret_cast<const float*>(a);
     const auto* p32 = reinterpret_cast<const float*>(panel);
     packed::with_rows<FloatRows>(
-        rows, [&]<int R>() { FloatPanel<R, V>(a32, lda, kc, p32, tile, ahead); });
+        rows, [&]<int R>() { FloatPanel<R, V>(a32, lda, kc, p32, sums, resume, ahead); });
   } else {
     const auto* a16 = reinterpret_cast<const uint16_t*>(a);
     const auto* pairs = reinterpret_cast<const uint32_t*>(panel);
     packed::with_rows<WideRows>(
-        rows, [&]<int R>() { WidePanel<R, V>(a16, lda, kc, pairs, tile, ahead); });
+        rows, [&]<int R>() { WidePanel<R, V>(a16, lda, kc, pairs, sums, resume, ahead); });
   }
 }
 
@@ -269,38 +285,69 @@ void RunPacked(const RowGroupedGemm& g) {
       const int most = pairs    ? packed::kPairRows
                        : halves ? (f32 ? kHalfFloatRows : kHalfWideRows)
                                 : kPanelRows;
-      const int64_t chunks = (gr.rows + most - 1) / most;
-      const int64_t units = packed::kPanel / width * chunks;
+      // A panel's steps (rows of words), in blocks where its chunks read it more than once and
+      // L2 does not hold two panels (the one read and the next, prefetched): past 4 blocks.
+      const int64_t steps = f32 ? g.kc : (g.kc + 1) / 2, step_k = f32 ? 1 : 2;
+      const int64_t most_block = packed::block_steps();
+      const bool blocked = (halves || gr.rows > most) && steps > 4 * most_block;
+      const int64_t block = blocked ? most_block : steps;
+      const int64_t blocks = (steps + block - 1) / block;
+      const int64_t bands = (gr.rows + packed::kBandRows - 1) / packed::kBandRows;
       for (int64_t p = p0; p < p1; ++p) {
         const char* panel = b + (gr.j * g.b_batch + p * g.b_s0) * elem;
-        for (int64_t u = 0; u < units; ++u) {
-          const int64_t c = u % chunks, col = p * packed::kPanel + u / chunks * width;
-          const int64_t cols = std::min(width, g.n - col);
-          if (cols <= 0) break;  // the last panel's padding
-          const int64_t r0 = gr.rows * c / chunks, r1 = gr.rows * (c + 1) / chunks;
-          const int rows = static_cast<int>(r1 - r0);
-          const char* ar = a + (gr.row + r0) * g.lda * elem;
-          // Unit u prefetches lines [u steps, (u + 1) steps) of the group's next panel.
-          packed::Ahead ahead;
-          if (units > 1 && p + 1 < p1) {
-            const int64_t steps = f32 ? g.kc : (g.kc + 1) / 2, lines = 2 * steps;
-            const int64_t first = std::min(lines, u * steps);
-            ahead = {panel + g.b_s0 * elem + 64 * first, std::min(steps, lines - first)};
-          }
-          // The chunk's first column: one word (an f32, or a bf16 pair) a column.
-          const char* at = panel + (col - p * packed::kPanel) * sizeof(float);
-          if (pairs) {
-            packed::pairs_panel(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, g.kc,
-                                reinterpret_cast<const uint32_t*>(at), tile, ahead);
-          } else if (halves) {
-            if constexpr (kHalves) {
-              Chunk<kHalfVecs, kHalfFloatRows, kHalfWideRows>(f32, rows, ar, g.lda, g.kc, at, tile,
-                                                              ahead);
+        for (int64_t band = 0; band < bands; ++band) {
+          const int64_t b0 = gr.rows * band / bands, b1 = gr.rows * (band + 1) / bands;
+          const int64_t chunks = (b1 - b0 + most - 1) / most;
+          const int64_t units = packed::kPanel / width * chunks;
+          for (int64_t blk = 0; blk < blocks; ++blk) {
+            const int64_t s0 = blk * block, s1 = std::min(s0 + block, steps);
+            const int64_t k0 = s0 * step_k, kc = std::min(s1 * step_k, g.kc) - k0;
+            // The steps its units prefetch: the panel's next block; its first again for the next
+            // band (where it has several); or the next panel's first.
+            const char* next = nullptr;
+            if (s1 < steps) {
+              next = panel + s1 * packed::kPanel * sizeof(float);
+            } else if (band + 1 < bands) {
+              if (blocks > 1) next = panel;
+            } else if (p + 1 < p1) {
+              next = panel + g.b_s0 * elem;
             }
-          } else {
-            Chunk<kVecs, kPanelRows, kPanelRows>(f32, rows, ar, g.lda, g.kc, at, tile, ahead);
+            const int64_t next_lines = 2 * std::min(block, steps - (s1 < steps ? s1 : 0));
+            for (int64_t u = 0; u < units; ++u) {
+              const int64_t c = u % chunks, col = p * packed::kPanel + u / chunks * width;
+              const int64_t cols = std::min(width, g.n - col);
+              if (cols <= 0) break;  // the last panel's padding
+              const int64_t r0 = b0 + (b1 - b0) * c / chunks,
+                            r1 = b0 + (b1 - b0) * (c + 1) / chunks;
+              const int rows = static_cast<int>(r1 - r0);
+              const char* ar = a + ((gr.row + r0) * g.lda + k0) * elem;
+              // Unit u prefetches lines [u, u + 1) times the block's steps of the next.
+              packed::Ahead ahead;
+              if (units > 1 && next != nullptr) {
+                const int64_t first = std::min(next_lines, u * (s1 - s0));
+                ahead = {next + 64 * first, std::min(s1 - s0, next_lines - first)};
+              }
+              // The chunk's first column in the block's first step: one word (an f32, or a bf16
+              // pair) a column; its sums in the tile from the same column.
+              const int64_t at_col = col - p * packed::kPanel;
+              const char* at = panel + (s0 * packed::kPanel + at_col) * sizeof(float);
+              float* sums = tile[r0 - b0] + at_col;
+              const bool resume = blk > 0;
+              if (pairs) {
+                packed::pairs_panel(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, kc,
+                                    reinterpret_cast<const uint32_t*>(at), sums, resume, ahead);
+              } else if (halves) {
+                if constexpr (kHalves) {
+                  Chunk<kHalfVecs, kHalfFloatRows, kHalfWideRows>(f32, rows, ar, g.lda, kc, at,
+                                                                  sums, resume, ahead);
+                }
+              } else {
+                Chunk<kVecs, kPanelRows, kPanelRows>(f32, rows, ar, g.lda, kc, at, sums, resume,
+                                                     ahead);
+              }
+              if (s1 == steps) packed::store_tile(g, sums, rows, gr.row + r0, col, cols);
+            }
           }
-          packed::store_tile(g, tile, rows, gr.row + r0, col, cols);
         }
       }
     }
@@ -327,10 +374,13 @@ bool runs_pairs() {
 namespace {
 template <int R>
 MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
-                                     const uint32_t* panel, Tile& tile, Ahead ahead) {
+                                     const uint32_t* panel, float* sums, bool resume, Ahead ahead) {
   __m512 s[R][2];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) s[r][0] = _mm512_setzero_ps(), s[r][1] = _mm512_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    s[r][0] = resume ? _mm512_loadu_ps(sums + r * kPanel) : _mm512_setzero_ps();
+    s[r][1] = resume ? _mm512_loadu_ps(sums + r * kPanel + 16) : _mm512_setzero_ps();
+  }
   auto step = [&](int64_t kp, bool last_odd) MOEKIT_AVX512_BF16 {
     prefetch_step(ahead, kp);
     const __m512i v0 = _mm512_loadu_si512(panel + kp * kPanel);
@@ -355,15 +405,26 @@ MOEKIT_AVX512_BF16 void pairs_kernel(const uint16_t* a, int64_t lda, int64_t kc,
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     // Lane i of the pair vectors is column i (v0) and 16 + i (v1): the panel's own order.
-    _mm512_store_ps(tile[r], s[r][0]);
-    _mm512_store_ps(tile[r] + 16, s[r][1]);
+    _mm512_storeu_ps(sums + r * kPanel, s[r][0]);
+    _mm512_storeu_ps(sums + r * kPanel + 16, s[r][1]);
   }
 }
 }  // namespace
 
 void pairs_panel(int rows, const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
-                 Tile& tile, Ahead ahead) {
-  with_rows<kPairRows>(rows, [&]<int R>() { pairs_kernel<R>(a, lda, kc, panel, tile, ahead); });
+                 float* sums, bool resume, Ahead ahead) {
+  with_rows<kPairRows>(rows,
+                       [&]<int R>() { pairs_kernel<R>(a, lda, kc, panel, sums, resume, ahead); });
+}
+
+namespace {
+std::atomic<int64_t> block_steps_for_test{0};  // set_packed_block_steps_for_test; 0: the machine's
+}  // namespace
+
+int64_t block_steps() {
+  if (const int64_t steps = block_steps_for_test.load(); steps > 0) return steps;
+  static const int64_t machine = packed_block_steps(sysconf(_SC_LEVEL2_CACHE_SIZE));
+  return machine;
 }
 
 }  // namespace packed
@@ -372,6 +433,12 @@ HWY_EXPORT(RunPacked);
 
 void row_grouped_gemm_packed(const RowGroupedGemm& g) { HWY_DYNAMIC_DISPATCH(RunPacked)(g); }
 void set_packed_pairs_for_test(int mode) { packed::pairs_for_test = mode; }
+
+int64_t packed_block_steps(int64_t l2_bytes) {
+  const int64_t l2 = l2_bytes > 0 ? l2_bytes : int64_t{512} << 10;
+  return std::max<int64_t>(l2 / 8 / (packed::kPanel * sizeof(float)), 64);
+}
+void set_packed_block_steps_for_test(int64_t steps) { packed::block_steps_for_test = steps; }
 
 }  // namespace moekit::detail
 #endif  // HWY_ONCE

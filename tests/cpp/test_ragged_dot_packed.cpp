@@ -2,7 +2,8 @@
 // packed layout against its formula written here from the header's, and the forward against an
 // oracle on the unpacked weights (double accumulation), bf16 and f32, for every CPU kernel, every
 // Highway target, the reference, odd sizes, empty groups, one group holding every row, shards,
-// accumulation and both output dtypes; its batch invariance; the errors.
+// accumulation and both output dtypes; blocks of the contraction; its batch invariance; the
+// errors.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
@@ -239,6 +240,48 @@ TEST(RaggedDotPacked, EveryKernelAgainstTheOracle) {
   detail::set_packed_pairs_for_test(1);  // where the CPU has AVX512-BF16 (else the Highway ones)
   for (const Call& call : calls()) check_forward(call, RaggedDotImpl::kCpuStream);
   detail::set_packed_pairs_for_test(-1);
+}
+
+// A group whose rows read a panel more than once walks a panel longer than 4 blocks in blocks of
+// the contraction, its sums kept between them: in blocks of 3 steps (3 contraction rows in f32, 3
+// pairs in bf16: the last block of an odd contraction ends on half a pair; panels past 12 steps),
+// every call of calls() and a group of 70 rows (two bands of rows) against the oracle, on every
+// kernel, then the same bits as unblocked.
+TEST(RaggedDotPacked, BlocksOfTheContraction) {
+  std::vector<Call> all = calls();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    all.push_back({41, 45, {2, 70, 9}, 0, 0, dtype, false, 0, dtype});
+  }
+  auto each_kernel = [&](auto&& check) {
+    for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      SCOPED_TRACE(hwy::TargetName(target));
+      hwy::SetSupportedTargetsForTest(target);
+      detail::set_packed_pairs_for_test(0);
+      check();
+    }
+    hwy::SetSupportedTargetsForTest(0);
+    detail::set_packed_pairs_for_test(1);  // where the CPU has AVX512-BF16
+    check();
+    detail::set_packed_pairs_for_test(-1);
+  };
+  each_kernel([&] {
+    for (const Call& call : all) {
+      SCOPED_TRACE(fmt::format("{} K {} n {} sizes {}", dtype_name(call.in), call.K, call.n,
+                               call.sizes.size()));
+      detail::set_packed_block_steps_for_test(3);
+      const HostTensor blocked = check_forward(call, RaggedDotImpl::kCpuStream);
+      detail::set_packed_block_steps_for_test(int64_t{1} << 40);
+      const HostTensor whole = check_forward(call, RaggedDotImpl::kCpuStream);
+      EXPECT_EQ(blocked.bytes, whole.bytes);
+    }
+  });
+  detail::set_packed_block_steps_for_test(0);
+  // The machine's blocks: an eighth of L2 in steps of 128 bytes, at least 64.
+  EXPECT_EQ(detail::packed_block_steps(int64_t{512} << 10), 512);  // AMD EPYC Zen 3
+  EXPECT_EQ(detail::packed_block_steps(int64_t{2} << 20), 2048);   // Xeon
+  EXPECT_EQ(detail::packed_block_steps(0), 512);                   // sysconf's "unknown"
+  EXPECT_EQ(detail::packed_block_steps(-1), 512);
+  EXPECT_EQ(detail::packed_block_steps(int64_t{32} << 10), 64);
 }
 
 // A row's output is the same bits in the batch-invariant mode whatever the rows beside it and
