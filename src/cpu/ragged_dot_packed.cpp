@@ -9,9 +9,9 @@
 // panels such a group walks the panel in blocks of the contraction of an eighth of L2
 // (packed_block_steps), every chunk over a block before the next block, each chunk's sums kept
 // in a tile between blocks (a band of at most 64 rows at a time), while prefetching the next
-// block (Ahead, below). On a Zen 3 (512 KiB of L2) deepseek-v3's forward at 128 and 512 tokens
-// ran 1.0-1.27x faster in f32 in blocks of 256-1024 steps than unblocked, in bf16 1.05-1.17x at
-// 128 tokens and 0.91-1.03x at 512; qwen3-30b-a3b's panels (128-256 KiB) level either way
+// block (Ahead, below). On a Zen 3 (512 KiB of L2) deepseek-v3's forward in blocks of 256-1024
+// steps against unblocked, in turn: f32 at 128 and 512 tokens 1.01-1.27x, bf16 at 128 tokens
+// 0.98-1.15x, bf16 at 256-1024 tokens (halves) 0.84-1.11x, level within the host's noise
 // (bench/results/ragged_dot_packed_blocks-cpu-2026-11-30/). A row's sums run over the
 // contraction in one order either way: the same bits blocked or not. A chunk is at most 8 rows
 // (on AVX512-BF16: 16 sums in registers; 12 rows as one chunk ran 1.2-1.3x slower than as two
@@ -246,6 +246,9 @@ void Chunk(bool f32, int rows, const char* a, int64_t lda, int64_t kc, const cha
 // chunks of near-equal size.
 void RunPacked(const RowGroupedGemm& g) {
   const bool f32 = g.in_type == DType::kF32, pairs = !f32 && packed::runs_pairs();
+  // A panel's steps (rows of words), and the most a block of them takes.
+  const int64_t steps = f32 ? g.kc : (g.kc + 1) / 2, step_k = f32 ? 1 : 2;
+  const int64_t most_block = packed::block_steps();
   const int64_t panels = (g.n + packed::kPanel - 1) / packed::kPanel;
   struct Group {
     int64_t j, row, rows;
@@ -285,10 +288,8 @@ void RunPacked(const RowGroupedGemm& g) {
       const int most = pairs    ? packed::kPairRows
                        : halves ? (f32 ? kHalfFloatRows : kHalfWideRows)
                                 : kPanelRows;
-      // A panel's steps (rows of words), in blocks where its chunks read it more than once and
-      // L2 does not hold two panels (the one read and the next, prefetched): past 4 blocks.
-      const int64_t steps = f32 ? g.kc : (g.kc + 1) / 2, step_k = f32 ? 1 : 2;
-      const int64_t most_block = packed::block_steps();
+      // The panel in blocks where its chunks read it more than once and L2 does not hold two
+      // panels (the one read and the next, prefetched): past 4 blocks.
       const bool blocked = (halves || gr.rows > most) && steps > 4 * most_block;
       const int64_t block = blocked ? most_block : steps;
       const int64_t blocks = (steps + block - 1) / block;
@@ -312,7 +313,7 @@ void RunPacked(const RowGroupedGemm& g) {
             } else if (p + 1 < p1) {
               next = panel + g.b_s0 * elem;
             }
-            const int64_t next_lines = 2 * std::min(block, steps - (s1 < steps ? s1 : 0));
+            const int64_t next_lines = 2 * (s1 < steps ? std::min(block, steps - s1) : block);
             for (int64_t u = 0; u < units; ++u) {
               const int64_t c = u % chunks, col = p * packed::kPanel + u / chunks * width;
               const int64_t cols = std::min(width, g.n - col);
