@@ -2,12 +2,14 @@
 
     .venv/bin/python bench/jax_ragged_dot.py --preset qwen3-30b-a3b --tokens 4096 \
         [--dtype bf16] [--shards 1,4] [--impls moekit,lax,masked] [--passes fwd,fwd+bwd] \
-        [--reps 5] [--warmup 1] [--inner N] [--rhs-layout kn|nk] [--json]
+        [--reps 5] [--warmup 1] [--inner N] [--rhs-layout kn|nk] [--dims H,F,E,k] [--json]
 
 It runs on JAX's default device: the CPU, or a GPU where jax has one (moekit's CUDA handlers).
 
 m = tokens * k routed rows, K = H, n = F, E groups whose sizes vary by a seeded +-25% (as in
-`moekit bench ragged_dot`, drawn here with NumPy: same totals, not the same sizes). Each case is
+`moekit bench ragged_dot`, drawn here with NumPy: same totals, not the same sizes); --dims
+replaces the preset's H, F, E and k (a test's small case: qwen3-30b-a3b's masked shards hold
+about 11 GiB at any token count). Each case is
 compiled ahead of time (compilation is not timed), run `--warmup` times untimed, then `--reps`
 times; the median is reported. Each rep times `--inner` calls issued back to back and waited for
 once (default 1 on the CPU, 20 on a GPU, where one call can take less time than its dispatch).
@@ -158,12 +160,24 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--rhs-layout", choices=["kn", "nk"], default="kn",
                     help="the weights stored [E, K, n] (kn) or [E, n, K] (nk)")
+    ap.add_argument("--dims", default=None, metavar="H,F,E,k",
+                    help="these sizes instead of the preset's (named 'dims' in the results)")
     ap.add_argument("--json", action="store_true", help="JSON array on stdout, table on stderr")
     a = ap.parse_args()
-    preset = next((p for p in json.loads(PRESETS.read_text())["presets"]
-                   if p["name"] == a.preset), None)
-    if preset is None:
-        ap.error(f"--preset {a.preset}: not in {PRESETS}")
+    if a.dims is not None:
+        try:
+            H, F, E, k = (int(d) for d in a.dims.split(","))
+        except ValueError:
+            ap.error(f"--dims {a.dims}: not four comma-separated integers H,F,E,k")
+        if min(H, F, E, k) < 1:
+            ap.error(f"--dims {a.dims}: every size must be at least 1")
+        a.preset = "dims"
+    else:
+        preset = next((p for p in json.loads(PRESETS.read_text())["presets"]
+                       if p["name"] == a.preset), None)
+        if preset is None:
+            ap.error(f"--preset {a.preset}: not in {PRESETS}")
+        E, H, F, k = preset["E"], preset["H"], preset["F"], preset["k"]
     impls = a.impls.split(",")
     for i in impls:
         if i not in ("moekit", "lax", "masked"):
@@ -179,7 +193,6 @@ def main():
         shard_counts = [int(s) for s in a.shards.split(",")]
     except ValueError:
         ap.error(f"--shards {a.shards}: not a comma-separated list of integers")
-    E, H, F, k = preset["E"], preset["H"], preset["F"], preset["k"]
     for s in shard_counts:
         if s < 1 or E % s:
             ap.error(f"--shards {s}: must divide E = {E}")
@@ -193,10 +206,13 @@ def main():
               file=sys.stderr)
     m = a.tokens * k
     rng = np.random.default_rng(a.seed)
-    lhs = jnp.asarray(rng.standard_normal((m, H)), dtype)
+    # Drawn in float32: a preset's weights drawn in float64 are 4 times their bf16 bytes.
+    lhs = jnp.asarray(rng.standard_normal((m, H), np.float32), dtype)
     nk = a.rhs_layout == "nk"
-    rhs_all = jnp.asarray(rng.standard_normal((E, F, H) if nk else (E, H, F)) / np.sqrt(H), dtype)
-    w = jnp.asarray(rng.standard_normal((m, F)), dtype)
+    rhs_all = rng.standard_normal((E, F, H) if nk else (E, H, F), np.float32)
+    rhs_all *= np.float32(1 / np.sqrt(H))
+    rhs_all = jnp.asarray(rhs_all, dtype)
+    w = jnp.asarray(rng.standard_normal((m, F), np.float32), dtype)
     sizes = jnp.asarray(group_sizes(m, E, 0.25, a.seed))
 
     # (impl, shards, mode, pass): lax has no offset, so only the full call; masked only sharded.
