@@ -8,11 +8,11 @@ It runs on JAX's default device: the CPU, or a GPU where jax has one (moekit's C
 
 m = tokens * k routed rows, K = H, n = F, E groups whose sizes vary by a seeded +-25% (as in
 `moekit bench ragged_dot`, drawn here with NumPy: same totals, not the same sizes); --dims
-replaces the preset's H, F, E and k (a test's small case: qwen3-30b-a3b's masked shards hold
-about 11 GiB at any token count). Each case is
-compiled ahead of time (compilation is not timed), run `--warmup` times untimed, then `--reps`
-times; the median is reported. Each rep times `--inner` calls issued back to back and waited for
-once (default 1 on the CPU, 20 on a GPU, where one call can take less time than its dispatch).
+replaces the preset's H, F, E and k (a test's small case: at qwen3-30b-a3b's sizes one run holds
+9 GiB at any token count, the masked shards' zeros and gradients). Each case is compiled ahead of
+time (compilation is not timed), run `--warmup` times untimed, then `--reps` times; the median
+is reported. Each rep times `--inner` calls issued back to back and waited for once (default 1
+on the CPU, 20 on a GPU, where one call can take less time than its dispatch).
 TFLOP/s counts the useful work, 2 * rows * K * n per matmul (3 matmuls for fwd+bwd), whatever
 an implementation computes beside it.
 

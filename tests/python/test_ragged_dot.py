@@ -268,6 +268,14 @@ def test_bench_script_runs_and_prints_its_json(layout):
     assert {c["rows"] for c in cases if c["mode"] in ("all", "spmd")} == {16}
 
 
+@pytest.mark.parametrize("dims", ["40,24,8", "40,24,0,8", "40,x,8,8"])
+def test_bench_script_refuses_bad_dims_naming_them(dims):
+    script = pathlib.Path(__file__).parents[2] / "bench" / "jax_ragged_dot.py"
+    refused = subprocess.run([sys.executable, str(script), "--dims", dims],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and f"--dims {dims}:" in refused.stderr
+
+
 def test_library_holds_the_cuda_handlers_exactly_when_built_with_cuda():
     # Every op has a CPU handler; in a CUDA build every op of the layer also has a CUDA one,
     # under the same name (one ffi_call runs on either platform). CPU only: the wide-integer
