@@ -9,7 +9,7 @@ It runs on JAX's default device: the CPU, or a GPU where jax has one (moekit's C
 m = tokens * k routed rows, K = H, n = F, E groups whose sizes vary by a seeded +-25% (as in
 `moekit bench ragged_dot`, drawn here with NumPy: same totals, not the same sizes); --dims
 replaces the preset's H, F, E and k (a test's small case: at qwen3-30b-a3b's sizes one run holds
-9 GiB at any token count, the masked shards' zeros and gradients). Each case is compiled ahead of
+11 GiB at any token count, the masked shards' zeros and gradients). Each case is compiled ahead of
 time (compilation is not timed), run `--warmup` times untimed, then `--reps` times; the median
 is reported. Each rep times `--inner` calls issued back to back and waited for once (default 1
 on the CPU, 20 on a GPU, where one call can take less time than its dispatch).
@@ -206,7 +206,7 @@ def main():
               file=sys.stderr)
     m = a.tokens * k
     rng = np.random.default_rng(a.seed)
-    # Drawn in float32: a preset's weights drawn in float64 are 4 times their bf16 bytes.
+    # Drawn in float32: no float64 copy of a preset's weights (4 times their bf16 bytes).
     lhs = jnp.asarray(rng.standard_normal((m, H), np.float32), dtype)
     nk = a.rhs_layout == "nk"
     rhs_all = rng.standard_normal((E, F, H) if nk else (E, H, F), np.float32)
