@@ -16,8 +16,8 @@
 // contraction in one order either way: the same bits blocked or not. A chunk is at most 8 rows
 // (on AVX512-BF16: 16 sums in registers; 12 rows as one chunk ran 1.2-1.3x slower than as two
 // chunks of 6, by hand: bench/results/ragged_dot_small-cpu-2026-11-29-5/ chunks.txt; on AVX2's
-// 16 registers, 2 rows, or for groups of many rows 6 (f32) or 4 (bf16) over each half of the
-// panel in turn: kHalves).
+// 16 registers, 3 rows in f32 (kFloatRows), and in bf16 2, or for groups of many rows 4 over
+// each half of the panel in turn: kHalves).
 //
 // Three kernels: for bf16, on a CPU with AVX512-BF16 the pairs multiply as they lie (vdpbf16ps,
 // written with intrinsics for that target and chosen at run time); elsewhere, through Highway,
@@ -121,22 +121,30 @@ constexpr size_t kLanes = HWY_LANES(float);
 constexpr int kVecs = static_cast<int>(packed::kPanel / kLanes);
 constexpr int kRegisters = HWY_TARGET <= HWY_AVX3 ? 32 : 16;
 constexpr int kPanelRows = std::clamp(kRegisters / 2 / kVecs, 1, packed::kPairRows);
-// On 16 registers (AVX2: 2 rows a chunk over the whole panel, each chunk re-reading the panel
-// from L2 for 8 FMAs a step to 4 loads) a group of many rows takes each half of the panel in
-// turn (each of a panel row's two cache lines read by one of them), in chunks of up to 6 rows in
-// f32 (12 sums: the classic 6 x 16 tile, beside its 2 panel vectors and a broadcast) and 4 in
-// bf16 (8 sums, beside 4 widened vectors and 2 broadcasts). Few rows keep the whole panel: its
-// first pass reads the memory as one stream, where the halves' first pass reads every other line.
+// f32 on 16 registers (AVX2): the sums take all but one (A's broadcast), 3 rows of 4 vectors,
+// and FloatPanel reads the panel's vectors as its FMAs' memory operands (from L1, a panel row's
+// two lines once a row). On a Zen 3 core, from L1 or L2, 3 rows x 32 columns ran 78-84 GFLOP/s
+// against 47 for today's 2 rows (whose panel vectors GCC folded into the FMAs as well: 10 loads
+// to 8 FMAs, on 8 chains of sums), and in the call on cold weights groups of 8-16 rows ran
+// 1.13-1.44x faster in 3-row chunks, 1-4 rows level (bench/results/
+// ragged_dot_packed_rows3-cpu-2026-12-01/). The whole panel so taken is level with or faster than
+// the halves below at 17-128 rows (1.00-1.10x), so f32 no longer takes them.
+constexpr int kFloatRows =
+    kRegisters == 16 ? std::clamp((kRegisters - 1) / kVecs, 1, packed::kPairRows) : kPanelRows;
+// bf16 on 16 registers (AVX2: 2 rows a chunk over the whole panel, each chunk re-reading the
+// panel from L2 for 16 FMAs a step to 4 loads, with its widened pairs past the registers): a
+// group of many rows takes each half of the panel in turn (each of a panel row's two cache lines
+// read by one of them), in chunks of up to 4 rows (8 sums, beside 4 widened vectors and 2
+// broadcasts). Few rows keep the whole panel: its first pass reads the memory as one stream,
+// where the halves' first pass reads every other line.
 constexpr bool kHalves = kRegisters == 16 && kVecs >= 2;
 constexpr int kHalfVecs = std::max(kVecs / 2, 1);
-constexpr int kHalfFloatRows = std::clamp(12 / kHalfVecs, 1, packed::kPairRows);
 constexpr int kHalfWideRows = std::clamp(8 / kHalfVecs, 1, packed::kPairRows);
-// The fewest rows of a group that takes the halves: measured on a Zen 3 (qwen3-30b-a3b, 2-32
-// rows a group, two rounds), the halves ran 0.5-0.8x the whole panel's speed in f32 at 2-8 rows,
-// 0.81x and 1.01x at 16, 1.17-1.18x at 32; in bf16 (whose whole-panel chunks of 2 rows widen each
-// pair for 2 rows only) 0.85-0.9x at 4 rows, 1.0-1.24x at 8, 0.76x and 1.21x at 16, 1.23-1.29x
-// at 32 (bench/results/ragged_dot_packed-avx2-cpu-2026-11-30/halves.txt).
-constexpr int64_t kHalvesFromF32 = 17, kHalvesFromBf16 = 8;
+// The fewest rows of a bf16 group that takes the halves: measured on a Zen 3 (qwen3-30b-a3b, 2-32
+// rows a group, two rounds), the halves ran 0.85-0.9x the whole panel's speed at 4 rows, 1.0-1.24x
+// at 8, 0.76x and 1.21x at 16, 1.23-1.29x at 32
+// (bench/results/ragged_dot_packed-avx2-cpu-2026-11-30/halves.txt).
+constexpr int64_t kHalvesFrom = 8;
 
 // R rows' sums over V vectors of columns, in registers: zero to start or (resume) loaded from
 // `tile` (rows kPanel apart), stored back there.
@@ -201,44 +209,51 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
 
 // The f32 kernel: sums[r][c] = (resume ? sums[r][c] : 0) + the sum over k < kc of A[r][k] * the
 // panel's (k, c) for c < V * kLanes, the panel one f32 a column per contraction row (kPanel apart)
-// from the chunk's first column; A's rows lda apart.
+// from the chunk's first column; A's rows lda apart. The panel row's V vectors are loaded once
+// where they fit in the registers beside the sums and a broadcast, else read by each row's FMAs
+// (kFloatRows).
 template <int R, int V>
 HWY_NOINLINE void FloatPanel(const float* a, int64_t lda, int64_t kc, const float* panel,
                              float* sums, bool resume, packed::Ahead ahead) {
   const D d;
   Sums<R, V> s(sums, resume);
+  constexpr bool kHeld = R * V + V + 1 <= kRegisters;
   for (int64_t k = 0; k < kc; ++k) {
     packed::prefetch_step(ahead, k);
     const float* row = panel + k * packed::kPanel;
-    hn::Vec<D> b[V];
+    hn::Vec<D> b[kHeld ? V : 1];
+    if constexpr (kHeld) {
 #pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) b[v] = hn::LoadU(d, row + v * kLanes);
+      for (int v = 0; v < V; ++v) b[v] = hn::LoadU(d, row + v * kLanes);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const auto x = hn::Set(d, a[r * lda + k]);
 #pragma GCC unroll 8
-      for (int v = 0; v < V; ++v) s[r][v] = hn::MulAdd(x, b[v], s[r][v]);
+      for (int v = 0; v < V; ++v) {
+        s[r][v] = hn::MulAdd(x, kHeld ? b[v] : hn::LoadU(d, row + v * kLanes), s[r][v]);
+      }
     }
   }
   s.Store(sums);
 }
 
-// A chunk of `rows` rows over V vectors of a panel's columns from `panel` (f32, or bf16 pairs
-// widened), in kernels of up to FloatRows / WideRows rows.
-template <int V, int FloatRows, int WideRows>
-void Chunk(bool f32, int rows, const char* a, int64_t lda, int64_t kc, const char* panel,
-           float* sums, bool resume, packed::Ahead ahead) {
-  if (f32) {
-    const auto* a32 = reinterpret_cast<const float*>(a);
-    const auto* p32 = reinterpret_cast<const float*>(panel);
-    packed::with_rows<FloatRows>(
-        rows, [&]<int R>() { FloatPanel<R, V>(a32, lda, kc, p32, sums, resume, ahead); });
-  } else {
-    const auto* a16 = reinterpret_cast<const uint16_t*>(a);
-    const auto* pairs = reinterpret_cast<const uint32_t*>(panel);
-    packed::with_rows<WideRows>(
-        rows, [&]<int R>() { WidePanel<R, V>(a16, lda, kc, pairs, sums, resume, ahead); });
-  }
+// A chunk of `rows` rows over the whole panel from `panel` (f32) in kernels of up to kFloatRows
+// rows, or over V vectors of its columns (bf16 pairs widened) in kernels of up to WideRows.
+void FloatChunk(int rows, const char* a, int64_t lda, int64_t kc, const char* panel, float* sums,
+                bool resume, packed::Ahead ahead) {
+  const auto* a32 = reinterpret_cast<const float*>(a);
+  const auto* p32 = reinterpret_cast<const float*>(panel);
+  packed::with_rows<kFloatRows>(
+      rows, [&]<int R>() { FloatPanel<R, kVecs>(a32, lda, kc, p32, sums, resume, ahead); });
+}
+template <int V, int WideRows>
+void WideChunk(int rows, const char* a, int64_t lda, int64_t kc, const char* panel, float* sums,
+               bool resume, packed::Ahead ahead) {
+  const auto* a16 = reinterpret_cast<const uint16_t*>(a);
+  const auto* pairs = reinterpret_cast<const uint32_t*>(panel);
+  packed::with_rows<WideRows>(
+      rows, [&]<int R>() { WidePanel<R, V>(a16, lda, kc, pairs, sums, resume, ahead); });
 }
 
 }  // namespace
@@ -286,10 +301,11 @@ void RunPacked(const RowGroupedGemm& g) {
       const int64_t p1 = std::clamp<int64_t>((hi - start + unit - 1) / unit, 0, panels);
       start = ends[i];
       // Its chunks' columns (the whole panel, or each half in turn) and rows.
-      const bool halves = kHalves && !pairs && gr.rows >= (f32 ? kHalvesFromF32 : kHalvesFromBf16);
+      const bool halves = kHalves && !f32 && !pairs && gr.rows >= kHalvesFrom;
       const int64_t width = halves ? packed::kPanel / 2 : packed::kPanel;
       const int most = pairs    ? packed::kPairRows
-                       : halves ? (f32 ? kHalfFloatRows : kHalfWideRows)
+                       : f32    ? kFloatRows
+                       : halves ? kHalfWideRows
                                 : kPanelRows;
       // The panel in blocks where its chunks read it more than once and L2 does not hold two
       // panels (the one read and the next, prefetched): past 4 blocks.
@@ -340,14 +356,14 @@ void RunPacked(const RowGroupedGemm& g) {
               if (pairs) {
                 packed::pairs_panel(rows, reinterpret_cast<const uint16_t*>(ar), g.lda, kc,
                                     reinterpret_cast<const uint32_t*>(at), sums, resume, ahead);
+              } else if (f32) {
+                FloatChunk(rows, ar, g.lda, kc, at, sums, resume, ahead);
               } else if (halves) {
                 if constexpr (kHalves) {
-                  Chunk<kHalfVecs, kHalfFloatRows, kHalfWideRows>(f32, rows, ar, g.lda, kc, at,
-                                                                  sums, resume, ahead);
+                  WideChunk<kHalfVecs, kHalfWideRows>(rows, ar, g.lda, kc, at, sums, resume, ahead);
                 }
               } else {
-                Chunk<kVecs, kPanelRows, kPanelRows>(f32, rows, ar, g.lda, kc, at, sums, resume,
-                                                     ahead);
+                WideChunk<kVecs, kPanelRows>(rows, ar, g.lda, kc, at, sums, resume, ahead);
               }
               if (s1 == steps) packed::store_tile(g, sums, rows, gr.row + r0, col, cols);
             }

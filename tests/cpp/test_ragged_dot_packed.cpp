@@ -180,8 +180,8 @@ HostTensor check_forward(const Call& call, RaggedDotImpl impl, uint32_t seed = 7
 }
 
 // Odd contractions (the last pair half past the rows), columns short of a panel, empty groups,
-// chunks of 1-8 rows and several chunks (9, 12, 16, 17, 40 rows; on AVX2 over each half of a
-// panel from 8 rows in bf16, 17 in f32), one group holding every row, a
+// chunks of 1-8 rows and several chunks (9, 12, 16, 17, 40 rows; on AVX2 chunks of up to 3 rows
+// in f32, and over each half of a panel from 8 rows in bf16), one group holding every row, a
 // shard, accumulation, a bf16 output and padded rows; in bf16, then the same in f32 (an f32
 // output: f32 rows take no other).
 std::vector<Call> calls() {
@@ -194,8 +194,8 @@ std::vector<Call> calls() {
       {15, 40, {2, 11, 5}, 0, 0, DType::kBF16},
       {20, 50, {6, 8, 0, 1}, 0, 0, DType::kF32, true},
       {31, 45, {9, 3}, 0, 0, DType::kBF16, true, 5},
-      // On AVX2, the halves in both dtypes on a shard, accumulating, the last panel's second
-      // half 2 columns wide.
+      // On AVX2, the halves in bf16 (f32: chunks of 3 rows) on a shard, accumulating, the last
+      // panel's second half 2 columns wide.
       {19, 50, {3, 17, 20, 4}, 1, 2, DType::kF32, true},
       {0, 40, {3, 2}},                           // no contraction: the rows are 0
       {0, 40, {3, 2}, 0, 0, DType::kF32, true},  // ... or left as they were
