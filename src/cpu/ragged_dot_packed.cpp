@@ -62,19 +62,28 @@ constexpr int kBandRows = 64;
 using Tile = float[kBandRows][kPanel];
 // Steps (panel rows) a block of the contraction takes: packed_block_steps of this machine.
 int64_t block_steps();
-// Lines a kernel prefetches into L2, one a contraction step: the next panel's, where a group's
-// rows take several chunks. The first chunk of a panel waits on the memory and the others compute
-// from L2; with each chunk fetching its share of the next panel, every chunk computes from L2
-// (qwen3-30b-a3b at 16 rows a group 1.10-1.16x faster in f32 and bf16, mixtral-8x7b's gate|up
-// 1.10-1.18x; deepseek-v3's panels of 448-896 KiB, two of which L2 does not hold, level:
-// bench/results/ragged_dot_packed_f32-cpu-2026-11-29/ab-ahead.txt). Where a group's panel goes in
-// blocks of the contraction, the next block's (packed_block_steps).
+// Lines a kernel prefetches into L2, a line every 2^shift contraction steps: its share of the
+// next panel's, where a group's rows take several chunks. The first chunk of a panel waits on the
+// memory and the others compute from L2; with each chunk fetching its share of the next panel,
+// every chunk computes from L2 (qwen3-30b-a3b at 16 rows a group 1.10-1.16x faster in f32 and
+// bf16, mixtral-8x7b's gate|up 1.10-1.18x; deepseek-v3's panels of 448-896 KiB, two of which L2
+// does not hold, level: bench/results/ragged_dot_packed_f32-cpu-2026-11-29/ab-ahead.txt). Where a
+// group's panel goes in blocks of the contraction, the next block's (packed_block_steps). Each
+// chunk takes an equal share spread evenly over its steps, at about the rate the memory gives:
+// on a Zen 3, where a line a step from the first two chunks had them wait on the memory while
+// the rest ran without reading it, 1.02-1.22x faster in f32 at 8-128 rows a group and 1.07-1.12x
+// in bf16 at 8-32, in a slower phase of the host 0.99-1.14x (in one process, alternating:
+// bench/results/ragged_dot_packed_rows3-cpu-2026-12-01/spread.txt).
 struct Ahead {
   const char* p = nullptr;
   int64_t lines = 0;
+  int shift = 0;
 };
 inline void prefetch_step(const Ahead& ahead, int64_t step) {
-  if (step < ahead.lines) __builtin_prefetch(ahead.p + 64 * step, 0, 2);
+  const int64_t line = step >> ahead.shift;
+  if (line < ahead.lines && line << ahead.shift == step) {
+    __builtin_prefetch(ahead.p + 64 * line, 0, 2);
+  }
 }
 
 // kernel.template operator()<rows>() for 1 <= rows <= R: a kernel compiled for each chunk height.
@@ -333,6 +342,10 @@ void RunPacked(const RowGroupedGemm& g) {
               next = panel + g.b_s0 * elem;
             }
             const int64_t next_lines = 2 * (s1 < steps ? std::min(block, steps - s1) : block);
+            // Each unit's share of them, a line every 2^shift of its steps.
+            const int64_t share = (next_lines + units - 1) / units;
+            int shift = 0;
+            while (share << (shift + 1) <= s1 - s0) ++shift;
             for (int64_t u = 0; u < units; ++u) {
               const int64_t c = u % chunks, col = p * packed::kPanel + u / chunks * width;
               const int64_t cols = std::min(width, g.n - col);
@@ -341,11 +354,11 @@ void RunPacked(const RowGroupedGemm& g) {
                             r1 = b0 + (b1 - b0) * (c + 1) / chunks;
               const int rows = static_cast<int>(r1 - r0);
               const char* ar = a + ((gr.row + r0) * g.lda + k0) * elem;
-              // Unit u prefetches lines [u, u + 1) times the block's steps of the next.
+              // Unit u prefetches lines [u, u + 1) times the share of the next.
               packed::Ahead ahead;
               if (units > 1 && next != nullptr) {
-                const int64_t first = std::min(next_lines, u * (s1 - s0));
-                ahead = {next + 64 * first, std::min(s1 - s0, next_lines - first)};
+                const int64_t first = std::min(next_lines, u * share);
+                ahead = {next + 64 * first, std::min(share, next_lines - first), shift};
               }
               // The chunk's first column in the block's first step: one word (an f32, or a bf16
               // pair) a column; its sums in the tile from the same column.
