@@ -132,10 +132,11 @@ constexpr int kRegisters = HWY_TARGET <= HWY_AVX3 ? 32 : 16;
 constexpr int kPanelRows = std::clamp(kRegisters / 2 / kVecs, 1, packed::kPairRows);
 // f32 on 16 registers (AVX2): the sums take all but one (A's broadcast), 3 rows of 4 vectors,
 // and FloatPanel reads the panel's vectors as its FMAs' memory operands (from L1, a panel row's
-// two lines once a row). On a Zen 3 core, from L1 or L2, 3 rows x 32 columns ran 78-84 GFLOP/s
-// against 47 for today's 2 rows (whose panel vectors GCC folded into the FMAs as well: 10 loads
-// to 8 FMAs, on 8 chains of sums), and in the call on cold weights groups of 8-16 rows ran
-// 1.13-1.44x faster in 3-row chunks, 1-4 rows level (bench/results/
+// two lines once a row; GCC keeps 3 of the 4 in the spare registers). On a Zen 3 core, from L1
+// or L2, 3 rows x 32 columns ran 77-84 GFLOP/s against 37-48 for the 2 rows taken before (whose
+// panel vectors GCC folded into the FMAs too: 10 loads to 8 FMAs, on 8 chains of sums; the
+// core's FMA peak 85-95), and in the call on cold weights groups of 8-16 rows ran
+// 1.12-1.44x faster in 3-row chunks, 2-4 rows level (bench/results/
 // ragged_dot_packed_rows3-cpu-2026-12-01/). The whole panel so taken is level with or faster than
 // the halves below at 17-128 rows (1.00-1.10x), so f32 no longer takes them.
 constexpr int kFloatRows =
