@@ -142,18 +142,21 @@ constexpr int kPanelRows = std::clamp(kRegisters / 2 / kVecs, 1, packed::kPairRo
 constexpr int kFloatRows =
     kRegisters == 16 ? std::clamp((kRegisters - 1) / kVecs, 1, packed::kPairRows) : kPanelRows;
 // bf16 on 16 registers (AVX2: 2 rows a chunk over the whole panel, each chunk re-reading the
-// panel from L2 for 16 FMAs a step to 4 loads, with its widened pairs past the registers): a
-// group of many rows takes each half of the panel in turn (each of a panel row's two cache lines
-// read by one of them), in chunks of up to 4 rows (8 sums, beside 4 widened vectors and 2
-// broadcasts). Few rows keep the whole panel: its first pass reads the memory as one stream,
-// where the halves' first pass reads every other line.
+// panel from L2 for 16 FMAs a step to 4 loads and 12 widening instructions): a group of many rows
+// takes each half of the panel in turn (each of a panel row's two cache lines read by one of
+// them), in chunks of up to 4 rows (8 sums, beside 4 widened vectors and 2 broadcasts). Few rows
+// keep the whole panel: its first pass reads the memory as one stream, where the halves' first
+// pass reads every other line.
 constexpr bool kHalves = kRegisters == 16 && kVecs >= 2;
 constexpr int kHalfVecs = std::max(kVecs / 2, 1);
 constexpr int kHalfWideRows = std::clamp(8 / kHalfVecs, 1, packed::kPairRows);
 // The fewest rows of a bf16 group that takes the halves: measured on a Zen 3 (qwen3-30b-a3b, 2-32
 // rows a group, two rounds), the halves ran 0.85-0.9x the whole panel's speed at 4 rows, 1.0-1.24x
 // at 8, 0.76x and 1.21x at 16, 1.23-1.29x at 32
-// (bench/results/ragged_dot_packed-avx2-cpu-2026-11-30/halves.txt).
+// (bench/results/ragged_dot_packed-avx2-cpu-2026-11-30/halves.txt). With the whole panel's
+// kernel in its rows-first form (WidePanel), in one process: the whole panel at 8-32 rows
+// 0.90-0.98x the halves' speed, the halves from 4 or 6 rows 0.95-1.05x
+// (bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/).
 constexpr int64_t kHalvesFrom = 8;
 
 // R rows' sums over V vectors of columns, in registers: zero to start or (resume) loaded from
@@ -179,7 +182,14 @@ struct Sums {
 };
 
 // Widened from a panel's pairs: sums[r][c] as pairs_panel's for c < V * kLanes, on f32 FMA,
-// `panel` at the chunk's first column (its rows still kPanel words apart).
+// `panel` at the chunk's first column (its rows still kPanel words apart). Where the registers
+// hold every row's two widened A values beside the sums (kRowsFirst; on AVX2 chunks of 1-2 rows
+// over the whole panel, 1-3 over a half), those come first and the panel's vectors one at a time
+// (2 live); else the panel's V vectors widen first and each row's pair in turn. A sum's terms
+// run in one order either way: the same bits. On a Zen 3 the 2 x 32 chunk, whose panel-first
+// form kept 3 of its 19 registers' worth on the stack, ran 60-70 GFLOP/s alone against 42-43 in
+// that form, and the call 1.04-1.11x faster at 4-6 rows a group, level at 2 and 8-32 (where the
+// halves take over; bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/).
 template <int R, int V>
 HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
                             float* sums, bool resume, packed::Ahead ahead) {
@@ -187,30 +197,53 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
   const DU du;
   Sums<R, V> s(sums, resume);
   const auto high = hn::Set(du, 0xffff0000u);
+  constexpr bool kRowsFirst = R * V + 2 * R + 3 <= kRegisters;  // sums, A's values, 2, the mask
   const int64_t pairs = (kc + 1) / 2;
   for (int64_t kp = 0; kp < pairs; ++kp) {
     packed::prefetch_step(ahead, kp);
     const uint32_t* row = panel + kp * packed::kPanel;
-    hn::Vec<D> even[V], odd[V];
-#pragma GCC unroll 8
-    for (int v = 0; v < V; ++v) {
-      const auto x = hn::LoadU(du, row + v * kLanes);
-      even[v] = hn::BitCast(d, hn::ShiftLeft<16>(x));
-      odd[v] = hn::BitCast(d, hn::And(x, high));
-    }
     const bool last_odd = 2 * kp + 1 == kc;  // its second row is past A's rows: not read
-#pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      // A's pair broadcast once and widened as the panel's: bf16 is f32's upper half.
+    // Row r's pair broadcast and widened as the panel's (bf16 is f32's upper half): a0, a1.
+    auto widen_a = [&](int r, hn::Vec<D>& a0, hn::Vec<D>& a1) {
       const uint16_t* ar = a + r * lda + 2 * kp;
       uint32_t w = ar[0];
       if (!last_odd) std::memcpy(&w, ar, sizeof(w));
       const auto x = hn::Set(du, w);
-      const auto a0 = hn::BitCast(d, hn::ShiftLeft<16>(x)), a1 = hn::BitCast(d, hn::And(x, high));
+      a0 = hn::BitCast(d, hn::ShiftLeft<16>(x));
+      a1 = hn::BitCast(d, hn::And(x, high));
+    };
+    if constexpr (kRowsFirst) {
+      hn::Vec<D> a0[R], a1[R];
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) widen_a(r, a0[r], a1[r]);
 #pragma GCC unroll 8
       for (int v = 0; v < V; ++v) {
-        s[r][v] = hn::MulAdd(a0, even[v], s[r][v]);
-        s[r][v] = hn::MulAdd(a1, odd[v], s[r][v]);
+        const auto x = hn::LoadU(du, row + v * kLanes);
+        const auto even = hn::BitCast(d, hn::ShiftLeft<16>(x));
+        const auto odd = hn::BitCast(d, hn::And(x, high));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          s[r][v] = hn::MulAdd(a0[r], even, s[r][v]);
+          s[r][v] = hn::MulAdd(a1[r], odd, s[r][v]);
+        }
+      }
+    } else {
+      hn::Vec<D> even[V], odd[V];
+#pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) {
+        const auto x = hn::LoadU(du, row + v * kLanes);
+        even[v] = hn::BitCast(d, hn::ShiftLeft<16>(x));
+        odd[v] = hn::BitCast(d, hn::And(x, high));
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        hn::Vec<D> a0, a1;
+        widen_a(r, a0, a1);
+#pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) {
+          s[r][v] = hn::MulAdd(a0, even[v], s[r][v]);
+          s[r][v] = hn::MulAdd(a1, odd[v], s[r][v]);
+        }
       }
     }
   }
