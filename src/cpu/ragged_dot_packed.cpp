@@ -62,6 +62,18 @@ constexpr int kBandRows = 64;
 using Tile = float[kBandRows][kPanel];
 // Steps (panel rows) a block of the contraction takes: packed_block_steps of this machine.
 int64_t block_steps();
+// Fetches the line at p into L2 (prefetcht1). An asm statement, which the compiler keeps: GCC 12 at
+// -O2 deletes a __builtin_prefetch under prefetch_step's test as dead code in some loops (its
+// control-dependence DCE; WidePanel written with a step lambda lost every prefetch:
+// bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/prefetch-dce.cpp).
+inline void prefetch_l2(const char* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht1 %0" : : "m"(*p));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
 // Lines a kernel prefetches into L2, a line every 2^shift contraction steps: its share of the
 // next panel's, where a group's rows take several chunks. The first chunk of a panel waits on the
 // memory and the others compute from L2; with each chunk fetching its share of the next panel,
@@ -81,9 +93,7 @@ struct Ahead {
 };
 inline void prefetch_step(const Ahead& ahead, int64_t step) {
   const int64_t line = step >> ahead.shift;
-  if (line < ahead.lines && line << ahead.shift == step) {
-    __builtin_prefetch(ahead.p + 64 * line, 0, 2);
-  }
+  if (line < ahead.lines && line << ahead.shift == step) prefetch_l2(ahead.p + 64 * line);
 }
 
 // kernel.template operator()<rows>() for 1 <= rows <= R: a kernel compiled for each chunk height.
@@ -186,10 +196,13 @@ struct Sums {
 // hold every row's two widened A values beside the sums (kRowsFirst; on AVX2 chunks of 1-2 rows
 // over the whole panel, 1-3 over a half), those come first and the panel's vectors one at a time
 // (2 live); else the panel's V vectors widen first and each row's pair in turn. A sum's terms
-// run in one order either way: the same bits. On a Zen 3 the 2 x 32 chunk, whose panel-first
-// form kept 3 of its 19 registers' worth on the stack, ran 60-70 GFLOP/s alone against 42-43 in
-// that form, and the call 1.04-1.11x faster at 4-6 rows a group, level at 2 and 8-32 (where the
-// halves take over; bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/).
+// run in one order either way: the same bits. An odd contraction's last pair is a step of its
+// own, so the loop tests nothing but the prefetch. On a Zen 3 the 2 x 32 chunk, whose
+// panel-first form kept 3 of its 19 registers' worth on the stack, ran 60-68 GFLOP/s alone
+// against 41-42 in that form; in the call, in one process against the kernel before (which
+// tested for the last pair each step), qwen3-30b-a3b's forward 1.03-1.11x faster at 4-6 rows
+// a group and 1.03-1.19x at 8-64 (the halves), deepseek-v3's 1.06-1.13x at 4 and 1.09-1.21x at 64,
+// 2 rows (memory-bound) and 256 level (bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/).
 template <int R, int V>
 HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
                             float* sums, bool resume, packed::Ahead ahead) {
@@ -198,16 +211,17 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
   Sums<R, V> s(sums, resume);
   const auto high = hn::Set(du, 0xffff0000u);
   constexpr bool kRowsFirst = R * V + 2 * R + 3 <= kRegisters;  // sums, A's values, 2, the mask
-  const int64_t pairs = (kc + 1) / 2;
-  for (int64_t kp = 0; kp < pairs; ++kp) {
+  // Pair kp of the contraction; kLastOdd: the last of an odd one, whose second row is past A's
+  // rows (not read). Compiled apart, so that the loop's steps test nothing.
+  auto step = [&](int64_t kp, auto last_odd) __attribute__((always_inline)) {
+    constexpr bool kLastOdd = decltype(last_odd)::value;
     packed::prefetch_step(ahead, kp);
     const uint32_t* row = panel + kp * packed::kPanel;
-    const bool last_odd = 2 * kp + 1 == kc;  // its second row is past A's rows: not read
     // Row r's pair broadcast and widened as the panel's (bf16 is f32's upper half): a0, a1.
-    auto widen_a = [&](int r, hn::Vec<D>& a0, hn::Vec<D>& a1) {
+    auto widen_a = [&](int r, hn::Vec<D>& a0, hn::Vec<D>& a1) __attribute__((always_inline)) {
       const uint16_t* ar = a + r * lda + 2 * kp;
       uint32_t w = ar[0];
-      if (!last_odd) std::memcpy(&w, ar, sizeof(w));
+      if constexpr (!kLastOdd) std::memcpy(&w, ar, sizeof(w));
       const auto x = hn::Set(du, w);
       a0 = hn::BitCast(d, hn::ShiftLeft<16>(x));
       a1 = hn::BitCast(d, hn::And(x, high));
@@ -246,7 +260,10 @@ HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const ui
         }
       }
     }
-  }
+  };
+  const int64_t full = kc / 2;
+  for (int64_t kp = 0; kp < full; ++kp) step(kp, std::false_type{});
+  if (kc % 2 != 0) step(full, std::true_type{});
   s.Store(sums);
 }
 
