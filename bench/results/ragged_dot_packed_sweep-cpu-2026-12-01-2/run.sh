@@ -1,5 +1,5 @@
 #!/bin/bash
-# bf16's sweep after the rows-first whole-panel kernel (23a1ebc): the forward, then the input
+# bf16's sweep after the rows-first whole-panel kernel and its fix (b9a7507): the forward, then the input
 # gradient on the transposes packed, through ../ragged_dot_packed_f32-cpu-2026-11-29/sweep.sh
 # (packed beside kAuto unpacked in one loop, qwen3-30b-a3b with all 128 experts, deepseek-v3
 # with --mem-limit-gib 8), from the repository root after `make build`.
