@@ -45,6 +45,7 @@
 
 #include "cpu/convert.h"
 #include "cpu/grouped_gemm.h"
+#include "cpu/stream.h"
 
 #ifndef MOEKIT_RAGGED_DOT_PACKED_DECL
 #define MOEKIT_RAGGED_DOT_PACKED_DECL
@@ -62,18 +63,6 @@ constexpr int kBandRows = 64;
 using Tile = float[kBandRows][kPanel];
 // Steps (panel rows) a block of the contraction takes: packed_block_steps of this machine.
 int64_t block_steps();
-// Fetches the line at p into L2 (prefetcht1). An asm statement, which the compiler keeps: GCC 12 at
-// -O2 deletes a __builtin_prefetch under prefetch_step's test as dead code in some loops (its
-// control-dependence DCE; WidePanel written with a step lambda lost every prefetch:
-// bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/prefetch-dce.cpp).
-inline void prefetch_l2(const char* p) {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetcht1 %0" : : "m"(*p));
-#else
-  __builtin_prefetch(p, 0, 2);
-#endif
-}
-
 // Lines a kernel prefetches into L2, a line every 2^shift contraction steps: its share of the
 // next panel's, where a group's rows take several chunks. The first chunk of a panel waits on the
 // memory and the others compute from L2; with each chunk fetching its share of the next panel,
@@ -93,7 +82,7 @@ struct Ahead {
 };
 inline void prefetch_step(const Ahead& ahead, int64_t step) {
   const int64_t line = step >> ahead.shift;
-  if (line < ahead.lines && line << ahead.shift == step) prefetch_l2(ahead.p + 64 * line);
+  if (line < ahead.lines && line << ahead.shift == step) prefetch_line<false>(ahead.p + 64 * line);
 }
 
 // kernel.template operator()<rows>() for 1 <= rows <= R: a kernel compiled for each chunk height.

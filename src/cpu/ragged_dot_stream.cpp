@@ -76,6 +76,7 @@
 #include "cpu/convert.h"
 #include "cpu/grouped_gemm.h"
 #include "cpu/lanes-inl.h"
+#include "cpu/stream.h"
 #include "cpu/transpose16.h"
 
 #ifndef MOEKIT_RAGGED_DOT_STREAM_DECL
@@ -275,9 +276,9 @@ class Ahead {
     }
     for (int64_t i = 0; i < per_ && left_ > 0; ++i, --left_) {
       if (into_l1_) {
-        __builtin_prefetch(row_ + line_ * 64, 0, 3);  // prefetcht0
+        prefetch_line<true>(row_ + line_ * 64);
       } else {
-        __builtin_prefetch(row_ + line_ * 64, 0, 2);  // prefetcht1
+        prefetch_line<false>(row_ + line_ * 64);
       }
       if (++line_ == row_lines_) line_ = 0, row_ += stride_;
     }

@@ -76,13 +76,29 @@ struct StreamQueue {
   }
 };
 
+// Fetches the cache line at p into L1 and L2 (kL1: prefetcht0) or L2 (prefetcht1). An asm
+// statement, which the compiler keeps: GCC 12 at -O2 deletes a __builtin_prefetch it takes for
+// an effect-free call (every caller of prefetch_bytes until 2026-11-22) or dead code under a test
+// (the packed kernels' rewritten bf16 loop, 2026-12-01:
+// bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/prefetch-dce.cpp).
+template <bool kL1 = true>
+[[gnu::always_inline]] inline void prefetch_line(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  if constexpr (kL1) {
+    asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+  } else {
+    asm volatile("prefetcht1 %0" : : "m"(*static_cast<const char*>(p)));
+  }
+#else
+  __builtin_prefetch(p, 0, kL1 ? 3 : 2);
+#endif
+}
+
 // Asks for the cache lines of `bytes` at p (nullptr: nothing) ahead of their use, where the
-// hardware prefetchers do not see the access pattern soon enough. Always inlined, here and in
-// any helper around it: GCC takes a function that only prefetches for one without effects and
-// deletes the calls to it (it did, for every caller, until 2026-11-22).
+// hardware prefetchers do not see the access pattern soon enough.
 [[gnu::always_inline]] inline void prefetch_bytes(const void* p, size_t bytes) {
   if (!p) return;
-  for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b);
+  for (size_t b = 0; b < bytes; b += 64) prefetch_line(static_cast<const char*>(p) + b);
 }
 
 }  // namespace moekit::detail
