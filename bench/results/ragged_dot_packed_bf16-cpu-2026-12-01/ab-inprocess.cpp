@@ -1,5 +1,6 @@
-// In-process A/B: variants alternate call by call through x_sw (experiment.diff; v % 100: the
-// switch, v >= 100: one thread). Args: K n E R reps dtype(f/b) variants...
+// In-process A/B: variants alternate call by call through x_sw (experiment*.diff; v % 100: the
+// switch, v >= 100: one thread). Args: K n E R reps dtype(f/b) variants... Packed weights, or
+// with UNPACKED set the plain [E, K, n] ([E, n, K] with TRANSPOSED: rhs_transposed).
 #include <moekit/ragged_dot.h>
 #include <omp.h>
 
@@ -17,7 +18,9 @@ int main(int argc, char** argv) {
   std::vector<int> vs;
   for (int i = 7; i < argc; ++i) vs.push_back(atoi(argv[i]));
   const DType dt = bf16 ? DType::kBF16 : DType::kF32;
+  const bool unpacked = getenv("UNPACKED") != nullptr, tr = getenv("TRANSPOSED") != nullptr;
   auto ps = packed_rhs_shape(E, K, n, dt);
+  if (unpacked) ps.dims[0] = E, ps.dims[1] = tr ? n : K, ps.dims[2] = tr ? K : n;
   size_t es = bf16 ? 2 : 4;
   std::vector<char> pk(ps.dims[0] * ps.dims[1] * ps.dims[2] * es);
   for (size_t i = 0; i < pk.size(); i += 2) pk[i] = (char)(i * 7 % 13);
@@ -29,7 +32,8 @@ int main(int argc, char** argv) {
   ConstTensorView av(a.data(), dt, {E * R, K});
   TensorView ov(out.data(), DType::kF32, {E * R, n});
   RaggedDotOptions o;
-  o.rhs_packed = true;
+  o.rhs_packed = !unpacked;
+  o.rhs_transposed = tr;
   std::vector<std::vector<double>> t(vs.size());
   for (int i = 0; i < reps + 1; ++i)
     for (size_t v = 0; v < vs.size(); ++v) {
