@@ -189,9 +189,10 @@ struct Sums {
 // own, so the loop tests nothing but the prefetch. On a Zen 3 the 2 x 32 chunk, whose
 // panel-first form kept 3 of its 19 registers' worth on the stack, ran 60-68 GFLOP/s alone
 // against 41-42 in that form; in the call, in one process against the kernel before (which
-// tested for the last pair each step), qwen3-30b-a3b's forward 1.03-1.11x faster at 4-6 rows
-// a group and 1.03-1.19x at 8-64 (the halves), deepseek-v3's 1.06-1.13x at 4 and 1.09-1.21x at 64,
-// 2 rows (memory-bound) and 256 level (bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/).
+// tested for the last pair each step), qwen3-30b-a3b's forward 0.97-1.07x at 4 rows a group,
+// 1.01-1.11x at 6 and 1.03-1.19x at 8-64 (the halves), deepseek-v3's 1.06-1.13x at 4 and
+// 1.12-1.21x at 64, 2 rows (memory-bound) and 256 level
+// (bench/results/ragged_dot_packed_bf16-cpu-2026-12-01/).
 template <int R, int V>
 HWY_NOINLINE void WidePanel(const uint16_t* a, int64_t lda, int64_t kc, const uint32_t* panel,
                             float* sums, bool resume, packed::Ahead ahead) {
