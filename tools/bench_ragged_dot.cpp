@@ -243,7 +243,9 @@ void time_pass(BenchDevice& dev, const RaggedDotBenchOptions& o, const RaggedDot
       touched += pr.sizes[e] > 0;
       touched_here += pr.sizes[e] > 0 && e >= one.offset && e < one.offset + one.e_loc;
     }
-    one.weight_bytes = touched > 0 ? full.weight_bytes * touched_here / touched : 0;
+    one.weight_bytes = full.pass == "drhs" ? full.weight_bytes * one.e_loc / pr.E
+                       : touched > 0       ? full.weight_bytes * touched_here / touched
+                                           : 0;
     const auto offset = static_cast<int32_t>(one.offset);
     fns.push_back([&, offset] { check(call(one.e_loc, offset, shard_plain)); });
     if (o.invariant) fns.push_back([&, offset] { check(call(one.e_loc, offset, invariant)); });
@@ -441,9 +443,11 @@ void time_on(BenchDevice& dev, const Options& o, const Preset& p, DType in, DTyp
       const void *da = operand(l.a_is), *db = operand(l.b_is);
       void* dc = pass == "fwd" ? y.data() : pass == "dlhs" ? d_lhs.data() : d_rhs.data();
       RaggedDotRow full = full_row(pass, pr, dense->impl());
-      // The floor: the weights of the groups with rows (the weight gradient writes them).
-      full.weight_bytes = static_cast<double>(rhs.touched * rhs.expert_bytes) *
-                          (pass == "drhs" ? static_cast<double>(out_es) / in_es : 1.0);
+      // The floor: the weights of the groups with rows; the weight gradient writes every local
+      // group's (an empty group's as zeros).
+      full.weight_bytes = pass == "drhs"
+                              ? static_cast<double>(E * rhs.expert_bytes) * out_es / in_es
+                              : static_cast<double>(rhs.touched * rhs.expert_bytes);
       full.roof = {rates.read_gbps, rates.dense_tflops[pass]};
       full.copies = pass == "drhs" ? 1 : rhs.copies;
       // Cold, the read rate is taken in the same loop as the calls (FloorRead's probe read then
@@ -560,8 +564,9 @@ int run(const Options& o) {
     fmt::print(
         text,
         "floor = max(MB read / read rate, FLOPs / dense rate): MB read = the weights of the "
-        "groups with rows (written, for drhs); read rate: the faster of two parallel reads of the "
-        "weights' own buffers (every copy; of a {} MiB probe where they hold less), one stream "
+        "groups with rows (for drhs, every group's gradient written); read rate: the faster of "
+        "two parallel reads of the weights' own buffers (every copy; of a {} MiB probe where they "
+        "hold less), one stream "
         "a thread and four side by side, timed in the same loop as the pass (cold) or before it "
         "(warm); dense rate: a {}-row dense matmul of the "
         "pass's layout, timed before each token count's passes. Weights {}.\n",
