@@ -98,6 +98,9 @@ bool stream_takes(const RowGroupedGemm& g) {
 bool stream_picks(const RowGroupedGemm& g) { return g.b_packed || detail::stream_picks(g); }
 constexpr const char* kStreamNeeds =
     "host buffers and the default mode (not batch_invariant) unless the weights are packed";
+// The weight gradient's sums of outer products: on the CPU, outside the batch-invariant mode.
+bool outer_takes(const ContractionGroupedGemm& g) { return on_cpu(g) && !g.batch_invariant; }
+constexpr const char* kOuterNeeds = "host buffers and the default mode (not batch_invariant)";
 bool onednn_takes(const RowGroupedGemm& g) { return on_cpu(g) && !g.b_packed; }
 constexpr const char* kOneDnnNeeds = "host buffers (Exec::device = kCpu) and weights not packed";
 
@@ -138,6 +141,8 @@ constexpr Implementation<RaggedDotImpl, ContractionGroupedGemm> kContractionImpl
     {RaggedDotImpl::kCudaSm80, cu::contraction_grouped_sm80, on_sm80, kSm80Needs},
     {RaggedDotImpl::kCudaPortable, cu::contraction_grouped_portable, on_cuda, kCudaNeeds},
 #endif
+    {RaggedDotImpl::kCpuStream, detail::contraction_grouped_gemm_stream, outer_takes, kOuterNeeds,
+     detail::contraction_stream_picks},
     {RaggedDotImpl::kOneDnn, detail::contraction_grouped_gemm_onednn, on_cpu, kCpuNeeds},
     {RaggedDotImpl::kReference, detail::contraction_grouped_gemm_ref, on_cpu, kCpuNeeds},
 };

@@ -75,9 +75,11 @@ struct RaggedDotGroups {
 // says which one ran. On the CPU, for the forward and input gradient with few rows in every local
 // group (outside the batch-invariant mode; the bound
 // depends on the dtype and the layout, as measured), kCpuStream, which streams each group's
-// weights once with the rows' sums in registers (asked for by name it takes any group sizes), and
-// oneDNN for everything else (on packed weights, RaggedDotOptions::rhs_packed, kCpuStream
-// always). kReference is the
+// weights once with the rows' sums in registers (asked for by name it takes any group sizes); for
+// the weight gradient with at most 16 rows in every local group (outside that mode), kCpuStream's
+// sums of outer products, which write each group's gradient at the memory's rate; and oneDNN for
+// everything else (on packed weights, RaggedDotOptions::rhs_packed, kCpuStream always).
+// kReference is the
 // CPU's scalar reference the tests compare against (slow; for checking only). Naming an
 // implementation that cannot take the call is an error that says what it needs.
 enum class RaggedDotImpl {
@@ -87,7 +89,7 @@ enum class RaggedDotImpl {
   kCudaSm90,
   kCudaSm80,
   kCudaPortable,
-  kCpuStream,  // forward and input gradient only
+  kCpuStream,
   kCudaSm90Pingpong,
   kCudaSm90Cooperative256,
   kCudaSm90Pingpong64x256,

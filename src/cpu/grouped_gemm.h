@@ -26,6 +26,12 @@ bool onednn_runs_amx();
 // whether it runs faster than oneDNN on a call (by its largest local group, as measured).
 Status row_grouped_gemm_stream(const RowGroupedGemm& g);
 bool stream_picks(const RowGroupedGemm& g);
+// The weight gradient where every local group holds few rows (src/cpu/ragged_dot_outer.cpp):
+// sums of outer products, written at the memory's rate; kAuto picks it (outside the
+// batch-invariant mode) where no local group holds more than kOuterMostRows rows.
+inline constexpr int64_t kOuterMostRows = 16;
+Status contraction_grouped_gemm_stream(const ContractionGroupedGemm& g);
+bool contraction_stream_picks(const ContractionGroupedGemm& g);
 // kCpuStream's forward on packed weights (RowGroupedGemm::b_packed; src/cpu/ragged_dot_packed.cpp),
 // its rows and contraction not empty (row_edges_done first). set_packed_pairs_for_test(0) runs
 // the Highway kernels on a CPU with AVX512-BF16 too, -1 gives the choice back to the CPU.

@@ -87,11 +87,12 @@ class RaggedDotTest : public ::testing::TestWithParam<std::tuple<Case, RaggedDot
   }
 
   RaggedDotGroups groups() const { return {c.sizes, c.offset}; }
-  // The weight gradient's options: kCpuStream computes the forward and input gradient only (its
-  // refusal of the weight gradient is tested on its own), so with it the gradient runs kAuto.
+  // The weight gradient's options: kCpuStream's sums of outer products take every size of group
+  // outside the batch-invariant mode (its refusal there is tested on its own), where the gradient
+  // runs kAuto.
   RaggedDotOptions drhs_options() const {
     RaggedDotOptions o = opt;
-    if (o.impl == RaggedDotImpl::kCpuStream) o.impl = RaggedDotImpl::kAuto;
+    if (o.impl == RaggedDotImpl::kCpuStream && o.batch_invariant) o.impl = RaggedDotImpl::kAuto;
     return o;
   }
 
@@ -1162,8 +1163,74 @@ TEST(RaggedDotStream, AmxInputGradientPiecesSpansAndAliasedRows) {
   CheckDotPiecesAndSpans({198});
 }
 
-// kCpuStream computes the forward and the input gradient in the default mode; asked for anything
-// else, it says so.
+// kCpuStream's weight gradient (sums of outer products) on every Highway target this build has:
+// an output width of whole aligned vectors (non-temporal stores) and an odd one (plain stores and
+// a scalar tail), empty groups (zeros, or left as they were), a shard, accumulation, f32 and bf16
+// outputs, against a double-precision oracle.
+TEST(RaggedDotStream, WeightGradientOnEveryTarget) {
+  struct Shape {
+    int64_t K, n;
+    std::vector<int32_t> sizes;
+    int32_t offset;
+    int64_t e_loc;
+  };
+  const std::vector<Shape> shapes = {{70, 64, {3, 0, 16, 1}, 0, 4},
+                                     {133, 37, {0, 5, 2, 9, 0}, 1, 3}};
+  std::mt19937 rng(5);
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    for (const Shape& s : shapes) {
+      const int64_t m = std::accumulate(s.sizes.begin(), s.sizes.end(), int64_t{2});
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(
+              fmt::format("K {} n {} out {} accumulate {}", s.K, s.n, dtype_name(out), accumulate));
+          HostTensor lhs(DType::kBF16, {m, s.K}), d_out(DType::kBF16, {m, s.n}),
+              d_rhs(out, {s.e_loc, s.K, s.n});
+          lhs.fill_random(rng);
+          d_out.fill_random(rng);
+          d_rhs.fill_random(rng);
+          const HostTensor before = d_rhs;
+          RaggedDotOptions o;
+          o.impl = RaggedDotImpl::kCpuStream;
+          o.accumulate = accumulate;
+          RaggedDotImpl ran = RaggedDotImpl::kAuto;
+          o.ran = &ran;
+          ASSERT_TRUE(
+              ragged_dot_drhs(lhs.in(), d_out.in(), {s.sizes, s.offset}, d_rhs.mut(), o).ok());
+          EXPECT_EQ(ran, RaggedDotImpl::kCpuStream);
+          int failures = 0;
+          int64_t row = std::accumulate(s.sizes.begin(), s.sizes.begin() + s.offset, int64_t{0});
+          for (int64_t j = 0; j < s.e_loc; ++j) {
+            const int64_t rows = s.sizes[s.offset + j];
+            for (int64_t k = 0; k < s.K && failures < 5; ++k) {
+              for (int64_t c = 0; c < s.n && failures < 5; ++c) {
+                double want = accumulate ? before.get({j, k, c}) : 0.0, mag = std::abs(want);
+                for (int64_t r = row; r < row + rows; ++r) {
+                  const double t = lhs.get({r, k}) * d_out.get({r, c});
+                  want += t, mag += std::abs(t);
+                }
+                const double tol = 1e-6 * mag + (out == DType::kBF16 ? std::abs(want) / 128 : 0.0);
+                const double got = d_rhs.get({j, k, c});
+                if (!(std::abs(got - want) <= tol)) {
+                  ADD_FAILURE() << "d_rhs[" << j << "][" << k << "][" << c << "]: got " << got
+                                << ", want " << want << " +- " << tol;
+                  ++failures;
+                }
+              }
+            }
+            row += rows;
+          }
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// kCpuStream computes the three passes in the default mode; asked for the batch-invariant mode
+// (on weights not packed), it says so.
 TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
   const int64_t K = 8, n = 8;
   std::vector<float> a(100 * K), w(2 * K * n), y(100 * n), dw(2 * K * n);
@@ -1179,17 +1246,16 @@ TEST(RaggedDotStream, RefusesWhatItDoesNotTake) {
   EXPECT_NE(s.message().find("batch_invariant"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("impl stream does not take this call"), std::string::npos)
       << s.message();
-  o.batch_invariant = false;
   s = ragged_dot_drhs(av, ConstTensorView(y.data(), DType::kF32, {100, n}), small,
                       TensorView(dw.data(), DType::kF32, {2, K, n}), o);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("not an implementation of this op"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("stream (6)"), std::string::npos) << s.message();
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(s.message().find("impl stream does not take this call"), std::string::npos)
+      << s.message();
 }
 
 // RaggedDotOptions::ran: the implementation kAuto chose (kCpuStream for few rows per group, by the
 // layout's bound: 12 rows for the f32 forward against [K, n] weights (40 on AVX2, 64 where oneDNN
-// runs AMX), 160 for its input gradient; oneDNN past it and for the weight gradient), or the one
+// runs AMX), 160 for its input gradient, 16 for the weight gradient; oneDNN past it), or the one
 // named; untouched by a refused call.
 TEST(RaggedDot, RanSaysWhichImplementationRan) {
   const int64_t K = 8, n = 8, m = 100;
@@ -1209,7 +1275,15 @@ TEST(RaggedDot, RanSaysWhichImplementationRan) {
   // (A group of 95 rows is past the f32 input gradient's bound on AVX2, 32: few, on every CPU.)
   ASSERT_TRUE(ragged_dot_dlhs(dyv, wv, few, TensorView(a.data(), DType::kF32, {m, K}), o).ok());
   EXPECT_STREQ(impl_name(ran), "stream");
+  // The weight gradient: sums of outer products up to 16 rows a group, oneDNN past them.
   ASSERT_TRUE(ragged_dot_drhs(av, dyv, few, TensorView(dw.data(), DType::kF32, {2, K, n}), o).ok());
+  EXPECT_STREQ(impl_name(ran), "stream");
+  const std::vector<int32_t> sixteen{16, 0}, seventeen{17, 16};
+  ASSERT_TRUE(
+      ragged_dot_drhs(av, dyv, sixteen, TensorView(dw.data(), DType::kF32, {2, K, n}), o).ok());
+  EXPECT_STREQ(impl_name(ran), "stream");
+  ASSERT_TRUE(
+      ragged_dot_drhs(av, dyv, seventeen, TensorView(dw.data(), DType::kF32, {2, K, n}), o).ok());
   EXPECT_STREQ(impl_name(ran), "onednn");
   o.impl = RaggedDotImpl::kReference;
   ASSERT_TRUE(ragged_dot(av, wv, few, yv, o).ok());
