@@ -77,8 +77,8 @@ struct RaggedDotGroups {
 // depends on the dtype and the layout, as measured), kCpuStream, which streams each group's
 // weights once with the rows' sums in registers (asked for by name it takes any group sizes); for
 // the weight gradient with at most 16 rows in every local group (outside that mode), kCpuStream's
-// sums of outer products, which write each group's gradient at the memory's rate; and oneDNN for
-// everything else (on packed weights, RaggedDotOptions::rhs_packed, kCpuStream always).
+// sums of outer products, which write each group's gradient with non-temporal stores; and oneDNN
+// for everything else (on packed weights, RaggedDotOptions::rhs_packed, kCpuStream always).
 // kReference is the
 // CPU's scalar reference the tests compare against (slow; for checking only). Naming an
 // implementation that cannot take the call is an error that says what it needs.

@@ -27,7 +27,7 @@ bool onednn_runs_amx();
 Status row_grouped_gemm_stream(const RowGroupedGemm& g);
 bool stream_picks(const RowGroupedGemm& g);
 // The weight gradient where every local group holds few rows (src/cpu/ragged_dot_outer.cpp):
-// sums of outer products, written at the memory's rate; kAuto picks it (outside the
+// sums of outer products, written with non-temporal stores; kAuto picks it (outside the
 // batch-invariant mode) where no local group holds more than kOuterMostRows rows.
 inline constexpr int64_t kOuterMostRows = 16;
 Status contraction_grouped_gemm_stream(const ContractionGroupedGemm& g);

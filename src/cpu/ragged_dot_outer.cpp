@@ -1,8 +1,9 @@
 // ragged_dot's weight gradient where every local group holds few rows (kCpuStream; kAuto picks it
 // by contraction_stream_picks): C_j [p, q] (+)= X_j^T Y_j, each output row i the sum over the
-// group's rows r of X[r][i] * Y[r], in that order, on f32 FMA. Few rows make the call a write of
-// C at the memory's rate: oneDNN's matmul with a contraction of 1-16 rows ran at 4-22% of that
-// (bench/results/ragged_dot_packed_zen4-cpu-2026-12-01/).
+// group's rows r of X[r][i] * Y[r], in that order, on f32 FMA. Few rows make the call mostly a
+// write of C: oneDNN's matmul per group with a contraction of 1-16 rows ran 1.4-4.2x slower than
+// these sums in the same loop, at 20-64% of the floor (every local group's gradient at the read
+// rate) on qwen3-30b-a3b bf16 (bench/results/ragged_dot_drhs_outer-cpu-2026-12-01/).
 //
 // Work: items of kItemRows output rows of one group, in order, split over the threads in
 // contiguous runs (each thread writes its part of C front to back). An item takes its X rows as
